@@ -1,0 +1,50 @@
+"""torch_precompile: PyTorch's ahead-of-time compilation as composable stages.
+
+``Precompile.dynamo`` -> ``aot_autograd`` -> ``inductor`` -> ``precompile``,
+then ``save``/``load`` of one self-contained file. Importing the package also
+exposes ``torch.Precompile`` and ``torch.precompile``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from ._aot_stage import AOTAutogradOutput
+from ._api import Precompile
+from ._artifact import PrecompiledArtifact
+from ._dynamo_stage import DynamoOutput
+from ._errors import (
+    ArtifactCorruptedError,
+    ArtifactVersionError,
+    CaptureError,
+    GuardError,
+    IncompatibleSystemError,
+    PrecompileError,
+    UntrustedArtifactError,
+)
+from ._guards import Guard, Guards
+from ._inductor_stage import InductorOutput
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AOTAutogradOutput",
+    "ArtifactCorruptedError",
+    "ArtifactVersionError",
+    "CaptureError",
+    "DynamoOutput",
+    "Guard",
+    "GuardError",
+    "Guards",
+    "IncompatibleSystemError",
+    "InductorOutput",
+    "Precompile",
+    "PrecompileError",
+    "PrecompiledArtifact",
+    "UntrustedArtifactError",
+]
+
+torch.Precompile = Precompile  # type: ignore[attr-defined]
+torch.precompile = sys.modules[__name__]  # type: ignore[attr-defined]

@@ -1,0 +1,46 @@
+"""The ``Precompile`` facade: chains the stages, adds nothing of its own."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ._aot_stage import aot_autograd
+from ._artifact import PrecompiledArtifact, precompile
+from ._dynamo_stage import dynamo
+from ._inductor_stage import inductor
+from ._io import load, save
+
+log = logging.getLogger("torch_precompile")
+
+
+class Precompile:
+    """Staged ahead-of-time compilation: dynamo -> aot_autograd -> inductor -> precompile.
+
+    Each stage is a static method returning a frozen dataclass that unpacks
+    like a tuple; ``save``/``load`` write and read one self-contained file.
+    """
+
+    dynamo = staticmethod(dynamo)
+    aot_autograd = staticmethod(aot_autograd)
+    inductor = staticmethod(inductor)
+    precompile = staticmethod(precompile)
+    save = staticmethod(save)
+    load = staticmethod(load)
+
+    @staticmethod
+    def compile(
+        model: Any,
+        example_inputs: Any,
+        example_kwargs: dict[str, Any] | None = None,
+        *,
+        dynamic: bool | None = None,
+        decompositions: dict[Any, Any] | None = None,
+        mode: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> PrecompiledArtifact:
+        """Run the four stages in one call and return the artifact."""
+        captured = dynamo(model, example_inputs, example_kwargs, dynamic=dynamic)
+        joint = aot_autograd(captured, decompositions=decompositions)
+        compiled = inductor(joint, mode=mode, options=options)
+        return precompile(compiled)

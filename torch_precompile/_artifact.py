@@ -1,0 +1,268 @@
+"""Stage 4: bundle the compiled code, guards and weights into a callable artifact."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import time
+import types
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from . import _compat
+from ._errors import GuardError
+from ._guards import Guard, Guards, describe_source, diagnose
+from ._inductor_stage import InductorOutput
+
+log = logging.getLogger("torch_precompile")
+
+
+class Runtime:
+    """Calls PyTorch's compiled function with guard checks and readable failures.
+
+    ``bound_self`` is what the traced code sees as ``self``: the live model,
+    or a stand-in rebuilt from the file's weights.
+    """
+
+    def __init__(
+        self,
+        compiled_function: Any,
+        guards: Guards,
+        bound_self: Any,
+        training: bool,
+    ) -> None:
+        guard_manager, fn, signature = _compat.compiled_function_parts(compiled_function)
+        self.compiled_function = compiled_function
+        self.guard_manager = guard_manager
+        self.fn = fn
+        self.signature: inspect.Signature = signature
+        self.closure_locals = _compat.compiled_function_closure_locals(compiled_function)
+        self.guards = guards
+        self.bound_self = bound_self
+        self.training = training
+        self._params: list[torch.Tensor] = (
+            list(bound_self.parameters()) if isinstance(bound_self, torch.nn.Module) else []
+        )
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not self.training and torch.is_grad_enabled():
+            culprit = self._requires_grad(args, kwargs)
+            if culprit is not None:
+                raise GuardError(
+                    f"grad mode: this is an inference artifact (captured under torch.no_grad()), "
+                    f"called with grad enabled while {culprit} requires grad; call it under "
+                    "torch.no_grad(), or capture again with grad enabled for a training artifact "
+                    "[aot_autograd]"
+                )
+            # Nothing requires grad, so running without autograd gives eager's result.
+            with torch.no_grad():
+                return self._checked_call(args, kwargs)
+        return self._checked_call(args, kwargs)
+
+    def _requires_grad(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                return "an input"
+        for p in self._params:
+            if p.requires_grad:
+                return "a parameter of the model"
+        return None
+
+    def _checked_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        full = (self.bound_self, *args) if self.bound_self is not None else args
+        try:
+            bound = self.signature.bind(*full, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"arguments do not match the captured signature {self.signature}: {exc}") from None
+        bound.apply_defaults()
+        f_locals = {**self.closure_locals, **bound.arguments} if self.closure_locals else bound.arguments
+        if not self.guard_manager.check(f_locals):
+            raise diagnose(self.guards, f_locals, _compat.guard_failure_reason(self.guard_manager, f_locals))
+        return self.fn(*full, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecompiledArtifact:
+    """A compiled model: callable with the model's arguments, savable to one file."""
+
+    guards: Guards
+    signature: dict[str, Any]
+    system: dict[str, Any]
+    training: bool
+    device_type: str
+    timings: dict[str, float]
+    bytecode: types.CodeType = dataclasses.field(repr=False)
+    compiled_function: Any = dataclasses.field(repr=False)
+    _runtime: Runtime = dataclasses.field(repr=False, compare=False)
+    _sizes: dict[str, int] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._runtime(args, kwargs)
+
+    @property
+    def module(self) -> Any:
+        """What the compiled code reads as ``self``: the bound model or its stand-in."""
+        return self._runtime.bound_self
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """The weights the artifact computes with (for building an optimizer)."""
+        mod = self._runtime.bound_self
+        return mod.named_parameters() if isinstance(mod, torch.nn.Module) else iter(())
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return (p for _, p in self.named_parameters())
+
+    def named_buffers(self) -> Iterator[tuple[str, torch.Tensor]]:
+        mod = self._runtime.bound_self
+        return mod.named_buffers() if isinstance(mod, torch.nn.Module) else iter(())
+
+    def buffers(self) -> Iterator[torch.Tensor]:
+        return (b for _, b in self.named_buffers())
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Bytes of weights and compiled code (known once saved or loaded)."""
+        return dict(self._sizes)
+
+    def as_text(self) -> str:
+        """Guards by stage, signature, system, sizes and stage timings, for reading."""
+        lines = [f"PrecompiledArtifact ({'training' if self.training else 'inference'}, {self.device_type})"]
+        lines.append("signature:")
+        lines.extend(f"  {line}" for line in _signature_lines(self.signature))
+        lines.append("system: " + ", ".join(f"{k}={v}" for k, v in self.system.items() if v is not None))
+        if self._sizes:
+            lines.append("sizes: " + ", ".join(f"{k}={_human(v)}" for k, v in self._sizes.items()))
+        if self.timings:
+            lines.append("stage timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
+        lines.append("guards:")
+        lines.extend(f"  {line}" for line in str(self.guards).splitlines())
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"PrecompiledArtifact({'training' if self.training else 'inference'}, "
+            f"{self.device_type}, {len(self.guards)} guards)"
+        )
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _signature_lines(sig: dict[str, Any]) -> list[str]:
+    lines = []
+    if "signature" in sig:
+        lines.append(f"forward{sig['signature']}")
+    for name, desc in sig.get("parameters", {}).items():
+        lines.append(f"{name}: {_short(desc)}")
+    outs = sig.get("outputs")
+    if outs:
+        lines.append("graph outputs: " + ", ".join(_short({"tensor": o}) if "dtype" in o else o.get("value", "?") for o in outs))
+    return lines
+
+
+def _short(desc: Any) -> str:
+    if isinstance(desc, dict) and "tensor" in desc:
+        t = desc["tensor"]
+        return f"{t['dtype']}[{', '.join(str(s) for s in t['shape'])}]"
+    if isinstance(desc, dict) and "value" in desc:
+        return f"{desc.get('type', '')} = {desc['value']!r}"
+    if isinstance(desc, dict):
+        for key in ("tuple", "list"):
+            if key in desc:
+                return f"{key}(" + ", ".join(_short(d) for d in desc[key]) + ")"
+        if "dict" in desc:
+            return "{" + ", ".join(f"{k}: {_short(v)}" for k, v in desc["dict"].items()) + "}"
+    return str(desc)
+
+
+# ------------------------------------------------------------ guard filter
+
+
+def serializable_guard_filter(dropped: list[str]) -> Any:
+    """Keep the guards that can be saved and re-checked in another process.
+
+    Object identities (ID_MATCH, CLOSURE_MATCH, ...) and globals cannot be
+    saved, as in PyTorch's own aot_compile. Guards on the *type* of a module
+    are dropped too: the artifact must also run on a stand-in of the model
+    whose class cannot be imported; its weights, attribute values and module
+    tree are still guarded.
+    """
+
+    def guard_filter(entries: Sequence[Any]) -> list[bool]:
+        keep = []
+        for entry in entries:
+            name, kind, is_global, value = _compat.guard_filter_entry_fields(entry)
+            ok = not is_global and kind not in _compat.UNSERIALIZABLE_GUARD_KINDS
+            if ok and kind in ("TYPE_MATCH", "ID_MATCH") and isinstance(value, torch.nn.Module):
+                ok = False
+            if ok and "type(" in name:
+                ok = False  # reads a class attribute (e.g. forward's defaults) through type(module)
+            if not ok:
+                dropped.append(f"{kind} {name}".strip())
+            keep.append(ok)
+        return keep
+
+    return guard_filter
+
+
+def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
+    """Bundle Inductor's output, Dynamo's bytecode and the final guards into an artifact."""
+    out = compiled_or_inductor_output
+    if not isinstance(out, InductorOutput):
+        out = getattr(compiled_or_inductor_output, "_torch_precompile_output", None)
+        if not isinstance(out, InductorOutput):
+            raise TypeError(
+                "precompile() takes the output of Precompile.inductor (or the compiled object it "
+                f"unpacked to), got {type(compiled_or_inductor_output).__name__}"
+            )
+    state = out._state
+    capture = state.capture
+    start = time.perf_counter()
+    dropped: list[str] = []
+    guard_manager, guards_state = _compat.build_guard_manager(capture, serializable_guard_filter(dropped))
+    compiled_function = _compat.make_compiled_function(capture, out.compiled, guard_manager, guards_state)
+    state.timings["precompile"] = time.perf_counter() - start
+    guards = out.guards
+    if dropped:
+        log.debug("guards dropped because they cannot be saved: %s", dropped)
+        guards = guards.extend(
+            [
+                Guard(
+                    "dynamo",
+                    "dropped",
+                    f"{len(dropped)} guards on object identities, module classes and globals are "
+                    "not saved (PyTorch cannot re-check them in another process)",
+                )
+            ]
+        )
+    signature = dict(state.input_signature)
+    from ._signature import describe_graph_outputs
+
+    signature["outputs"] = describe_graph_outputs(capture.graph_module)
+    bound_self = capture.bound_self
+    runtime = Runtime(compiled_function, guards, bound_self, out.training)
+    from . import _system
+
+    return PrecompiledArtifact(
+        guards=guards,
+        signature=signature,
+        system=_system.current_system(),
+        training=out.training,
+        device_type=capture.device_type,
+        timings=dict(state.timings),
+        bytecode=capture.graph_capture_output.bytecode,
+        compiled_function=compiled_function,
+        _runtime=runtime,
+    )
+
+
+def describe_subject(subject: str) -> str:
+    return describe_source(subject)

@@ -1,0 +1,541 @@
+"""The one module that touches PyTorch's private compiler APIs.
+
+Every call into ``torch._dynamo``, ``torch._functorch`` and ``torch._inductor``
+internals lives here, so that a PyTorch upgrade is one file's work. The rest of
+the package talks to these functions only. Heavy imports happen inside the
+functions: loading an artifact must not import the compiler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import pickle
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+# Guard kinds PyTorch itself refuses to serialize (object identities of this process).
+UNSERIALIZABLE_GUARD_KINDS = (
+    "DICT_VERSION",
+    "NN_MODULE",
+    "ID_MATCH",
+    "FUNCTION_MATCH",
+    "CLASS_MATCH",
+    "MODULE_MATCH",
+    "CLOSURE_MATCH",
+    "WEAKREF_ALIVE",
+)
+
+
+@dataclasses.dataclass
+class Capture:
+    """Everything Dynamo's fullgraph capture produced, kept for the later stages."""
+
+    graph_capture_output: Any  # convert_frame.GraphCaptureOutput
+    backend_id: str
+    graph_module: torch.fx.GraphModule
+    fake_inputs: list[Any]
+    fake_mode: Any
+    tensor_to_context: Any
+    traced_fn: types.FunctionType
+    bound_self: object | None
+    signature: inspect.Signature
+    device_type: str
+    guards: list[Any]  # torch._guards.Guard
+    local_scope: dict[str, Any]
+    input_sources: list[str]
+
+
+# --------------------------------------------------------------------- dynamo
+
+
+def _dynamo_errors() -> tuple[type[BaseException], ...]:
+    from torch._dynamo.exc import Unsupported, UserError
+
+    return (Unsupported, UserError)
+
+
+@contextlib.contextmanager
+def _capture_context(dynamic: bool | None) -> Iterator[None]:
+    from torch._dynamo.eval_frame import set_enable_dynamic
+    from torch._dynamo.utils import get_metrics_context
+    from torch._dynamo.variables.torch_function import (
+        torch_function_mode_stack_state_mgr,
+    )
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(get_metrics_context())
+        stack.enter_context(torch._functorch.config.patch(strict_autograd_cache=True))
+        if dynamic is not None:
+            stack.enter_context(set_enable_dynamic(dynamic))
+        stack.enter_context(torch_function_mode_stack_state_mgr)
+        yield
+
+
+def fullgraph_capture(
+    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic: bool | None
+) -> Capture:
+    """Run Dynamo's fullgraph capture; raises Dynamo's own exceptions on failure."""
+    from torch._dynamo import convert_frame
+    from torch._dynamo.graph_utils import _graph_device_type
+
+    with _capture_context(dynamic):
+        out = convert_frame.fullgraph_capture(model, args, kwargs)
+    gco = out.graph_capture_output
+    backend_input = out.backend_input
+    if backend_input is None:
+        raise ValueError(
+            "the model computes nothing with tensors, so there is no graph to compile"
+        )
+    fn, bound_self = convert_frame.get_traced_fn(model)
+    gm = backend_input.graph_module
+    gm._backend_id = backend_input.backend_id  # type: ignore[assignment]
+    og = gco.output_graph
+    sources = [
+        source.name
+        for _, source in sorted(
+            og.export_metadata.graph_input_idx_to_local_source.items()
+        )
+    ]
+    return Capture(
+        graph_capture_output=gco,
+        backend_id=backend_input.backend_id,
+        graph_module=gm,
+        fake_inputs=list(backend_input.example_inputs),
+        fake_mode=backend_input.fake_mode,
+        tensor_to_context=backend_input.tensor_to_context,
+        traced_fn=fn,
+        bound_self=bound_self,
+        signature=convert_frame._get_signature(fn),
+        device_type=_graph_device_type(gm.graph),
+        guards=list(og.guards),
+        local_scope=og.local_scope,
+        input_sources=sources,
+    )
+
+
+def is_capture_error(exc: BaseException) -> bool:
+    return isinstance(exc, _dynamo_errors())
+
+
+def shape_env_guard_exprs(capture: Capture) -> list[str]:
+    """The symbolic-shape guards recorded so far, as readable expressions."""
+    shape_env = capture.fake_mode.shape_env
+    if shape_env is None:
+        return []
+    return [str(g.expr) for g in shape_env.guards]
+
+
+def shape_env_var_ranges(capture: Capture) -> dict[str, tuple[int, int | None]]:
+    """Value ranges of the symbols of the capture (for dynamic-shape messages)."""
+    shape_env = capture.fake_mode.shape_env
+    if shape_env is None:
+        return {}
+    out = {}
+    for sym, vr in shape_env.var_to_range.items():
+        upper = vr.upper
+        hi = None if not upper.is_finite else int(upper)
+        out[str(sym)] = (int(vr.lower), hi)
+    return out
+
+
+def shape_env_symbol_sources(capture: Capture) -> dict[str, str]:
+    """Map each shape symbol (``s0``) to the first input dimension it stands for."""
+    shape_env = capture.fake_mode.shape_env
+    if shape_env is None:
+        return {}
+    return {
+        str(sym): sources[0].name
+        for sym, sources in shape_env.var_to_sources.items()
+        if sources
+    }
+
+
+# -------------------------------------------------------------- aot_autograd
+
+
+def default_decompositions() -> dict[Any, Callable[..., Any]]:
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+@contextlib.contextmanager
+def _tracing(capture: Capture) -> Iterator[None]:
+    from torch._guards import TracingContext
+
+    ctx = TracingContext(capture.fake_mode)
+    ctx.tensor_to_context = capture.tensor_to_context
+    with torch._guards.tracing(ctx):
+        yield
+
+
+def export_joint(
+    capture: Capture,
+    gm: torch.fx.GraphModule,
+    decompositions: dict[Any, Callable[..., Any]] | None,
+) -> Any:
+    """Trace the (joint) ATen graph of ``gm`` once; returns a JointWithDescriptors.
+
+    AOTAutograd keeps its tracing contexts (fake mode among them) on an
+    ExitStack until compilation; we close it here so the user's eager code
+    between stages runs normally, and re-enter equivalent contexts in
+    :func:`compile_joint`.
+    """
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+    from torch._inductor.compile_fx import run_pre_grad_passes
+
+    if decompositions is None:
+        decompositions = default_decompositions()
+    with _tracing(capture), contextlib.ExitStack() as stack:
+        gm = run_pre_grad_passes(gm, capture.fake_inputs)
+        return aot_export_joint_with_descriptors(
+            stack,
+            gm,
+            tuple(capture.fake_inputs),
+            decompositions=decompositions,
+            keep_inference_input_mutations=True,
+        )
+
+
+def joint_needs_autograd(jd: Any) -> bool:
+    return bool(jd._aot_state.needs_autograd)
+
+
+def joint_graph_module(jd: Any) -> torch.fx.GraphModule:
+    return jd.graph_module
+
+
+def set_joint_graph_module(jd: Any, gm: torch.fx.GraphModule) -> None:
+    jd.graph_module = gm
+
+
+def joint_input_count(jd: Any) -> int:
+    return len(jd._aot_state.flat_args)
+
+
+@contextlib.contextmanager
+def _aot_stage2_context(fake_mode: Any) -> Iterator[None]:
+    """The contexts AOTAutograd's export left on its stack, entered anew."""
+    from torch._decomp.decompositions_for_rng import PhiloxStateTracker
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._dynamo import compiled_autograd
+    from torch._dynamo.utils import _disable_saved_tensors_hooks_during_tracing
+    from torch._functorch.aot_autograd import preserve_rng_state
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(compiled_autograd._disable())
+        stack.enter_context(torch.autograd.set_multithreading_enabled(False))
+        stack.enter_context(preserve_rng_state())
+        stack.enter_context(fake_mode)
+        if fake_mode.shape_env is not None:
+            stack.enter_context(enable_python_dispatcher())
+        stack.enter_context(PhiloxStateTracker())
+        stack.enter_context(_disable_saved_tensors_hooks_during_tracing())
+        yield
+
+
+def inductor_config_patches(
+    mode: str | None, options: dict[str, Any] | None
+) -> dict[str, Any]:
+    from torch._inductor import list_mode_options
+
+    patches: dict[str, Any] = dict(list_mode_options(mode) if mode else {})
+    patches.update(options or {})
+    return patches
+
+
+def _find_serialize_fn(fn: Any) -> Callable[[], Any] | None:
+    from torch._functorch._aot_autograd.runtime_wrappers import (
+        SerializableCompiledFunction,
+    )
+
+    while fn is not None:
+        if isinstance(fn, SerializableCompiledFunction):
+            return fn.serialize_fn
+        fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
+class _FlatCompiledFn:
+    """The compiled function with the positional calling convention Dynamo's bytecode uses."""
+
+    def __init__(self, boxed: Callable[[list[Any]], Any], serialize: Callable[[], Any]):
+        self._boxed = boxed
+        self.serialize = serialize
+
+    def __call__(self, *args: Any) -> Any:
+        return self._boxed(list(args))
+
+
+def compile_joint(
+    capture: Capture,
+    jd: Any,
+    dynamo_gm: torch.fx.GraphModule,
+    mode: str | None,
+    options: dict[str, Any] | None,
+) -> tuple[Any, dict[str, str]]:
+    """Partition (if training) and compile with Inductor.
+
+    Returns a SerializableCallable and the generated source of each graph.
+    """
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+    from torch._functorch.aot_autograd import aot_compile_joint_with_descriptors
+    from torch._inductor import compile_fx as cfx
+    from torch._inductor import config as inductor_config
+    from torch._inductor.virtualized import V
+
+    patches = inductor_config_patches(mode, options)
+    extra = cfx.create_compiler_config_extra(dynamo_gm)
+    num_outputs = cfx.get_num_model_outputs(dynamo_gm)
+    num_inputs = len(capture.fake_inputs)
+
+    sources: dict[str, str] = {}
+
+    def keep_source(name: str, output_code: Any) -> Any:
+        sources[name] = getattr(output_code, "source_code", "") or ""
+        return output_code
+
+    def fw_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        return keep_source("forward", cfx.compile_fx_forward(
+            gm,
+            example_inputs,
+            num_orig_model_outputs=num_outputs,
+            num_example_inputs=num_inputs,
+            compiler_config_extra=extra,
+            is_inference=not joint_needs_autograd(jd),
+        ))
+
+    def bw_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        return keep_source("backward", cfx.compile_fx_backward(
+            gm, example_inputs, compiler_config_extra=extra
+        ))
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(inductor_config.patch(patches))
+        stack.enter_context(_tracing(capture))
+        stack.enter_context(V.set_fake_mode(capture.fake_mode))
+        stack.enter_context(
+            torch._functorch.config.patch(
+                {
+                    "strict_autograd_cache": True,
+                    "bypass_autograd_cache_key": True,
+                    "bundled_autograd_cache": True,
+                    "force_non_lazy_backward_lowering": True,
+                    "force_autograd_cache": True,
+                    "unlift_effect_tokens": True,
+                }
+            )
+        )
+        stack.enter_context(_aot_stage2_context(capture.fake_mode))
+        wrapped = aot_compile_joint_with_descriptors(
+            jd,
+            partition_fn=cfx.partition_fn,
+            fw_compiler=fw_compiler,
+            bw_compiler=bw_compiler,
+            serializable=True,
+        )
+    boxed = getattr(wrapped, "__wrapped__", wrapped)
+    serialize = _find_serialize_fn(boxed)
+    if serialize is None:
+        raise RuntimeError(
+            "Inductor produced a function that PyTorch cannot serialize; "
+            "this torch version may not support precompilation of this model"
+        )
+    compiled = BundledAOTAutogradSerializableCallable(_FlatCompiledFn(boxed, serialize))
+    return compiled, sources
+
+
+# --------------------------------------------------------------- precompile
+
+
+@contextlib.contextmanager
+def _modules_pickled_by_state() -> Iterator[None]:
+    """Pickle nn.Modules in the guard state as plain ``nn.Module`` objects.
+
+    Dynamo's guard state keeps the traced frame's locals, ``self`` included;
+    PyTorch pickles a module-level class by reference, so loading would need
+    the model's class to be importable. Guards on module *types* are dropped
+    by our filter, so a plain module with the same attributes rebuilds the
+    same guard tree.
+    """
+    from torch._dynamo.guards import GuardsStatePickler
+
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        if (
+            isinstance(obj, torch.nn.Module)
+            and type(obj) is not torch.nn.Module
+            and type(obj).__getstate__ is torch.nn.Module.__getstate__
+            and id(obj) in self.guard_tree_values
+            and not isinstance(obj, torch.nn.parallel.DistributedDataParallel)
+        ):
+            original(self, obj)  # records missing values as a side effect
+            return GuardsStatePickler._unpickle_module, (obj.__getstate__(),)
+        return original(self, obj)
+
+    GuardsStatePickler.reducer_override = reducer_override  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GuardsStatePickler.reducer_override = original  # type: ignore[method-assign]
+
+
+def guard_filter_entry_fields(entry: Any) -> tuple[str, str, bool, Any]:
+    """(name, guard_type, is_global, value) of a Dynamo GuardFilterEntry."""
+    return entry.name, entry.guard_type, entry.is_global, entry.value
+
+
+def build_guard_manager(
+    capture: Capture, guard_filter: Callable[[Sequence[Any]], Sequence[bool]]
+) -> tuple[Any, bytes]:
+    """Build Dynamo's guard manager after compilation (so shape guards added by
+    AOTAutograd and Inductor are included) and its serialized state."""
+    from torch._dynamo.hooks import Hooks
+    from torch._dynamo.variables.torch_function import (
+        torch_function_mode_stack_state_mgr,
+    )
+
+    from torch._dynamo.utils import dynamo_timed, get_metrics_context
+
+    hooks = Hooks(guard_filter_fn=guard_filter)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(get_metrics_context())
+        stack.enter_context(dynamo_timed("torch_precompile.build_guards"))
+        if torch_function_mode_stack_state_mgr.stack:
+            stack.enter_context(torch_function_mode_stack_state_mgr.temp_restore_stack())
+        stack.enter_context(_modules_pickled_by_state())
+        check_fn = capture.graph_capture_output.build_guards(
+            capture.traced_fn.__code__, hooks=hooks, save=True, strict_error=True
+        )
+    if check_fn.guards_state is None:
+        raise RuntimeError("Dynamo produced no serializable guard state")
+    return check_fn.guard_manager, check_fn.guards_state
+
+
+def make_compiled_function(
+    capture: Capture, compiled_fn: Any, guard_manager: Any, guards_state: bytes
+) -> Any:
+    """Assemble PyTorch's AOTCompiledFunction (what ``aot_compile`` returns)."""
+    from torch._dynamo.aot_compile import AOTCompiledFunction, CompileArtifacts
+    from torch._dynamo.package import SourceInfo
+
+    gco = capture.graph_capture_output
+    source_info = SourceInfo(inlined_sources=set())
+    for code in gco.traced_code:
+        source_info.add_code(code)
+    artifacts = CompileArtifacts(
+        signature=capture.signature,
+        guard_manager=guard_manager,
+        guards_state=guards_state,
+        backend_id=capture.backend_id,
+        compiled_fn=compiled_fn,
+        original_code=capture.traced_fn.__code__,
+        runtime_env=gco.get_runtime_env(),
+        source_info=source_info,
+        device_type=capture.device_type,
+        backend_name="inductor",
+    )
+    return AOTCompiledFunction(
+        _artifacts=artifacts, _extra_globals=capture.traced_fn.__globals__
+    )
+
+
+def serialize_compiled_function(fn: Any) -> bytes:
+    """PyTorch's own AOTCompiledFunction serialization."""
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    return AOTCompiledFunction.serialize(fn).serialized_data
+
+
+def deserialize_compiled_function(data: bytes) -> Any:
+    """Inverse of :func:`serialize_compiled_function`."""
+    from torch._dynamo import convert_frame
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+    from torch._dynamo.utils import get_metrics_context
+    from torch._guards import CompileContext, compile_context
+
+    with (
+        compile_context(CompileContext(convert_frame.get_compile_id({}))),
+        get_metrics_context(),
+    ):
+        return AOTCompiledFunction.deserialize(data)
+
+
+def compiled_function_parts(fn: Any) -> tuple[Any, Callable[..., Any], inspect.Signature]:
+    """(guard manager, runtime callable, signature) of an AOTCompiledFunction."""
+    return fn._artifacts.guard_manager, fn.fn, fn._artifacts.signature
+
+
+def compiled_function_closure_locals(fn: Any) -> dict[str, Any]:
+    """The closure variables the guards of an AOTCompiledFunction read."""
+    env = fn._artifacts.runtime_env
+    if not env.closure:
+        return {}
+    return {
+        name: cell.cell_contents
+        for name, cell in zip(env.bytecode.co_freevars, env.closure)
+    }
+
+
+def guard_failure_reason(guard_manager: Any, f_locals: dict[str, Any]) -> str:
+    """Dynamo's own one-line reason for a failed guard check."""
+    info = guard_manager.check_verbose(f_locals)
+    parts = [p for p in info.verbose_code_parts if p]
+    return "; ".join(parts) if parts else "a guard failed"
+
+
+def compiled_function_signature(fn: Any) -> inspect.Signature:
+    return fn._artifacts.signature
+
+
+def compiled_function_bytecode(fn: Any) -> types.CodeType:
+    return fn._artifacts.runtime_env.bytecode
+
+
+def compiled_function_device_type(fn: Any) -> str:
+    return fn._artifacts.device_type
+
+
+def global_state_snapshot() -> dict[str, Any]:
+    """The global state Dynamo guards on, in words, for diagnosing guard failures."""
+    return {
+        "grad mode": torch.is_grad_enabled(),
+        "default dtype": str(torch.get_default_dtype()).replace("torch.", ""),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "autocast": torch.is_autocast_enabled("cpu")
+        or (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")),
+    }
+
+
+def dumps_pickle(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+__all__ = [
+    "Capture",
+    "UNSERIALIZABLE_GUARD_KINDS",
+    "build_guard_manager",
+    "compile_joint",
+    "compiled_function_closure_locals",
+    "compiled_function_parts",
+    "default_decompositions",
+    "deserialize_compiled_function",
+    "export_joint",
+    "fullgraph_capture",
+    "functools",
+    "global_state_snapshot",
+    "guard_failure_reason",
+    "is_capture_error",
+    "joint_graph_module",
+    "joint_needs_autograd",
+    "make_compiled_function",
+    "serialize_compiled_function",
+    "shape_env_guard_exprs",
+]

@@ -1,0 +1,150 @@
+"""Stage 1: Dynamo captures the model's forward as one FX graph, with guards."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from . import _capture_registry, _compat
+from ._errors import CaptureError
+from ._guards import Guards, describe_source, dynamo_guards
+from ._signature import describe_inputs
+
+
+@dataclasses.dataclass
+class CaptureState:
+    """What later stages need from the capture; private, shared by reference."""
+
+    capture: _compat.Capture
+    model: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    training: bool
+    input_signature: dict[str, Any]
+    timings: dict[str, float]
+    capture_id: str = ""
+    aot_output: Any = None
+    num_outputs: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamoOutput:
+    """The captured FX graph, Dynamo's transformed bytecode and the guards.
+
+    Unpacks to ``(graph_module, bytecode, guards)``.
+    """
+
+    graph_module: torch.fx.GraphModule
+    bytecode: types.CodeType
+    guards: Guards
+    _state: CaptureState = dataclasses.field(repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.graph_module, self.bytecode, self.guards))
+
+    @property
+    def input_sources(self) -> list[str]:
+        """Where each graph input comes from (``L['x']``, ``L['self'].l1.weight``)."""
+        return list(self._state.capture.input_sources)
+
+    @property
+    def training(self) -> bool:
+        """Whether the capture will produce a training (joint) artifact."""
+        return self._state.training
+
+    def as_text(self) -> str:
+        """The FX graph code and the source of each graph input (for reading, not parsing)."""
+        lines = ["# Dynamo graph inputs:"]
+        placeholders = [n for n in self.graph_module.graph.nodes if n.op == "placeholder"]
+        for node, source in zip(placeholders, self.input_sources):
+            lines.append(f"#   {node.name:<40} <- {source}  ({describe_source(source)})")
+        lines.append(f"# kind: {'training' if self.training else 'inference'}")
+        lines.append(self.graph_module.code.strip())
+        return "\n".join(lines)
+
+
+def normalize_inputs(example_inputs: Any) -> tuple[Any, ...]:
+    """A tuple is the argument list (as in torch.export); anything else is one argument."""
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    return (example_inputs,)
+
+
+def _wants_grad(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
+        return True
+    owner = model if isinstance(model, torch.nn.Module) else getattr(model, "__self__", None)
+    if isinstance(owner, torch.nn.Module):
+        return any(p.requires_grad for p in owner.parameters())
+    return False
+
+
+def _user_line(message: str) -> str:
+    hits = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', message)
+    user = [h for h in hits if "/torch/" not in h[0]]
+    if not user:
+        return ""
+    path, line, fn = user[-1]
+    return f" (at {path}:{line}, in {fn})"
+
+
+def dynamo(
+    model: Any,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None = None,
+    *,
+    dynamic: bool | None = None,
+) -> DynamoOutput:
+    """Capture ``model`` (an nn.Module or any callable) with Dynamo, as one graph."""
+    if not callable(model):
+        raise TypeError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
+    if example_kwargs is not None and not isinstance(example_kwargs, dict):
+        raise TypeError(f"example_kwargs must be a dict or None, got {type(example_kwargs).__name__}")
+    args = normalize_inputs(example_inputs)
+    kwargs = dict(example_kwargs or {})
+    start = time.perf_counter()
+    try:
+        capture = _compat.fullgraph_capture(model, args, kwargs, dynamic)
+    except Exception as exc:
+        if _compat.is_capture_error(exc):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CaptureError(
+                f"Dynamo could not capture the model as one graph: {first}{_user_line(str(exc))}. "
+                "Rewrite that line without the unsupported construct (see the message above), "
+                "or move it out of forward()."
+            ) from exc
+        if isinstance(exc, TypeError) and "argument" in str(exc):
+            raise TypeError(f"example inputs do not match the model's signature: {exc}") from exc
+        raise
+    elapsed = time.perf_counter() - start
+    state = CaptureState(
+        capture=capture,
+        model=model,
+        args=args,
+        kwargs=kwargs,
+        training=_wants_grad(model, args, kwargs),
+        input_signature=describe_inputs(capture.signature, capture.bound_self, args, kwargs),
+        timings={"dynamo": elapsed},
+    )
+    state.capture_id = _capture_registry.register(state)
+    _capture_registry.tag(capture.graph_module, state.capture_id, state)
+    entries = dynamo_guards(
+        capture.guards,
+        capture.local_scope,
+        _compat.shape_env_symbol_sources(capture),
+        _compat.shape_env_guard_exprs(capture),
+        _compat.global_state_snapshot(),
+    )
+    guards = Guards(entries, capture_id=state.capture_id)
+    return DynamoOutput(capture.graph_module, capture.graph_capture_output.bytecode, guards, state)
+
+

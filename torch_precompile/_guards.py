@@ -1,0 +1,371 @@
+"""Guards: what an artifact assumes about its inputs and the process, in words.
+
+``Guards`` is the readable, ordered record each stage extends. The fast check
+at call time is Dynamo's own guard manager (C++); when it fails, the entries
+here are evaluated one by one to say which assumption broke, what was
+expected, what was found, and which stage added it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ._errors import GuardError
+
+PHASES = ("dynamo", "aot_autograd", "inductor")
+
+# Dynamo guard kinds that describe module plumbing rather than a user-visible
+# assumption; they are still checked, but summarised in one entry.
+_STRUCTURAL_KINDS = frozenset(
+    {
+        "EMPTY_NN_MODULE_HOOKS_DICT",
+        "NOT_PRESENT_IN_GENERIC_DICT",
+        "DICT_KEYS_MATCH",
+        "SEQUENCE_LENGTH",
+        "TYPE_MATCH",
+        "BUILTIN_MATCH",
+        "DUPLICATE_INPUT",
+        "NO_TENSOR_ALIASING",
+        "HASATTR",
+        "DICT_LENGTH",
+        "LIST_LENGTH",
+        "TUPLE_ITERATOR_LEN",
+        "DICT_CONTAINS",
+        "NOT_NONE_MATCH",
+    }
+)
+_GLOBAL_STATE_KINDS = frozenset(
+    {
+        "GRAD_MODE",
+        "DEFAULT_DEVICE",
+        "DETERMINISTIC_ALGORITHMS",
+        "TORCH_FUNCTION_STATE",
+        "AUTOGRAD_SAVED_TENSORS_HOOKS",
+        "FSDP_TRAINING_STATE",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Guard:
+    """One assumption of an artifact.
+
+    ``phase`` is the stage that added it, ``kind`` its family (``tensor``,
+    ``value``, ``global``, ``shape``, ``system``, ``autograd``,
+    ``structure``), ``expr`` a readable statement. ``subject`` and
+    ``expected`` let the runtime re-check it to explain a failure.
+    """
+
+    phase: str
+    kind: str
+    expr: str
+    subject: str | None = None
+    expected: Any = dataclasses.field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        return f"[{self.phase}] {self.expr}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "kind": self.kind,
+            "expr": self.expr,
+            "subject": self.subject,
+            "expected": _jsonable(self.expected),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Guard:
+        return cls(
+            data["phase"], data["kind"], data["expr"], data.get("subject"), data.get("expected")
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+class Guards(Sequence[Guard]):
+    """An immutable, ordered collection of :class:`Guard` entries."""
+
+    __slots__ = ("_entries", "_capture_id")
+
+    def __init__(self, entries: Sequence[Guard] = (), *, capture_id: str | None = None):
+        object.__setattr__(self, "_entries", tuple(entries))
+        object.__setattr__(self, "_capture_id", capture_id)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._entries[index]
+
+    def __iter__(self) -> Iterator[Guard]:
+        return iter(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Guards) and self._entries == other._entries
+
+    def __hash__(self) -> int:
+        return hash(self._entries)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Guards is immutable; use extend() to get a new one")
+
+    @property
+    def capture_id(self) -> str | None:
+        """Identifies the Dynamo capture these guards were derived from."""
+        return self._capture_id
+
+    def by_phase(self, phase: str) -> Guards:
+        """The entries one stage added (``dynamo``, ``aot_autograd`` or ``inductor``)."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+        return Guards([g for g in self._entries if g.phase == phase], capture_id=self._capture_id)
+
+    def extend(self, entries: Sequence[Guard]) -> Guards:
+        """A new collection with these entries appended."""
+        return Guards(self._entries + tuple(entries), capture_id=self._capture_id)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [g.to_json() for g in self._entries]
+
+    @classmethod
+    def from_json(cls, data: list[dict[str, Any]], capture_id: str | None = None) -> Guards:
+        return cls([Guard.from_json(d) for d in data], capture_id=capture_id)
+
+    def __str__(self) -> str:
+        lines = []
+        for phase in PHASES:
+            entries = [g for g in self._entries if g.phase == phase]
+            if entries:
+                lines.append(f"{phase} ({len(entries)}):")
+                lines.extend(f"  {g.expr}" for g in entries)
+        return "\n".join(lines) if lines else "(no guards)"
+
+    def __repr__(self) -> str:
+        counts = ", ".join(
+            f"{p}={sum(g.phase == p for g in self._entries)}" for p in PHASES
+        )
+        return f"Guards({len(self)} entries: {counts})"
+
+
+# ------------------------------------------------------------ readable names
+
+_ITEM = re.compile(r"\[(?:'([^']*)'|(-?\d+))\]")
+
+
+def describe_source(source: str) -> str:
+    """``L['self']._modules['l1']._parameters['weight']`` -> ``parameter 'l1.weight'``."""
+    m = re.fullmatch(r"L\['([^']+)'\](.*)", source)
+    if not m:
+        return source
+    root, rest = m.group(1), m.group(2)
+    if root == "self":
+        path = re.sub(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", r".\1", rest)
+        kind = "attribute"
+        if "._parameters[" in rest:
+            kind = "parameter"
+        elif "._buffers[" in rest:
+            kind = "buffer"
+        elif rest.endswith("]") or not rest:
+            kind = "module"
+        path = path.lstrip(".")
+        return f"{kind} '{path}'" if path else "the model"
+    suffix = _ITEM.sub(lambda mm: f"[{mm.group(1)!r}]" if mm.group(1) is not None else f"[{mm.group(2)}]", rest)
+    return f"input '{root}{suffix}'"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def tensor_expectation(value: torch.Tensor, dynamic_dims: dict[int, str] | None = None) -> dict[str, Any]:
+    dynamic_dims = dynamic_dims or {}
+    shape = [dynamic_dims.get(i, int(s)) if not dynamic_dims.get(i) else dynamic_dims[i] for i, s in enumerate(value.shape)]
+    return {
+        "dtype": _dtype_name(value.dtype),
+        "shape": shape,
+        "device": value.device.type,
+        "requires_grad": bool(value.requires_grad),
+    }
+
+
+def _shape_str(shape: Sequence[Any]) -> str:
+    inner = ", ".join(str(s) for s in shape)
+    return f"({inner},)" if len(shape) == 1 else f"({inner})"
+
+
+def _tensor_expr(subject: str, exp: dict[str, Any]) -> str:
+    grad = ", requires_grad" if exp["requires_grad"] else ""
+    return f"{describe_source(subject)}: {exp['dtype']} {_shape_str(exp['shape'])} on {exp['device']}{grad}"
+
+
+# ---------------------------------------------------- guards from a capture
+
+
+def dynamo_guards(dynamo_guard_list: Sequence[Any], local_scope: dict[str, Any], shape_symbols: dict[str, str], shape_exprs: Sequence[str], global_state: dict[str, Any]) -> list[Guard]:
+    """Translate Dynamo's guards into readable entries."""
+    entries: list[Guard] = []
+    structural: dict[str, int] = {}
+    seen: set[tuple[str, str]] = set()
+    scope = {"L": local_scope}
+    dyn_dims = _dynamic_dims(shape_symbols)
+    for g in dynamo_guard_list:
+        kind = g.create_fn_name()
+        name = g.name
+        key = ("value" if kind in ("CONSTANT_MATCH", "EQUALS_MATCH") else kind, name)
+        if key in seen:
+            continue
+        seen.add(key)
+        if kind == "TENSOR_MATCH" and name.startswith("L["):
+            value = _eval_source(name, scope)
+            if isinstance(value, torch.Tensor):
+                exp = tensor_expectation(value, dyn_dims.get(name))
+                entries.append(Guard("dynamo", "tensor", _tensor_expr(name, exp), name, exp))
+        elif kind in ("CONSTANT_MATCH", "EQUALS_MATCH") and name.startswith("L["):
+            value = _eval_source(name, scope)
+            if isinstance(value, (bool, int, float, str, type(None), tuple, torch.dtype, torch.device)):
+                if isinstance(value, (torch.dtype, torch.device)):
+                    value = str(value)
+                entries.append(Guard("dynamo", "value", f"{describe_source(name)} == {value!r}", name, value))
+        elif kind in _GLOBAL_STATE_KINDS or kind == "GLOBAL_STATE":
+            structural_name = "global:" + kind
+            structural[structural_name] = 1
+        elif kind == "SHAPE_ENV":
+            continue
+        else:
+            structural[kind] = structural.get(kind, 0) + 1
+    for key, value in global_state.items():
+        entries.append(Guard("dynamo", "global", f"{key} == {value}", key, value))
+    for expr in shape_exprs:
+        entries.append(Guard("dynamo", "shape", _readable_shape_expr(expr, shape_symbols), None, expr))
+    plumbing = {k: v for k, v in structural.items() if not k.startswith("global:")}
+    if plumbing:
+        total = sum(plumbing.values())
+        detail = ", ".join(f"{v} {k}" for k, v in sorted(plumbing.items(), key=lambda kv: -kv[1]))
+        entries.append(Guard("dynamo", "structure", f"{total} checks of module structure and Python objects ({detail})"))
+    return entries
+
+
+def _dynamic_dims(shape_symbols: dict[str, str]) -> dict[str, dict[int, str]]:
+    out: dict[str, dict[int, str]] = {}
+    for sym, src in shape_symbols.items():
+        m = re.fullmatch(r"(.*)\.size\(\)\[(\d+)\]", src)
+        if m:
+            out.setdefault(m.group(1), {})[int(m.group(2))] = sym
+    return out
+
+
+def _readable_shape_expr(expr: str, shape_symbols: dict[str, str]) -> str:
+    def repl(m: re.Match[str]) -> str:
+        src = shape_symbols.get(m.group(0))
+        if src is None:
+            return m.group(0)
+        mm = re.fullmatch(r"(.*)\.size\(\)\[(\d+)\]", src)
+        if mm:
+            return f"{describe_source(mm.group(1))}.shape[{mm.group(2)}]"
+        return src
+
+    return re.sub(r"\bs\d+\b", repl, expr)
+
+
+def _eval_source(source: str, scope: dict[str, Any]) -> Any:
+    try:
+        return eval(source, {"__builtins__": {"type": type, "dict": dict, "len": len}}, scope)  # noqa: S307
+    except Exception:
+        return _MISSING
+
+
+_MISSING = object()
+
+
+# --------------------------------------------------------------- diagnosis
+
+
+def diagnose(guards: Guards, f_locals: dict[str, Any], fallback: str) -> GuardError:
+    """Explain which guard the given call breaks, as a GuardError."""
+    scope = {"L": f_locals}
+    grad_enabled = torch.is_grad_enabled()
+    order = sorted(guards, key=lambda g: 0 if g.kind == "autograd" else 1)
+    for g in order:
+        problem = _check_one(g, scope, grad_enabled)
+        if problem:
+            return GuardError(f"{problem} [{g.phase}]")
+    return GuardError(f"a guard failed: {fallback} [dynamo]")
+
+
+def _check_one(g: Guard, scope: dict[str, Any], grad_enabled: bool) -> str | None:
+    if g.kind == "autograd":
+        return _check_autograd(g, grad_enabled)
+    if g.kind == "tensor" and g.subject:
+        value = _eval_source(g.subject, scope)
+        what = describe_source(g.subject)
+        if value is _MISSING:
+            return f"{what}: expected a tensor, but it is missing"
+        if not isinstance(value, torch.Tensor):
+            return f"{what}: expected a tensor, got {type(value).__name__}"
+        exp = g.expected
+        if _dtype_name(value.dtype) != exp["dtype"]:
+            return f"{what}: expected dtype {exp['dtype']}, got {_dtype_name(value.dtype)}"
+        if value.device.type != exp["device"]:
+            return f"{what}: expected device {exp['device']}, got {value.device.type}"
+        shape = exp["shape"]
+        if len(shape) != value.dim():
+            return f"{what}: expected {len(shape)} dimensions {_shape_str(shape)}, got {value.dim()} {_shape_str(tuple(value.shape))}"
+        for want, got in zip(shape, value.shape):
+            if isinstance(want, int) and want != got:
+                return f"{what}: expected shape {_shape_str(shape)}, got {_shape_str(tuple(value.shape))}"
+        if bool(value.requires_grad) != exp["requires_grad"]:
+            said = "requires grad" if value.requires_grad else "does not require grad"
+            return (
+                f"{what}: {said}, but the artifact was captured with requires_grad={exp['requires_grad']}; "
+                "capture again with the same requires_grad settings"
+            )
+        return None
+    if g.kind == "value" and g.subject:
+        value = _eval_source(g.subject, scope)
+        if value is _MISSING:
+            return f"{describe_source(g.subject)}: missing, expected {g.expected!r}"
+        if isinstance(value, (torch.dtype, torch.device)):
+            value = str(value)
+        expected = tuple(g.expected) if isinstance(g.expected, list) else g.expected
+        if isinstance(value, list) and isinstance(expected, tuple):
+            value = tuple(value)
+        if value != expected:
+            return f"{describe_source(g.subject)}: expected {g.expected!r}, got {value!r}; Python values are baked into the compiled code, capture again with the new value"
+        return None
+    if g.kind == "global" and g.subject:
+        from ._compat import global_state_snapshot
+
+        now = global_state_snapshot().get(g.subject)
+        if now is not None and now != g.expected:
+            return f"{g.subject}: expected {g.expected}, got {now}"
+        return None
+    return None
+
+
+def _check_autograd(g: Guard, grad_enabled: bool) -> str | None:
+    training = bool(g.expected)
+    if training and not grad_enabled:
+        return (
+            "grad mode: captured with grad enabled (a training artifact), called under "
+            "torch.no_grad(); capture again under torch.no_grad() for an inference artifact"
+        )
+    if not training and grad_enabled:
+        return (
+            "grad mode: captured under torch.no_grad(), called with grad enabled; call it under "
+            "torch.no_grad(), or capture again with grad enabled for a training artifact"
+        )
+    return None

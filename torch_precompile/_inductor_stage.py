@@ -1,0 +1,96 @@
+"""Stage 3: Inductor partitions (for training) and compiles the graphs to kernels."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from . import _compat, _system
+from ._aot_stage import AOTAutogradOutput, check_calling_convention, resolve_capture
+from ._dynamo_stage import CaptureState
+from ._guards import Guard, Guards
+
+
+@dataclasses.dataclass(frozen=True)
+class InductorOutput:
+    """Compiled forward (and backward) code; unpacks to ``(compiled, guards)``."""
+
+    compiled: Any
+    guards: Guards
+    source_code: dict[str, str]
+    training: bool
+    _state: CaptureState = dataclasses.field(repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.compiled, self.guards))
+
+    def as_text(self) -> str:
+        """The Python/C++ code Inductor generated for each graph."""
+        parts = []
+        for name, code in self.source_code.items():
+            parts.append(f"# ===== Inductor {name} =====\n{code.strip()}")
+        return "\n\n".join(parts) if parts else "# (Inductor kept no source code)"
+
+
+def inductor(
+    joint_or_aot_output: torch.fx.GraphModule | AOTAutogradOutput,
+    guards: Guards | None = None,
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> InductorOutput:
+    """Compile the AOTAutograd graph with Inductor (``mode``/``options`` as in torch.compile)."""
+    if isinstance(joint_or_aot_output, AOTAutogradOutput):
+        aot = joint_or_aot_output
+        joint_gm = aot.joint_graph
+        guards = guards or aot.guards
+    else:
+        joint_gm = joint_or_aot_output
+        if not isinstance(joint_gm, torch.fx.GraphModule):
+            raise TypeError(f"expected an AOTAutogradOutput or torch.fx.GraphModule, got {type(joint_gm).__name__}")
+        state = resolve_capture(joint_gm, guards, "this joint graph")
+        aot = state.aot_output  # type: ignore[attr-defined]
+        if aot is None:
+            raise ValueError("this graph was not produced by Precompile.aot_autograd; run that stage first")
+        guards = guards if guards is not None else aot.guards
+    state = aot._state
+    jd = aot._joint
+    original = _compat.joint_graph_module(jd)
+    if joint_gm is not original:
+        check_calling_convention(joint_gm, sum(1 for n in original.graph.nodes if n.op == "placeholder"), None, "inductor")
+        _compat.set_joint_graph_module(jd, joint_gm)
+    capture = state.capture
+    shape_before = len(_compat.shape_env_guard_exprs(capture))
+    start = time.perf_counter()
+    compiled, sources = _compat.compile_joint(capture, jd, aot._dynamo_graph, mode, options)
+    state.timings["inductor"] = time.perf_counter() - start
+    added = [
+        Guard("inductor", "shape", expr, None, expr)
+        for expr in _compat.shape_env_guard_exprs(capture)[shape_before:]
+    ]
+    added.extend(system_guards(capture.device_type))
+    out = InductorOutput(compiled, guards.extend(added), sources, aot.training, state)
+    compiled._torch_precompile_output = out
+    return out
+
+
+def system_guards(device_type: str) -> list[Guard]:
+    """What the generated kernels assume about the machine; checked at load."""
+    info = _system.current_system()
+    entries = [
+        Guard("inductor", "system", f"device type == {device_type}", "device_type", device_type),
+        Guard("inductor", "system", f"torch version == {info['torch']}", "torch", info["torch"]),
+        Guard("inductor", "system", f"python == {info['python']}", "python", info["python"]),
+    ]
+    if device_type == "cpu":
+        entries.append(
+            Guard("inductor", "system", f"CPU instruction set >= {info['cpu_isa']}", "cpu_isa", info["cpu_isa"])
+        )
+    elif info.get("cuda"):
+        cap = info["cuda"]["capability"]
+        entries.append(Guard("inductor", "system", f"CUDA compute capability == {cap}", "cuda_capability", cap))
+    return entries

@@ -1,0 +1,170 @@
+"""Save and load: our container around PyTorch's AOTCompiledFunction bytes."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import pickle
+import time
+import types
+from typing import Any
+
+import torch
+
+from . import _compat, _format, _standin, _system
+from ._artifact import PrecompiledArtifact, Runtime
+from ._errors import ArtifactCorruptedError
+from ._guards import Guards
+
+log = logging.getLogger("torch_precompile")
+
+PACKAGE_VERSION = "0.1.0"
+
+
+def save(
+    path: str | os.PathLike[str],
+    artifact: PrecompiledArtifact,
+    bytecode: types.CodeType | None = None,
+    guards: Guards | None = None,
+    *,
+    sign_key: bytes | str | None = None,
+) -> None:
+    """Write ``artifact`` to one file, atomically (weights included)."""
+    if not isinstance(artifact, PrecompiledArtifact):
+        raise TypeError(f"save() takes a PrecompiledArtifact, got {type(artifact).__name__}")
+    if bytecode is not None and bytecode is not artifact.bytecode and bytecode != artifact.bytecode:
+        raise ValueError(
+            "the bytecode given to save() does not belong to this artifact's capture "
+            f"({getattr(bytecode, 'co_name', type(bytecode).__name__)!r} vs the artifact's "
+            f"{artifact.bytecode.co_name!r}); pass the bytecode Precompile.dynamo returned with this model"
+        )
+    if guards is not None:
+        if not isinstance(guards, Guards):
+            raise TypeError(f"guards must be a Guards collection, got {type(guards).__name__}")
+        foreign = guards.capture_id is not None and guards.capture_id != artifact.guards.capture_id
+        known = set(artifact.guards)
+        missing = [g for g in guards if g not in known]
+        if foreign or missing:
+            what = "another capture" if foreign else f"{len(missing)} entries the artifact lacks, e.g. {missing[0]}"
+            raise ValueError(
+                f"the guards given to save() do not belong to this artifact: they come from {what}; "
+                "pass the guards returned by the stages that built this artifact"
+            )
+    sections: dict[str, bytes] = {"compiled": _compat.serialize_compiled_function(artifact.compiled_function)}
+    bound = artifact.module
+    kind = "function"
+    if isinstance(bound, torch.nn.Module):
+        kind = "module"
+        sections["skeleton"] = json.dumps(_standin.describe_module(bound)).encode()
+        sections["weights"] = _standin.pack_tensors(_standin.module_tensors(bound))
+    elif bound is not None:
+        kind = "object"
+        sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
+    sizes = {name: len(data) for name, data in sections.items()}
+    meta = {
+        "producer": f"torch_precompile {PACKAGE_VERSION}",
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "kind": kind,
+        "training": artifact.training,
+        "device_type": artifact.device_type,
+        "system": artifact.system,
+        "signature": artifact.signature,
+        "guards": artifact.guards.to_json(),
+        "guards_text": str(artifact.guards),
+        "sizes": sizes,
+        "timings": artifact.timings,
+    }
+    _format.write_artifact(path, meta, sections, sign_key=sign_key)
+    artifact._sizes.update(sizes)
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    model: Any = None,
+    verify_key: bytes | str | None = None,
+) -> PrecompiledArtifact:
+    """Load an artifact; ``model=`` binds it to a live module instead of the saved weights."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        prefix = f.read(16)
+    if not _format.looks_like_artifact(prefix) and verify_key is None and prefix[:1] == b"\x80":
+        return _load_torch_file(path, model)
+    start = time.perf_counter()
+    meta, sections = _format.read_artifact(path, verify_key=verify_key)
+    _system.check_compatible(meta.get("system", {}), meta.get("device_type", "cpu"), path=path)
+    if "compiled" not in sections:
+        raise ArtifactCorruptedError(f"{path}: the artifact has no compiled section; re-save it")
+    compiled_function = _compat.deserialize_compiled_function(sections["compiled"])
+    guards = Guards.from_json(meta.get("guards", []))
+    bound = _bind(meta.get("kind"), sections, model, path)
+    training = bool(meta.get("training"))
+    runtime = Runtime(compiled_function, guards, bound, training)
+    timings = dict(meta.get("timings", {}))
+    timings["load"] = time.perf_counter() - start
+    return PrecompiledArtifact(
+        guards=guards,
+        signature=meta.get("signature", {}),
+        system=meta.get("system", {}),
+        training=training,
+        device_type=meta.get("device_type", "cpu"),
+        timings=timings,
+        bytecode=_compat.compiled_function_bytecode(compiled_function),
+        compiled_function=compiled_function,
+        _runtime=runtime,
+        _sizes=dict(meta.get("sizes", {})),
+    )
+
+
+def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -> Any:
+    if kind == "module":
+        if model is not None:
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError(f"model= must be an nn.Module for this artifact, got {type(model).__name__}")
+            return model
+        skeleton = json.loads(sections["skeleton"])
+        return _standin.build_standin(skeleton, _standin.unpack_tensors(sections["weights"]))
+    if kind == "object":
+        return model if model is not None else pickle.loads(sections["self"])
+    if model is not None:
+        log.warning("%s: the artifact was captured from a function; model= is ignored", path)
+    return None
+
+
+def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:
+    """Files written by torch's own ``save_compiled_function`` (the ugly.py flow)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        compiled_function = _compat.deserialize_compiled_function(data)
+    except Exception as exc:
+        raise ArtifactCorruptedError(
+            f"{path}: neither a torch_precompile artifact nor a file torch's save_compiled_function "
+            f"can read ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from exc
+    signature = _compat.compiled_function_signature(compiled_function)
+    takes_self = next(iter(signature.parameters), None) == "self"
+    if takes_self and model is None:
+        raise TypeError(
+            f"{path} was written by torch's save_compiled_function, which does not carry the "
+            "model's weights; load it with Precompile.load(path, model=your_module)"
+        )
+    training = torch.is_grad_enabled() and model is not None and any(
+        p.requires_grad for p in getattr(model, "parameters", lambda: [])()
+    )
+    guards = Guards()
+    runtime = Runtime(compiled_function, guards, model if takes_self else None, training=True)
+    runtime.training = True  # torch's file records no grad mode; its own guards decide
+    return PrecompiledArtifact(
+        guards=guards,
+        signature={"signature": str(signature)},
+        system={},
+        training=training,
+        device_type=_compat.compiled_function_device_type(compiled_function),
+        timings={},
+        bytecode=_compat.compiled_function_bytecode(compiled_function),
+        compiled_function=compiled_function,
+        _runtime=runtime,
+    )

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import logging
 import pickle
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -449,6 +450,8 @@ def make_compiled_function(
 
 def serialize_compiled_function(fn: Any) -> bytes:
     """PyTorch's own AOTCompiledFunction serialization."""
+    if isinstance(fn, FastCompiledFunction):
+        return fn.serialized  # loaded by the fast path: the bytes it was loaded from
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
     return AOTCompiledFunction.serialize(fn).serialized_data
@@ -512,6 +515,238 @@ def global_state_snapshot() -> dict[str, Any]:
         "autocast": torch.is_autocast_enabled("cpu")
         or (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")),
     }
+
+
+# ------------------------------------------------- cold start: CPU fast load
+
+
+@dataclasses.dataclass
+class FastCompiledFunction:
+    """A compiled function loaded by the fast path (see ``_fastpath``).
+
+    Shaped like PyTorch's ``AOTCompiledFunction`` where the runtime reads it
+    (``_artifacts.guard_manager``, ``.signature``, ``.runtime_env``,
+    ``.device_type``; ``fn``), and keeps the bytes it was loaded from so that
+    saving it again writes the same sections.
+    """
+
+    _artifacts: Any
+    fn: Callable[..., Any]
+    serialized: bytes
+    fastload: bytes
+    kernels: bytes
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch._dynamo.aot_compile import bind_locals
+
+        f_locals = bind_locals(self._artifacts.signature, *args, **kwargs)
+        if not self._artifacts.guard_manager.check(f_locals):
+            raise RuntimeError("GuardManager check failed")
+        return self.fn(*args, **kwargs)
+
+
+def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
+    """Why ``fn`` cannot take the fast path (None if it can), its AOTAutograd entry and graph."""
+    artifacts = fn._artifacts
+    if artifacts.device_type != "cpu":
+        return f"device {artifacts.device_type}", None, None
+    env = artifacts.runtime_env
+    if env.closure:
+        return "the traced function has a closure", None, None
+    entry = artifacts.compiled_fn.compiled_fn.serialize()
+    if entry.compiled_bw is not None or entry.num_fw_outs_saved_for_bw:
+        return "training artifact", None, None
+    if entry.maybe_subclass_meta is not None:
+        return "tensor subclass inputs", None, None
+    if any(getattr(w, "needs_post_compile", True) for w in entry.dispatch_wrappers):
+        return "duplicated or aliased inputs", None, None
+    if entry.indices_of_inps_to_detach:
+        return "inputs to detach", None, None
+    meta = entry.runtime_metadata
+    for info in meta.input_info:
+        if info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata:
+            return "the graph mutates an input", None, None
+    for info in meta.output_info:
+        if info.output_type.name != "non_alias":
+            return f"an output is {info.output_type.name}", None, None
+    if meta.num_intermediate_bases or meta.tokens or getattr(meta, "num_unsafe_view_outputs", 0):
+        return "intermediate bases or effect tokens", None, None
+    if entry.sanitized_aot_config.dynamic_shapes:
+        return "dynamic shapes", None, None
+    graph = entry.compiled_fw.result
+    if set(graph.device_types) - {"cpu"}:
+        return f"devices {sorted(graph.device_types)}", None, None
+    if graph.constants or graph.torchbind_constants or graph.mutated_inputs or graph.partition_maps:
+        return "constants, mutated inputs or partitions in the compiled graph", None, None
+    return None, entry, graph
+
+
+def cpu_kernel_binaries(fn: Any) -> tuple[bytes, bytes] | None:
+    """The ``fastload`` and ``kernels`` sections of a CPU inference artifact, or None.
+
+    Run at save, in a process where Inductor built (or can build) the kernels:
+    each C++ kernel of the wrapper is looked up in Inductor's code cache (a
+    hit right after compiling) and its shared object is read back.
+    """
+    import marshal
+    import re
+
+    from . import _fastpath
+
+    if isinstance(fn, FastCompiledFunction):
+        return fn.fastload, fn.kernels
+    if not hasattr(fn, "_artifacts"):
+        return None
+    try:
+        reason, _, graph = _fast_load_refusal(fn)
+    except Exception as exc:  # an unexpected PyTorch structure: keep the full path
+        reason = f"{type(exc).__name__}: {exc}"
+    if reason is not None:
+        logging.getLogger("torch_precompile").debug("no fast load: %s", reason)
+        return None
+    source = graph.source_code
+    refusal = _wrapper_refusal(source)
+    if refusal is not None:
+        logging.getLogger("torch_precompile").debug("no fast load: %s", refusal)
+        return None
+    from torch._inductor import select_algorithm
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    extern_names = sorted(set(re.findall(r"\bextern_kernels\.(\w+)", source)))
+    for name in extern_names:
+        kernel = getattr(select_algorithm.extern_kernels, name, None)
+        if kernel is None or kernel is not getattr(torch, name, None):
+            logging.getLogger("torch_precompile").debug("no fast load: extern kernel %s", name)
+            return None
+    binaries: dict[str, bytes] = {}
+    for argtypes, kernel_source in _recorded_kernels(source):
+        kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, kernel_source)
+        with open(kernel.__self__.__file__, "rb") as f:
+            binaries[_fastpath.kernel_key(argtypes, kernel_source)] = f.read()
+    env = fn._artifacts.runtime_env
+    try:
+        used_globals = pickle.dumps(dict(env.used_globals), protocol=pickle.HIGHEST_PROTOCOL)
+        signature = pickle.dumps(fn._artifacts.signature, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        logging.getLogger("torch_precompile").debug("no fast load: %s", exc)
+        return None
+    spec = {
+        "version": _fastpath.FASTLOAD_VERSION,
+        "torch": torch.__version__,
+        "wrapper": source,
+        "extern_kernels": extern_names,
+        "inputs_to_check": [int(i) for i in (graph.inputs_to_check or ())],
+        "bytecode": marshal.dumps(env.bytecode),
+        "import_sources": dict(env.import_sources),
+        "used_globals": used_globals,
+        "argdefs": env.argdefs,
+        "kwdefaults": env.kwdefaults,
+        "backend_id": fn._artifacts.backend_id,
+        "signature": signature,
+        "original_code": marshal.dumps(fn._artifacts.original_code),
+        "guards_state": fn._artifacts.guards_state,
+    }
+    return pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), _fastpath.pack_kernels(binaries)
+
+
+def _wrapper_refusal(source: str) -> str | None:
+    """Why Inductor's wrapper cannot run with the fast path's stand-ins (None if it can)."""
+    import re
+
+    from . import _fastpath
+
+    bad = _fastpath.wrapper_inductor_imports(source)
+    if bad:
+        return f"the wrapper imports {bad[0]!r}"
+    main = source.split('\nif __name__ == "__main__":', 1)[0]
+    for name in ("run_intermediate_hooks", "maybe_profile"):
+        if main.count(name) > 1:
+            return f"the wrapper calls {name}"
+    methods = set(re.findall(r"\basync_compile\.(\w+)", main))
+    if methods - {"cpp_pybinding", "wait"}:
+        return f"the wrapper compiles {sorted(methods - {'cpp_pybinding', 'wait'})} kernels"
+    return None
+
+
+def _recorded_kernels(source: str) -> list[tuple[list[str], str]]:
+    """The (argtypes, source) of each ``async_compile.cpp_pybinding`` call of the wrapper."""
+    from . import _fastpath
+
+    calls: list[tuple[list[str], str]] = []
+
+    class Recorder:
+        def __call__(self) -> Any:
+            return self
+
+        def cpp_pybinding(self, argtypes: list[str], source_code: str) -> Any:
+            calls.append((list(argtypes), source_code))
+            return None
+
+        def wait(self, scope: Any) -> None:
+            pass
+
+    namespace: dict[str, Any] = {
+        "run_intermediate_hooks": None,
+        "maybe_profile": None,
+        "align": None,
+        "AsyncCompile": Recorder(),
+        "extern_kernels": None,
+        "__name__": "torch_precompile_wrapper_probe",
+    }
+    code = compile(_fastpath.strip_wrapper_imports(source), "<inductor wrapper>", "exec")
+    exec(code, namespace)
+    return calls
+
+
+def load_fast_compiled_function(
+    fastload: bytes, kernels: bytes, serialized: bytes, filename: str
+) -> FastCompiledFunction:
+    """Rebuild a CPU inference artifact's function from its shipped kernels (no compiler)."""
+    import marshal
+
+    from . import _fastpath
+
+    spec = pickle.loads(fastload)
+    if spec.get("version") != _fastpath.FASTLOAD_VERSION or spec.get("torch") != torch.__version__:
+        raise ValueError("the fast-load section was written by another version")
+    guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
+    data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
+    graph_call = _fastpath.build_graph_call(
+        spec["wrapper"],
+        spec["extern_kernels"],
+        spec["inputs_to_check"],
+        kernels,
+        data_ptr,
+        filename,
+    )
+    fn = _fastpath.bytecode_function(spec, graph_call)
+    original_code = marshal.loads(spec["original_code"])
+    guard_manager = _load_guard_manager(spec["guards_state"], original_code, fn.__globals__)
+    runtime_env = types.SimpleNamespace(bytecode=fn.__code__, closure=None)
+    artifacts = types.SimpleNamespace(
+        guard_manager=guard_manager,
+        signature=pickle.loads(spec["signature"]),
+        runtime_env=runtime_env,
+        device_type="cpu",
+        original_code=original_code,
+    )
+    return FastCompiledFunction(artifacts, fn, serialized, fastload, kernels)
+
+
+def _load_guard_manager(
+    guards_state: bytes, original_code: types.CodeType, f_globals: dict[str, Any]
+) -> Any:
+    """Dynamo's guard manager from its saved state (imports torch._dynamo, not the compilers)."""
+    from torch._dynamo import convert_frame
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+    from torch._dynamo.utils import get_metrics_context
+    from torch._guards import CompileContext, compile_context
+
+    with (
+        compile_context(CompileContext(convert_frame.get_compile_id({}))),
+        get_metrics_context(),
+    ):
+        return load_guard_manager(load_guards_state(guards_state), original_code, f_globals)
 
 
 def dumps_pickle(obj: Any) -> bytes:

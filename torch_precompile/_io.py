@@ -62,6 +62,9 @@ def save(
     elif bound is not None:
         kind = "object"
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
+    fast = _fast_sections(artifact)
+    if fast is not None:
+        sections["fastload"], sections["kernels"] = fast
     sizes = {name: len(data) for name, data in sections.items()}
     meta = {
         "producer": f"torch_precompile {PACKAGE_VERSION}",
@@ -97,7 +100,9 @@ def load(
     _system.check_compatible(meta.get("system", {}), meta.get("device_type", "cpu"), path=path)
     if "compiled" not in sections:
         raise ArtifactCorruptedError(f"{path}: the artifact has no compiled section; re-save it")
-    compiled_function = _compat.deserialize_compiled_function(sections["compiled"])
+    compiled_function = _load_fast(sections, path)
+    if compiled_function is None:
+        compiled_function = _compat.deserialize_compiled_function(sections["compiled"])
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
@@ -116,6 +121,37 @@ def load(
         _runtime=runtime,
         _sizes=dict(meta.get("sizes", {})),
     )
+
+
+def _fast_sections(artifact: PrecompiledArtifact) -> tuple[bytes, bytes] | None:
+    """The shipped-kernel sections that let a CPU inference artifact load without a compiler."""
+    if artifact.training or artifact.device_type != "cpu":
+        return None
+    try:
+        return _compat.cpu_kernel_binaries(artifact.compiled_function)
+    except Exception as exc:  # never fail a save over the optional fast path
+        log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
+        return None
+
+
+def _load_fast(sections: dict[str, bytes], path: str) -> Any:
+    """The fast path of :mod:`_fastpath`, or None to load through PyTorch's full path."""
+    if "fastload" not in sections or "kernels" not in sections:
+        return None
+    if os.environ.get("TORCH_PRECOMPILE_FAST_LOAD", "1") == "0":
+        return None
+    try:
+        return _compat.load_fast_compiled_function(
+            sections["fastload"],
+            sections["kernels"],
+            sections["compiled"],
+            f"<torch_precompile {path}>",
+        )
+    except Exception as exc:
+        log.warning(
+            "%s: fast load failed, loading through PyTorch (%s: %s)", path, type(exc).__name__, exc
+        )
+        return None
 
 
 def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -> Any:

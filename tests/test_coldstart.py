@@ -1,0 +1,175 @@
+"""Cold start: a saved CPU artifact loads and runs with no compiler and empty caches.
+
+One transformer is compiled once for the module. The fresh-process tests run a
+script with ``CC``/``CXX`` pointing at ``/bin/false``, a ``PATH`` holding only
+``python`` (so no ``gcc``/``g++``/``cc``/``c++`` can be found) and an empty
+``TORCHINDUCTOR_CACHE_DIR``; the script compares with eager and exits non-zero
+on any mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from examples.models import build_transformer
+from torch_precompile import GuardError, Precompile, _format
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("coldstart")
+    model, args, _ = build_transformer()
+    with torch.no_grad():
+        artifact = Precompile.compile(model, args)
+        expected = model(*args)
+    path = root / "transformer.pt"
+    Precompile.save(path, artifact)
+    other = torch.randint(0, 1000, (2, 32))
+    with torch.no_grad():
+        expected_other = model(other)
+    io = {"args": args, "expected": expected, "other": other, "expected_other": expected_other}
+    torch.save(io, root / "io.pt")
+    return {"root": root, "artifact": path, "io": root / "io.pt"}
+
+
+def _no_compiler_env(root: Path) -> dict[str, str]:
+    """An environment in which no C++ compiler can run."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    link = bin_dir / "python"
+    if not link.exists():
+        link.symlink_to(sys.executable)
+    cache = root / "inductor-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
+    env.update(
+        PATH=str(bin_dir),
+        CC="/bin/false",
+        CXX="/bin/false",
+        TORCHINDUCTOR_CACHE_DIR=str(cache),
+        TRITON_CACHE_DIR=str(root / "triton-cache"),
+        PYTHONPATH=str(REPO),
+    )
+    return env
+
+
+def _run(root: Path, body: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    script = root / "script.py"
+    script.write_text(textwrap.dedent(body))
+    return subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_saved_artifact_ships_kernel_binaries(saved: dict[str, Path]) -> None:
+    meta, sections = _format.read_artifact(saved["artifact"])
+    assert "kernels" in sections and "fastload" in sections
+    from torch_precompile import _fastpath
+
+    kernels = _fastpath.unpack_kernels(sections["kernels"])
+    assert len(kernels) >= 1
+    for data in kernels.values():
+        assert bytes(data[:4]) == b"\x7fELF"  # shared objects, not C++ source
+    assert meta["sizes"]["kernels"] == len(sections["kernels"])
+
+
+def test_load_needs_no_compiler(saved: dict[str, Path]) -> None:
+    root = saved["root"]
+    env = _no_compiler_env(root)
+    assert shutil.which("gcc", path=env["PATH"]) is None
+    assert shutil.which("g++", path=env["PATH"]) is None
+    assert shutil.which("c++", path=env["PATH"]) is None
+    assert shutil.which("cc", path=env["PATH"]) is None
+    body = f"""
+        import os, sys
+        import torch
+        from torch_precompile import GuardError, Precompile
+        io = torch.load({str(saved["io"])!r})
+        art = Precompile.load({str(saved["artifact"])!r})
+        with torch.no_grad():
+            out = art(*io["args"])
+            out2 = art(io["other"])
+        torch.testing.assert_close(out, io["expected"], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out2, io["expected_other"], rtol=1e-4, atol=1e-4)
+        assert type(art.compiled_function).__name__ == "FastCompiledFunction"
+        compile_stack = (
+            "torch._inductor.codecache", "torch._inductor.compile_fx",
+            "torch._inductor.async_compile", "torch._inductor.select_algorithm",
+            "torch._functorch._aot_autograd.aot_autograd_result",
+        )
+        heavy = [m for m in compile_stack if m in sys.modules]
+        assert not heavy, heavy
+        try:
+            with torch.no_grad():
+                art(torch.randint(0, 1000, (3, 32)))
+        except GuardError as exc:
+            assert "ids" in str(exc), exc
+        else:
+            raise SystemExit("a wrong input shape passed the guards")
+        cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        assert os.listdir(cache) == [], os.listdir(cache)
+        print("OK")
+    """
+    proc = _run(root, body, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith("OK")
+
+
+def test_without_shipped_kernels_load_needs_the_compiler(saved: dict[str, Path]) -> None:
+    """The control experiment: PyTorch's own path, in the same environment, tries to compile."""
+    root = saved["root"]
+    env = _no_compiler_env(root)
+    env["TORCH_PRECOMPILE_FAST_LOAD"] = "0"
+    body = f"""
+        import torch
+        from torch_precompile import Precompile
+        io = torch.load({str(saved["io"])!r})
+        art = Precompile.load({str(saved["artifact"])!r})
+        with torch.no_grad():
+            art(*io["args"])
+        print("RAN")
+    """
+    proc = _run(root, body, env)
+    assert proc.returncode != 0 and "RAN" not in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_fast_loaded_artifact_saves_again(saved: dict[str, Path], tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    copy = tmp_path / "again.pt"
+    body = f"""
+        import torch
+        from torch_precompile import Precompile
+        io = torch.load({str(saved["io"])!r})
+        art = Precompile.load({str(saved["artifact"])!r})
+        assert type(art.compiled_function).__name__ == "FastCompiledFunction"
+        Precompile.save({str(copy)!r}, art)
+        again = Precompile.load({str(copy)!r})
+        with torch.no_grad():
+            torch.testing.assert_close(again(*io["args"]), io["expected"], rtol=1e-4, atol=1e-4)
+        print("OK")
+    """
+    proc = _run(tmp_path, body, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, sections = _format.read_artifact(copy)
+    _, original = _format.read_artifact(saved["artifact"])
+    assert sections["kernels"] == original["kernels"]
+
+
+def test_in_process_load_matches_eager(saved: dict[str, Path]) -> None:
+    io = torch.load(saved["io"])
+    art = Precompile.load(saved["artifact"])
+    with torch.no_grad():
+        torch.testing.assert_close(art(*io["args"]), io["expected"], rtol=1e-4, atol=1e-4)
+        with pytest.raises(GuardError):
+            art(io["args"][0].to(torch.int32))

@@ -26,6 +26,7 @@ Models (``nn.Module``):
 - ``DataclassOutputModel``: returns the ``MultiOutput`` dataclass with a nested
   dict/list field.
 - ``DropoutMLP``: Linear-GELU-Dropout-Linear, for training tests.
+- ``TinyMLP``: two 64-wide Linear layers, for per-call overhead (cold-start benchmark).
 
 Callables (not modules):
 
@@ -68,6 +69,7 @@ __all__ = [
     "ModelOutput",
     "MultiOutput",
     "ResNetSmall",
+    "TinyMLP",
     "TinyTransformer",
     "build_bert",
     "build_closure",
@@ -81,6 +83,7 @@ __all__ = [
     "build_nested_fn",
     "build_resnet",
     "build_scalar_fn",
+    "build_tiny_mlp",
     "build_transformer",
     "image_inputs",
     "make_closure",
@@ -684,6 +687,26 @@ def build_dropout_mlp() -> Built:
     return model, (torch.randn(8, 32),), {}
 
 
+class TinyMLP(nn.Module):
+    """Linear(64, 64) -> ReLU -> Linear(64, 64): so small that per-call overhead dominates."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, width)
+        self.fc2 = nn.Linear(width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Map x (batch, width) to (batch, width)."""
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def build_tiny_mlp() -> Built:
+    """TinyMLP (64 wide) in eval mode with x of shape (8, 64), for the cold-start benchmark."""
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    return model, (torch.randn(8, 64),), {}
+
+
 def build_dropout_mlp_train() -> Built:
     """DropoutMLP in train mode (dropout on) with x of shape (8, 32)."""
     torch.manual_seed(0)
@@ -759,5 +782,6 @@ BUILDERS: dict[str, Callable[[], Built]] = {
     "nested_fn": build_nested_fn,
     "closure": build_closure,
     "scalar_fn": build_scalar_fn,
+    "tiny_mlp": build_tiny_mlp,
 }
 """Every builder by short name; each returns ``(model_or_fn, args, kwargs)``."""

@@ -9,12 +9,14 @@ on any mismatch.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -110,6 +112,8 @@ def test_load_needs_no_compiler(saved: dict[str, Path]) -> None:
         )
         heavy = [m for m in compile_stack if m in sys.modules]
         assert not heavy, heavy
+        # The light guards checked both calls; Dynamo was never imported.
+        assert "torch._dynamo" not in sys.modules
         try:
             with torch.no_grad():
                 art(torch.randint(0, 1000, (3, 32)))
@@ -173,3 +177,68 @@ def test_in_process_load_matches_eager(saved: dict[str, Path]) -> None:
         torch.testing.assert_close(art(*io["args"]), io["expected"], rtol=1e-4, atol=1e-4)
         with pytest.raises(GuardError):
             art(io["args"][0].to(torch.int32))
+
+
+def _perturbations() -> dict[str, Any]:
+    """Changes to the inputs or the (stand-in) model that break a guard Dynamo recorded."""
+
+    def add_block(m: torch.nn.Module) -> None:
+        # The stand-in is a tree of plain nn.Modules: add a child as ModuleList.append would.
+        m.blocks.add_module("2", copy.deepcopy(m.blocks.get_submodule("0")))
+
+    def set_heads(m: torch.nn.Module) -> None:
+        m.get_submodule("blocks.0.attn").n_heads = 8
+
+    def override_forward(m: torch.nn.Module) -> None:
+        m.head.forward = lambda x: x
+
+    def freeze_head(m: torch.nn.Module) -> None:
+        m.head.weight.requires_grad_(False)
+
+    def resize_head(m: torch.nn.Module) -> None:
+        m.head.weight = torch.nn.Parameter(torch.randn(1000, 128))
+
+    return {
+        "ids of another shape": (None, lambda ids: torch.randint(0, 1000, (3, 32))),
+        "ids of another dtype": (None, lambda ids: ids.to(torch.int32)),
+        "ids transposed (other strides)": (None, lambda ids: ids.t().contiguous().t()),
+        "a third block": (add_block, None),
+        "n_heads changed": (set_heads, None),
+        "train mode": (lambda m: m.train(), None),
+        "forward overridden on an instance": (override_forward, None),
+        "a parameter frozen": (freeze_head, None),
+        "a parameter of another shape": (resize_head, None),
+    }
+
+
+def test_light_guards_never_pass_what_dynamo_rejects(saved: dict[str, Path]) -> None:
+    """The light check is a sufficient condition: light passes => Dynamo's guards pass."""
+    io = torch.load(saved["io"])
+    (ids,) = io["args"]
+    art = Precompile.load(saved["artifact"])
+    tiered = art._runtime.guard_manager
+    assert tiered.light is not None
+    with torch.no_grad():
+        f_locals = {"self": art.module, "ids": ids}
+        assert tiered.light.check(f_locals) and tiered.full.check(f_locals)
+        for name, (mutate_model, new_ids) in _perturbations().items():
+            fresh = Precompile.load(saved["artifact"])
+            if mutate_model is not None:
+                mutate_model(fresh.module)
+            x = new_ids(ids) if new_ids is not None else ids
+            f_locals = {"self": fresh.module, "ids": x}
+            guards = fresh._runtime.guard_manager
+            light, full = guards.light.check(f_locals), guards.full.check(f_locals)
+            assert not light, name
+            assert not full, f"{name}: Dynamo's guards accept it (test premise)"
+            with pytest.raises(GuardError):
+                fresh(x)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1 if threads > 1 else 2)
+        try:
+            f_locals = {"self": art.module, "ids": ids}
+            assert not tiered.light.check(f_locals)
+            assert not tiered.full.check(f_locals)
+        finally:
+            torch.set_num_threads(threads)
+        torch.testing.assert_close(art(ids), io["expected"], rtol=1e-4, atol=1e-4)

@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import pickle
+import re
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -581,7 +582,7 @@ def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
     return None, entry, graph
 
 
-def cpu_kernel_binaries(fn: Any) -> tuple[bytes, bytes] | None:
+def cpu_kernel_binaries(fn: Any, bound_self: Any = None) -> tuple[bytes, bytes] | None:
     """The ``fastload`` and ``kernels`` sections of a CPU inference artifact, or None.
 
     Run at save, in a process where Inductor built (or can build) the kernels:
@@ -645,6 +646,7 @@ def cpu_kernel_binaries(fn: Any) -> tuple[bytes, bytes] | None:
         "signature": signature,
         "original_code": marshal.dumps(fn._artifacts.original_code),
         "guards_state": fn._artifacts.guards_state,
+        "light_guards": light_guard_spec(fn._artifacts.guard_manager, bound_self),
     }
     return pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), _fastpath.pack_kernels(binaries)
 
@@ -721,7 +723,18 @@ def load_fast_compiled_function(
     )
     fn = _fastpath.bytecode_function(spec, graph_call)
     original_code = marshal.loads(spec["original_code"])
-    guard_manager = _load_guard_manager(spec["guards_state"], original_code, fn.__globals__)
+    light = None
+    if spec.get("light_guards") is not None:
+        try:
+            light = LightGuards(spec["light_guards"])
+        except Exception as exc:
+            logging.getLogger("torch_precompile").debug("light guards unavailable: %s", exc)
+    guard_manager = TieredGuardManager(
+        light,
+        functools.partial(_load_guard_manager, spec["guards_state"], original_code, fn.__globals__),
+    )
+    if light is None:
+        guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
     runtime_env = types.SimpleNamespace(bytecode=fn.__code__, closure=None)
     artifacts = types.SimpleNamespace(
         guard_manager=guard_manager,
@@ -731,6 +744,369 @@ def load_fast_compiled_function(
         original_code=original_code,
     )
     return FastCompiledFunction(artifacts, fn, serialized, fastload, kernels)
+
+
+# Light guards: Dynamo's guard tree, translated at save time into a plain-Python
+# check that is at least as strict as Dynamo's (any leaf or accessor we do not
+# know means no light guards). At load it runs without importing torch._dynamo;
+# when it fails, Dynamo's own guard manager is built and decides.
+
+_TENSOR_RE = re.compile(
+    r"check_tensor\((?P<src>.*?), (?P<cls>\w+), (?P<keys>DispatchKeySet\([^)]*\)), "
+    r"torch\.(?P<dtype>\w+), device=(?P<dev>None|\d+), requires_grad=(?P<rg>True|False), "
+    r"size=\[(?P<size>[^\]]*)\], stride=\[(?P<stride>[^\]]*)\]\)"
+)
+_LIGHT_TYPES: dict[str, type] = {
+    "dict": dict,
+    "list": list,
+    "tuple": tuple,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str": str,
+    "NoneType": type(None),
+    "torch.Size": torch.Size,
+}
+_SAVED_TENSOR_HOOKS_GUARD = (
+    "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
+)
+
+
+class _NoLightGuards(Exception):
+    """A guard the light check cannot express."""
+
+
+def _code_part(leaf: Any) -> str:
+    # One expression, possibly recorded once per place that needed it.
+    parts = {part.split("  #", 1)[0].strip() for part in leaf.verbose_code_parts()}
+    if len(parts) != 1:
+        raise _NoLightGuards(f"{type(leaf).__name__} with {len(parts)} different code parts")
+    return parts.pop()
+
+
+def _rhs_after(text: str, op: str) -> Any:
+    import ast
+
+    if op not in text:
+        raise _NoLightGuards(text)
+    return ast.literal_eval(text.rsplit(op, 1)[1].strip())
+
+
+def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
+    kind = type(leaf).__name__
+    if kind == "DIMENSION_DYNAMIC_MARKING_GUARD":
+        attrs = []
+        for part in leaf.verbose_code_parts():
+            m = re.match(r"hasattr\(.*, '(_dynamo_\w+)'\) == False(\s|$)", part)
+            if m is None:
+                raise _NoLightGuards(part)
+            attrs.append(m.group(1))
+        return ["no_dynamic_marking", attrs]
+    text = _code_part(leaf)
+    if kind == "TENSOR_MATCH":
+        m = _TENSOR_RE.fullmatch(text)
+        if m is None or m["cls"] not in ("Tensor", "Parameter") or m["dev"] != "None":
+            raise _NoLightGuards(text)
+        size = [int(x) for x in m["size"].split(",") if x.strip()]
+        stride = [int(x) for x in m["stride"].split(",") if x.strip()]
+        return ["tensor", m["cls"], m["keys"], m["dtype"], m["rg"] == "True", size, stride]
+    prefix = "check_no_aliasing("
+    if kind == "NO_TENSOR_ALIASING" and text.startswith(prefix) and text.endswith(")"):
+        return ["no_aliasing", [s.strip() for s in text[len(prefix) : -1].split(", ")]]
+    if kind == "TYPE_MATCH":
+        m = re.search(r"type=<class '([\w.]+)'>", leaf.verbose_code_parts()[0])
+        if m is None or m.group(1) not in _LIGHT_TYPES:
+            raise _NoLightGuards(text)
+        return ["type", m.group(1)]
+    if kind == "EQUALS_MATCH":
+        expected = _rhs_after(text, " == ")
+        if has_value and not (type(value) is type(expected) and value == expected):
+            raise _NoLightGuards(f"{text}: the saved model does not satisfy it")
+        return ["equals", expected]
+    if kind in ("NONE_MATCH", "TRUE_MATCH", "FALSE_MATCH"):
+        return ["is", {"NONE_MATCH": None, "TRUE_MATCH": True, "FALSE_MATCH": False}[kind]]
+    if kind in ("LENGTH_CHECK", "DICT_LENGTH"):
+        return ["len", int(_rhs_after(text, " == "))]
+    if kind == "DICT_CONTAINS":
+        m = re.fullmatch(r"(not )?___dict_contains\((.+?), .*\)", text)
+        if m is None:
+            raise _NoLightGuards(text)
+        import ast
+
+        return ["contains", ast.literal_eval(m.group(2)), m.group(1) is None]
+    if kind == "GLOBAL_STATE" and " against " in text:
+        return ["global_state", text.split(" against ", 1)[1]]
+    if kind == "TORCH_FUNCTION_MODE_STACK" and torch._C._len_torch_function_stack() == 0:
+        # The guard passed at build time with an empty stack, so it expects an empty stack.
+        return ["no_torch_function_mode"]
+    if kind == "DEFAULT_DEVICE" and text.replace(" ", "") == "utils_device.CURRENT_DEVICE==None":
+        return ["no_default_device"]
+    if kind == "LAMBDA_GUARD" and text == _SAVED_TENSOR_HOOKS_GUARD:
+        return ["no_saved_tensor_hooks"]
+    raise _NoLightGuards(f"{kind}: {text}")
+
+
+def _light_step(accessor: Any) -> list[Any]:
+    import ast
+
+    text = accessor.repr()
+    m = re.fullmatch(r"(\w+)\((.*)\)", text, re.S)
+    if m is None:
+        if text == "GetGenericDictGuardAccessor":
+            return ["vars"]
+        raise _NoLightGuards(text)
+    kind, arg = m.groups()
+    if kind == "FrameLocalsGuardAccessor":
+        km = re.match(r"key=('(?:[^'\\]|\\.)*')", arg)
+        if km is None:
+            raise _NoLightGuards(text)
+        return ["local", ast.literal_eval(km.group(1))]
+    if kind == "DictGetItemGuardAccessor":
+        return ["item", ast.literal_eval(arg)]
+    if kind == "GetGenericDictGuardAccessor":
+        return ["vars"]
+    raise _NoLightGuards(text)
+
+
+_MISSING = object()
+
+
+def _apply_step(step: list[Any], value: Any) -> Any:
+    kind = step[0]
+    if kind == "local":
+        return value[step[1]]
+    if kind == "vars":
+        return value.__dict__
+    return value[step[1]]  # "item": a dict entry
+
+
+def _light_node(manager: Any, value: Any) -> dict[str, Any]:
+    has_value = value is not _MISSING
+    node: dict[str, Any] = {
+        "source": manager.get_source(),
+        "leaves": [_light_leaf(leaf, value, has_value) for leaf in manager.get_leaf_guards()],
+        "children": [],
+    }
+    kind = type(manager).__name__
+    if kind == "DictGuardManager":
+        if not has_value or type(value) is not dict:
+            raise _NoLightGuards(f"dict guard on {node['source']} without its saved value")
+        entries = manager.get_key_value_managers()
+        if len(entries) != len(value):
+            raise _NoLightGuards(f"dict guard on {node['source']} covers part of the dict")
+        keys, values = list(value), list(value.values())
+        node["dict"] = {
+            "size": len(value),
+            "entries": [
+                [
+                    int(i),
+                    _light_node(k, keys[i]) if k is not None else None,
+                    _light_node(v, values[i]) if v is not None else None,
+                ]
+                for i, (k, v) in sorted(entries.items())
+            ],
+        }
+    elif kind not in ("GuardManager", "RootGuardManager"):
+        raise _NoLightGuards(kind)
+    for accessor, child in zip(manager.get_accessors(), manager.get_child_managers()):
+        step = _light_step(accessor)
+        try:
+            child_value = _apply_step(step, value) if has_value else _MISSING
+        except (KeyError, AttributeError, TypeError, IndexError):
+            child_value = _MISSING
+        node["children"].append([step, _light_node(child, child_value)])
+    return node
+
+
+def light_guard_spec(guard_manager: Any, bound_self: Any) -> dict[str, Any] | None:
+    """Dynamo's guard tree as plain data the light check runs, or None if it cannot."""
+    try:
+        root = guard_manager.root
+        if root.get_epilogue_lambda_guards():
+            raise _NoLightGuards("epilogue guards")
+        f_locals = {"self": bound_self} if bound_self is not None else {}
+        return _light_node(root, f_locals)
+    except _NoLightGuards as exc:
+        logging.getLogger("torch_precompile").debug("no light guards: %s", exc)
+        return None
+
+
+class LightGuards:
+    """The light check: plain Python over ``torch`` and ``torch._C``, no ``torch._dynamo``.
+
+    The saved tree is turned once into one straight-line Python function (as
+    Dynamo's own Python guards used to be), which walks the model and inputs
+    the way Dynamo's guard manager does.
+    """
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self._alias_groups: list[list[str]] = []
+        self._collect_alias_groups(spec)
+        self._alias_sources = {src for group in self._alias_groups for src in group}
+        self._consts: dict[str, Any] = {}
+        self._lines: list[str] = []
+        self._n = 0
+        self._emit_node(spec, "L", 1)
+        body = "\n".join(self._lines)
+        source = f"def light_check(L, seen, inc, exc):\n{body}\n    return True\n"
+        namespace: dict[str, Any] = {
+            **self._consts,
+            "dispatch_keys": torch._C._dispatch_keys,
+            "tf_stack_len": torch._C._len_torch_function_stack,
+            "top_hooks": torch._C._autograd._top_saved_tensors_default_hooks,
+        }
+        from torch.utils import _device
+
+        namespace["utils_device"] = _device
+        exec(compile(source, "<torch_precompile light guards>", "exec"), namespace)
+        self._fn = namespace["light_check"]
+        self.source = source
+
+    def check(self, f_locals: dict[str, Any]) -> bool:
+        if torch.is_inference_mode_enabled():
+            return False  # changes dispatch keys; let Dynamo decide
+        seen: dict[str, Any] = {}
+        try:
+            if not self._fn(
+                f_locals,
+                seen,
+                torch._C._dispatch_tls_local_include_set(),
+                torch._C._dispatch_tls_local_exclude_set(),
+            ):
+                return False
+        except (KeyError, AttributeError, TypeError, IndexError, ValueError):
+            return False
+        for group in self._alias_groups:
+            tensors = [seen.get(src) for src in group]
+            if any(t is None for t in tensors) or len({id(t) for t in tensors}) != len(tensors):
+                return False
+            ptrs = {t.untyped_storage().data_ptr() for t in tensors}
+            if len(ptrs) != len(tensors):
+                return False
+        return True
+
+    def _collect_alias_groups(self, node: dict[str, Any]) -> None:
+        for leaf in node["leaves"]:
+            if leaf[0] == "no_aliasing" and leaf[1] not in self._alias_groups:
+                self._alias_groups.append(leaf[1])
+        subs = [child for _, child in node["children"]]
+        for _, k, v in (node.get("dict") or {}).get("entries", []):
+            subs.extend(x for x in (k, v) if x is not None)
+        for sub in subs:
+            self._collect_alias_groups(sub)
+
+    def _const(self, value: Any) -> str:
+        name = f"k{len(self._consts)}"
+        self._consts[name] = value
+        return name
+
+    def _var(self) -> str:
+        self._n += 1
+        return f"v{self._n}"
+
+    def _fail_unless(self, cond: str) -> None:
+        self._lines.append(f"    if not ({cond}): return False")
+
+    def _emit_node(self, node: dict[str, Any], var: str, _depth: int) -> None:
+        if node["source"] in self._alias_sources:
+            self._lines.append(f"    seen[{self._const(node['source'])}] = {var}")
+        for leaf in node["leaves"]:
+            self._emit_leaf(leaf, var)
+        d = node.get("dict")
+        if d is not None:
+            self._fail_unless(f"type({var}) is dict and len({var}) == {int(d['size'])}")
+            keys, values = self._var(), self._var()
+            self._lines.append(f"    {keys} = list({var}); {values} = list({var}.values())")
+            for i, k, v in d["entries"]:
+                for sub, seq in ((k, keys), (v, values)):
+                    if sub is not None:
+                        item = self._var()
+                        self._lines.append(f"    {item} = {seq}[{int(i)}]")
+                        self._emit_node(sub, item, _depth + 1)
+        for step, child in node["children"]:
+            item = self._var()
+            if step[0] == "vars":
+                self._lines.append(f"    {item} = {var}.__dict__")
+            else:
+                self._lines.append(f"    {item} = {var}[{self._const(step[1])}]")
+            self._emit_node(child, item, _depth + 1)
+
+    def _emit_leaf(self, leaf: list[Any], v: str) -> None:
+        kind = leaf[0]
+        if kind == "tensor":
+            _, cls, keys_text, dtype_name, requires_grad, size, stride = leaf
+            t = self._const(torch.nn.Parameter if cls == "Parameter" else torch.Tensor)
+            dtype = self._const(getattr(torch, dtype_name))
+            raw = _dispatch_key_set_raw(keys_text)
+            self._fail_unless(
+                f"type({v}) is {t} and {v}.dtype is {dtype} and {v}.is_cpu "
+                f"and {v}.requires_grad is {bool(requires_grad)} "
+                f"and {v}.size() == {self._const(tuple(size))} "
+                f"and {v}.stride() == {self._const(tuple(stride))} "
+                f"and ((dispatch_keys({v}) | inc) - exc).raw_repr() == {int(raw)}"
+            )
+        elif kind == "no_dynamic_marking":
+            attrs = " or ".join(f"hasattr({v}, {self._const(a)})" for a in leaf[1])
+            self._fail_unless(f"not ({attrs})")
+        elif kind == "no_aliasing":
+            pass  # checked once every value is known
+        elif kind == "type":
+            self._fail_unless(f"type({v}) is {self._const(_LIGHT_TYPES[leaf[1]])}")
+        elif kind == "equals":
+            expected = self._const(leaf[1])
+            self._fail_unless(f"type({v}) is {self._const(type(leaf[1]))} and {v} == {expected}")
+        elif kind == "is":
+            self._fail_unless(f"{v} is {self._const(leaf[1])}")
+        elif kind == "len":
+            self._fail_unless(f"len({v}) == {int(leaf[1])}")
+        elif kind == "contains":
+            self._fail_unless(f"({self._const(leaf[1])} in {v}) is {bool(leaf[2])}")
+        elif kind == "global_state":
+            guard = torch._C._dynamo.guards.GlobalStateGuard()  # type: ignore[attr-defined]
+            guard.__setstate__(leaf[1])
+            self._fail_unless(f"{self._const(guard)}.check()")
+        elif kind == "no_torch_function_mode":
+            self._fail_unless("tf_stack_len() == 0")
+        elif kind == "no_default_device":
+            self._fail_unless("utils_device.CURRENT_DEVICE is None")
+        elif kind == "no_saved_tensor_hooks":
+            self._fail_unless("top_hooks(True) is None")
+        else:
+            raise ValueError(f"unknown light guard {kind!r}")
+
+
+def _dispatch_key_set_raw(text: str) -> int:
+    """The raw bits of a DispatchKeySet from its repr, checked to round-trip."""
+    names = [n.strip() for n in text[len("DispatchKeySet(") : -1].split(",") if n.strip()]
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+    for name in names:
+        keys = keys | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
+    if repr(keys) != text:
+        raise ValueError(f"cannot rebuild {text}")
+    return keys.raw_repr()
+
+
+class TieredGuardManager:
+    """Light guards first; Dynamo's guard manager, built on first need, decides the rest."""
+
+    def __init__(self, light: LightGuards | None, build_full: Callable[[], Any]) -> None:
+        self.light = light
+        self._build_full = build_full
+        self._full: Any = None
+
+    @property
+    def full(self) -> Any:
+        if self._full is None:
+            self._full = self._build_full()
+        return self._full
+
+    def check(self, f_locals: dict[str, Any]) -> bool:
+        if self.light is not None and self.light.check(f_locals):
+            return True
+        return bool(self.full.check(f_locals))
+
+    def check_verbose(self, f_locals: dict[str, Any]) -> Any:
+        return self.full.check_verbose(f_locals)
 
 
 def _load_guard_manager(

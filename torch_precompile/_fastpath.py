@@ -250,12 +250,41 @@ def build_graph_call(
     return _GraphCall(namespace["call"], inputs_to_check)
 
 
+class _DynamoUtils:
+    """``torch._dynamo.utils`` as Dynamo's bytecode uses it, without importing Dynamo.
+
+    The bytecode brackets its pre-graph work with two profiler markers; any
+    other name is taken from the real module (imported on first use).
+    """
+
+    @staticmethod
+    def record_pregraph_bytecode_enter() -> Any:
+        import contextlib
+
+        cm: Any = (
+            torch._C._profiler._RecordFunctionFast("Pregraph bytecode")
+            if torch.autograd.profiler._is_profiler_enabled
+            else contextlib.nullcontext()
+        )
+        cm.__enter__()
+        return cm
+
+    @staticmethod
+    def record_pregraph_bytecode_exit(cm: Any) -> None:
+        cm.__exit__(None, None, None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib.import_module("torch._dynamo.utils"), name)
+
+
 def bytecode_function(spec: dict[str, Any], graph_call: _GraphCall) -> types.FunctionType:
     """Dynamo's transformed bytecode as a function, with the graph bound to its backend name."""
     import marshal
 
     f_globals: dict[str, Any] = {
-        alias: importlib.import_module(module_name)
+        alias: _DynamoUtils()
+        if module_name == "torch._dynamo.utils"
+        else importlib.import_module(module_name)
         for alias, module_name in spec["import_sources"].items()
     }
     f_globals.update(pickle.loads(spec["used_globals"]))

@@ -128,7 +128,7 @@ def _fast_sections(artifact: PrecompiledArtifact) -> tuple[bytes, bytes] | None:
     if artifact.training or artifact.device_type != "cpu":
         return None
     try:
-        return _compat.cpu_kernel_binaries(artifact.compiled_function)
+        return _compat.cpu_kernel_binaries(artifact.compiled_function, artifact.module)
     except Exception as exc:  # never fail a save over the optional fast path
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
         return None

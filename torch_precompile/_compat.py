@@ -1046,8 +1046,16 @@ class LightGuards:
                 f"and ((dispatch_keys({v}) | inc) - exc).raw_repr() == {int(raw)}"
             )
         elif kind == "no_dynamic_marking":
-            attrs = " or ".join(f"hasattr({v}, {self._const(a)})" for a in leaf[1])
-            self._fail_unless(f"not ({attrs})")
+            attrs = frozenset(leaf[1])
+            if any(hasattr(torch.Tensor, a) or hasattr(torch.nn.Parameter, a) for a in attrs):
+                raise ValueError("tensor classes define a dynamic-marking attribute")
+            # Plain tensors and parameters define none of these: only the instance
+            # dict can hold them (cheaper than hasattr); anything else uses hasattr.
+            a, plain = self._const(attrs), self._const((torch.Tensor, torch.nn.Parameter))
+            self._fail_unless(
+                f"{a}.isdisjoint({v}.__dict__) if type({v}) in {plain} "
+                f"else not any(hasattr({v}, x) for x in {a})"
+            )
         elif kind == "no_aliasing":
             pass  # checked once every value is known
         elif kind == "type":

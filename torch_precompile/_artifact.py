@@ -98,6 +98,7 @@ class PrecompiledArtifact:
     compiled_function: Any = dataclasses.field(repr=False)
     _runtime: Runtime = dataclasses.field(repr=False, compare=False)
     _sizes: dict[str, int] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    globals_module: str = dataclasses.field(default="", repr=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._runtime(args, kwargs)
@@ -227,7 +228,10 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     capture = state.capture
     start = time.perf_counter()
     dropped: list[str] = []
-    guard_manager, guards_state = _compat.build_guard_manager(capture, serializable_guard_filter(dropped))
+    with torch.set_grad_enabled(state.grad_enabled):
+        guard_manager, guards_state = _compat.build_guard_manager(
+            capture, serializable_guard_filter(dropped)
+        )
     compiled_function = _compat.make_compiled_function(capture, out.compiled, guard_manager, guards_state)
     state.timings["precompile"] = time.perf_counter() - start
     guards = out.guards
@@ -261,6 +265,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         bytecode=capture.graph_capture_output.bytecode,
         compiled_function=compiled_function,
         _runtime=runtime,
+        globals_module=capture.traced_fn.__module__ or "",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import logging
 import os
@@ -63,6 +64,7 @@ def save(
         kind = "object"
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
     sizes = {name: len(data) for name, data in sections.items()}
+    needs_globals = _compat.unresolved_globals(artifact.compiled_function)
     meta = {
         "producer": f"torch_precompile {PACKAGE_VERSION}",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -75,6 +77,11 @@ def save(
         "guards_text": str(artifact.guards),
         "sizes": sizes,
         "timings": artifact.timings,
+        # Names the compiled code reads from the model's module (e.g. an output
+        # dataclass): that module is imported at load, as pickle would.
+        "globals": {"module": artifact.globals_module, "names": needs_globals}
+        if needs_globals
+        else None,
     }
     _format.write_artifact(path, meta, sections, sign_key=sign_key)
     artifact._sizes.update(sizes)
@@ -97,7 +104,9 @@ def load(
     _system.check_compatible(meta.get("system", {}), meta.get("device_type", "cpu"), path=path)
     if "compiled" not in sections:
         raise ArtifactCorruptedError(f"{path}: the artifact has no compiled section; re-save it")
-    compiled_function = _compat.deserialize_compiled_function(sections["compiled"])
+    compiled_function = _compat.deserialize_compiled_function(
+        sections["compiled"], _module_globals(meta.get("globals"), path)
+    )
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
@@ -115,7 +124,22 @@ def load(
         compiled_function=compiled_function,
         _runtime=runtime,
         _sizes=dict(meta.get("sizes", {})),
+        globals_module=(meta.get("globals") or {}).get("module", ""),
     )
+
+
+def _module_globals(spec: dict[str, Any] | None, path: str) -> dict[str, Any] | None:
+    if not spec:
+        return None
+    try:
+        module = importlib.import_module(spec["module"])
+    except ImportError as exc:
+        raise ImportError(
+            f"{path}: the compiled code uses {', '.join(spec['names'])} from module "
+            f"{spec['module']!r}, which cannot be imported here ({exc}); make it importable "
+            "(output types must be importable, as with pickle)"
+        ) from exc
+    return module.__dict__
 
 
 def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -> Any:

@@ -70,6 +70,7 @@ def save(
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "kind": kind,
         "training": artifact.training,
+        "grad_enabled": artifact._runtime.grad_enabled,
         "device_type": artifact.device_type,
         "system": artifact.system,
         "signature": artifact.signature,
@@ -110,7 +111,7 @@ def load(
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
-    runtime = Runtime(compiled_function, guards, bound, training)
+    runtime = Runtime(compiled_function, guards, bound, training, meta.get("grad_enabled"))
     timings = dict(meta.get("timings", {}))
     timings["load"] = time.perf_counter() - start
     return PrecompiledArtifact(
@@ -175,17 +176,14 @@ def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:
             f"{path} was written by torch's save_compiled_function, which does not carry the "
             "model's weights; load it with Precompile.load(path, model=your_module)"
         )
-    training = torch.is_grad_enabled() and model is not None and any(
-        p.requires_grad for p in getattr(model, "parameters", lambda: [])()
-    )
-    guards = Guards()
-    runtime = Runtime(compiled_function, guards, model if takes_self else None, training=True)
-    runtime.training = True  # torch's file records no grad mode; its own guards decide
+    # torch's file records neither the grad mode nor the guards in words: its own
+    # guard manager decides, and its failures are reported in Dynamo's terms.
+    runtime = Runtime(compiled_function, Guards(), model if takes_self else None, training=True)
     return PrecompiledArtifact(
-        guards=guards,
+        guards=runtime.guards,
         signature={"signature": str(signature)},
         system={},
-        training=training,
+        training=False,
         device_type=_compat.compiled_function_device_type(compiled_function),
         timings={},
         bytecode=_compat.compiled_function_bytecode(compiled_function),

@@ -47,7 +47,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("transformer", "tiny_mlp")
-CASES = ("eager", "jit", "aot_compile", "aoti", "mega_cache", "ours")
+CASES = ("eager", "ours", "jit", "aot_compile", "aoti", "mega_cache")
 LABELS = {
     "eager": "eager (build + load weights)",
     "jit": "torch.compile (JIT)",
@@ -217,69 +217,61 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def bench_model(
-    model: str, cases: list[str], runs: int, work_root: Path, script: Path, timeout: float
+def bench_case(
+    model: str, case: str, runs: int, work_root: Path, script: Path, timeout: float
 ) -> dict[str, Any]:
+    """Build (if the case has a build step), then time cold and warm runs of one case."""
     work = work_root / model
-    work.mkdir(parents=True, exist_ok=True)
-    scratch = work_root / "scratch"
-    prep, _ = _child(script, ["prepare", "-", model, str(work)], _env(scratch, REPO), timeout)
-    results: dict[str, Any] = {}
-    for case in cases:
-        print(f"[coldstart] {model}: {case}", file=sys.stderr, flush=True)
-        entry: dict[str, Any] = {"label": LABELS[case], "note": FILE_NOTES.get(case, "")}
-        warm_caches = work / f"caches-{case}"
-        shutil.rmtree(warm_caches, ignore_errors=True)
-        try:
-            if case in ("aot_compile", "aoti", "mega_cache", "ours"):
-                built, _ = _child(
-                    script, ["build", case, model, str(work)], _env(warm_caches, REPO), timeout
+    print(f"[coldstart] {model}: {case}", file=sys.stderr, flush=True)
+    entry: dict[str, Any] = {"label": LABELS[case], "note": FILE_NOTES.get(case, "")}
+    warm_caches = work / f"caches-{case}"
+    shutil.rmtree(warm_caches, ignore_errors=True)
+    try:
+        if case in ("aot_compile", "aoti", "mega_cache", "ours"):
+            built, _ = _child(
+                script, ["build", case, model, str(work)], _env(warm_caches, REPO), timeout
+            )
+            entry["compile_s"] = built["compile_s"]
+            entry["size_bytes"] = built["size"]
+        elif case == "eager":
+            entry["compile_s"] = 0.0
+            entry["size_bytes"] = (work / "weights.pt").stat().st_size
+        for mode in ("cold", "warm"):
+            firsts, calls, steadies, diffs, fast = [], [], [], [], []
+            if mode == "warm":
+                # Untimed: fills the warm caches the way a first deployment run would.
+                _child(script, ["run", case, model, str(work)], _env(warm_caches, REPO), timeout)
+            for _ in range(runs):
+                if mode == "cold":
+                    caches = Path(tempfile.mkdtemp(prefix="cold-", dir=work))
+                else:
+                    caches = warm_caches
+                out, start = _child(
+                    script, ["run", case, model, str(work)], _env(caches, REPO), timeout
                 )
-                entry["compile_s"] = built["compile_s"]
-                entry["size_bytes"] = built["size"]
-            elif case == "eager":
-                entry["compile_s"] = 0.0
-                entry["size_bytes"] = prep["size"]
-            for mode in ("cold", "warm"):
-                firsts, calls, steadies, diffs, fast = [], [], [], [], []
-                if (
-                    mode == "warm"
-                ):  # untimed: fills the warm caches the way a first deployment run would
-                    _child(
-                        script, ["run", case, model, str(work)], _env(warm_caches, REPO), timeout
-                    )
-                for _ in range(runs):
-                    if mode == "cold":
-                        caches = Path(tempfile.mkdtemp(prefix="cold-", dir=work))
-                    else:
-                        caches = warm_caches
-                    out, start = _child(
-                        script, ["run", case, model, str(work)], _env(caches, REPO), timeout
-                    )
-                    if mode == "cold":
-                        shutil.rmtree(caches, ignore_errors=True)
-                    firsts.append(out["first_done"] - start)
-                    calls.append(out["first_call_s"])
-                    steadies.append(out["steady_s"])
-                    diffs.append(out["max_diff"])
-                    if "fast_path" in out:
-                        fast.append(out["fast_path"])
-                entry[mode] = {
-                    "first_output_s": _median(firsts),
-                    "first_output_all_s": firsts,
-                    "first_call_s": _median(calls),
-                    "steady_call_s": _median(steadies),
-                    "max_diff_vs_eager": max(diffs),
-                }
-                if fast:
-                    entry[mode]["fast_path"] = all(fast)
-            if case == "jit":
-                entry["compile_s"] = entry["cold"]["first_call_s"]
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            entry["error"] = str(exc)[-1500:]
-            print(f"[coldstart] {model}/{case} failed: {str(exc)[-500:]}", file=sys.stderr)
-        results[case] = entry
-    return results
+                if mode == "cold":
+                    shutil.rmtree(caches, ignore_errors=True)
+                firsts.append(out["first_done"] - start)
+                calls.append(out["first_call_s"])
+                steadies.append(out["steady_s"])
+                diffs.append(out["max_diff"])
+                if "fast_path" in out:
+                    fast.append(out["fast_path"])
+            entry[mode] = {
+                "first_output_s": _median(firsts),
+                "first_output_all_s": firsts,
+                "first_call_s": _median(calls),
+                "steady_call_s": _median(steadies),
+                "max_diff_vs_eager": max(diffs),
+            }
+            if fast:
+                entry[mode]["fast_path"] = all(fast)
+        if case == "jit":
+            entry["compile_s"] = entry["cold"]["first_call_s"]
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        entry["error"] = str(exc)[-1500:]
+        print(f"[coldstart] {model}/{case} failed: {str(exc)[-500:]}", file=sys.stderr)
+    return entry
 
 
 def import_overhead(runs: int, work_root: Path) -> dict[str, float]:
@@ -363,11 +355,30 @@ def main(argv: list[str] | None = None) -> int:
         work_root = Path(tmp)
         script = work_root / "child.py"
         script.write_text(textwrap.dedent(CHILD))
-        results = {
-            m: bench_model(m, cases, ns.runs, work_root, script, ns.timeout) for m in ns.models
-        }
         overhead = import_overhead(max(ns.runs, 5), work_root)
+        scratch = _env(work_root / "scratch", REPO)
+        for m in ns.models:
+            (work_root / m).mkdir(parents=True, exist_ok=True)
+            _child(script, ["prepare", "-", m, str(work_root / m)], scratch, ns.timeout)
+        results: dict[str, dict[str, Any]] = {m: {} for m in ns.models}
+        # Case by case for both models, the JSON rewritten after each: a cut-short run
+        # still leaves every finished case.
+        for case in cases:
+            for m in ns.models:
+                results[m][case] = bench_case(m, case, ns.runs, work_root, script, ns.timeout)
+                _write_report(ns.out, ns.runs, overhead, results)
+    for model, res in results.items():
+        print(table(model, res))
+        print()
+    print(
+        f"import torch: {overhead['import_torch_s']:.2f} s; "
+        f"import torch_precompile adds {overhead['overhead_s']:.3f} s"
+    )
+    print(f"wrote {ns.out}")
+    return 0
 
+
+def _write_report(out: str, runs: int, overhead: dict[str, float], results: dict[str, Any]) -> None:
     import torch
 
     report = {
@@ -379,21 +390,12 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_count": os.cpu_count(),
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         },
-        "runs": ns.runs,
+        "runs": runs,
         "import_overhead": overhead,
         "results": results,
     }
-    Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(ns.out).write_text(json.dumps(report, indent=2) + "\n")
-    for model, res in results.items():
-        print(table(model, res))
-        print()
-    print(
-        f"import torch: {overhead['import_torch_s']:.2f} s; "
-        f"import torch_precompile adds {overhead['overhead_s']:.3f} s"
-    )
-    print(f"wrote {ns.out}")
-    return 0
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

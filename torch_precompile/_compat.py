@@ -400,11 +400,10 @@ def build_guard_manager(
     """Build Dynamo's guard manager after compilation (so shape guards added by
     AOTAutograd and Inductor are included) and its serialized state."""
     from torch._dynamo.hooks import Hooks
+    from torch._dynamo.utils import dynamo_timed, get_metrics_context
     from torch._dynamo.variables.torch_function import (
         torch_function_mode_stack_state_mgr,
     )
-
-    from torch._dynamo.utils import dynamo_timed, get_metrics_context
 
     hooks = Hooks(guard_filter_fn=guard_filter)
     with contextlib.ExitStack() as stack:
@@ -458,7 +457,16 @@ def serialize_compiled_function(fn: Any) -> bytes:
     return AOTCompiledFunction.serialize(fn).serialized_data
 
 
-def deserialize_compiled_function(data: bytes) -> Any:
+def unresolved_globals(fn: Any) -> list[str]:
+    """Globals the bytecode reads that PyTorch's serialization does not carry
+    (e.g. an output dataclass): they must come from the model's module at load."""
+    arts = fn._artifacts
+    env = arts.runtime_env
+    known = set(env.import_sources) | set(env.used_globals) | {arts.backend_id}
+    return sorted(ref for ref in env.external_refs if ref not in known)
+
+
+def deserialize_compiled_function(data: bytes, f_globals: dict[str, Any] | None = None) -> Any:
     """Inverse of :func:`serialize_compiled_function`."""
     from torch._dynamo import convert_frame
     from torch._dynamo.aot_compile import AOTCompiledFunction
@@ -469,7 +477,7 @@ def deserialize_compiled_function(data: bytes) -> Any:
         compile_context(CompileContext(convert_frame.get_compile_id({}))),
         get_metrics_context(),
     ):
-        return AOTCompiledFunction.deserialize(data)
+        return AOTCompiledFunction.deserialize(data, f_globals=f_globals)
 
 
 def compiled_function_parts(fn: Any) -> tuple[Any, Callable[..., Any], inspect.Signature]:
@@ -640,6 +648,8 @@ def cpu_kernel_binaries(fn: Any, bound_self: Any = None) -> tuple[bytes, bytes] 
         "bytecode": marshal.dumps(env.bytecode),
         "import_sources": dict(env.import_sources),
         "used_globals": used_globals,
+        "used_global_names": sorted(env.used_globals),
+        "external_refs": sorted(env.external_refs),
         "argdefs": env.argdefs,
         "kwdefaults": env.kwdefaults,
         "backend_id": fn._artifacts.backend_id,
@@ -701,7 +711,11 @@ def _recorded_kernels(source: str) -> list[tuple[list[str], str]]:
 
 
 def load_fast_compiled_function(
-    fastload: bytes, kernels: bytes, serialized: bytes, filename: str
+    fastload: bytes,
+    kernels: bytes,
+    serialized: bytes,
+    filename: str,
+    module_globals: dict[str, Any] | None = None,
 ) -> FastCompiledFunction:
     """Rebuild a CPU inference artifact's function from its shipped kernels (no compiler)."""
     import marshal
@@ -721,7 +735,7 @@ def load_fast_compiled_function(
         data_ptr,
         filename,
     )
-    fn = _fastpath.bytecode_function(spec, graph_call)
+    fn = _fastpath.bytecode_function(spec, graph_call, module_globals)
     original_code = marshal.loads(spec["original_code"])
     light = None
     if spec.get("light_guards") is not None:
@@ -735,8 +749,15 @@ def load_fast_compiled_function(
     )
     if light is None:
         guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
-    runtime_env = types.SimpleNamespace(bytecode=fn.__code__, closure=None)
+    runtime_env = types.SimpleNamespace(
+        bytecode=fn.__code__,
+        closure=None,
+        import_sources=dict(spec["import_sources"]),
+        used_globals=dict.fromkeys(spec.get("used_global_names", ())),
+        external_refs=set(spec.get("external_refs", ())),
+    )
     artifacts = types.SimpleNamespace(
+        backend_id=spec["backend_id"],
         guard_manager=guard_manager,
         signature=pickle.loads(spec["signature"]),
         runtime_env=runtime_env,
@@ -1138,8 +1159,8 @@ def dumps_pickle(obj: Any) -> bytes:
 
 
 __all__ = [
-    "Capture",
     "UNSERIALIZABLE_GUARD_KINDS",
+    "Capture",
     "build_guard_manager",
     "compile_joint",
     "compiled_function_closure_locals",

@@ -277,7 +277,9 @@ class _DynamoUtils:
         return getattr(importlib.import_module("torch._dynamo.utils"), name)
 
 
-def bytecode_function(spec: dict[str, Any], graph_call: _GraphCall) -> types.FunctionType:
+def bytecode_function(
+    spec: dict[str, Any], graph_call: _GraphCall, module_globals: dict[str, Any] | None = None
+) -> types.FunctionType:
     """Dynamo's transformed bytecode as a function, with the graph bound to its backend name."""
     import marshal
 
@@ -288,6 +290,7 @@ def bytecode_function(spec: dict[str, Any], graph_call: _GraphCall) -> types.Fun
         for alias, module_name in spec["import_sources"].items()
     }
     f_globals.update(pickle.loads(spec["used_globals"]))
+    f_globals.update(module_globals or {})  # e.g. an output dataclass, as PyTorch's path does
     f_globals["__builtins__"] = __builtins__
     f_globals[spec["backend_id"]] = graph_call
     code = marshal.loads(spec["bytecode"])

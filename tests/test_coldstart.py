@@ -1,7 +1,8 @@
 """Cold start: a saved CPU artifact loads and runs with no compiler and empty caches.
 
-One transformer is compiled once for the module. The fresh-process tests run a
-script with ``CC``/``CXX`` pointing at ``/bin/false``, a ``PATH`` holding only
+The session's transformer artifact (``staged`` in conftest) is reused. The
+fresh-process tests run a script with ``CC``/``CXX`` pointing at ``/bin/false``,
+a ``PATH`` holding only
 ``python`` (so no ``gcc``/``g++``/``cc``/``c++`` can be found) and an empty
 ``TORCHINDUCTOR_CACHE_DIR``; the script compares with eager and exits non-zero
 on any mismatch.
@@ -21,27 +22,26 @@ from typing import Any
 import pytest
 import torch
 
-from examples.models import build_transformer
 from torch_precompile import GuardError, Precompile, _format
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def saved(staged: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The session's transformer artifact (conftest), with inputs and eager outputs on disk."""
     root = tmp_path_factory.mktemp("coldstart")
-    model, args, _ = build_transformer()
-    with torch.no_grad():
-        artifact = Precompile.compile(model, args)
-        expected = model(*args)
-    path = root / "transformer.pt"
-    Precompile.save(path, artifact)
     other = torch.randint(0, 1000, (2, 32))
     with torch.no_grad():
-        expected_other = model(other)
-    io = {"args": args, "expected": expected, "other": other, "expected_other": expected_other}
+        expected_other = staged.model(other)
+    io = {
+        "args": (staged.example,),
+        "expected": staged.expected,
+        "other": other,
+        "expected_other": expected_other,
+    }
     torch.save(io, root / "io.pt")
-    return {"root": root, "artifact": path, "io": root / "io.pt"}
+    return {"root": root, "artifact": staged.path, "io": root / "io.pt"}
 
 
 def _no_compiler_env(root: Path) -> dict[str, str]:

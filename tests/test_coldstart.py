@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+from examples.models import build_scalar_fn
 from torch_precompile import GuardError, Precompile, _format
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,3 +243,35 @@ def test_light_guards_never_pass_what_dynamo_rejects(saved: dict[str, Path]) -> 
         finally:
             torch.set_num_threads(threads)
         torch.testing.assert_close(art(ids), io["expected"], rtol=1e-4, atol=1e-4)
+
+
+def test_light_guards_on_python_scalar_arguments(tmp_path: Path) -> None:
+    """Guards on Python values of the arguments (Dynamo specialises on them) and on a function."""
+    fn, (x, alpha, n, flag), _ = build_scalar_fn()
+    with torch.no_grad():
+        artifact = Precompile.compile(fn, (x, alpha, n, flag))
+        expected = fn(x, alpha, n, flag)
+    Precompile.save(tmp_path / "scalar.pt", artifact)
+    loaded = Precompile.load(tmp_path / "scalar.pt")
+    guards = loaded._runtime.guard_manager
+    assert guards.light is not None
+    variants = [
+        (x, 0.7, n, flag),
+        (x, alpha, 4, flag),
+        (x, alpha, n, False),
+        (x, 1, n, flag),  # an int where a float was captured
+        (x, alpha, 3.0, flag),
+        (x, alpha, n, 1),
+        (x.double(), alpha, n, flag),
+        (torch.randn(6), alpha, n, flag),
+    ]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x, alpha, n, flag), expected)
+        f_locals = {"x": x, "alpha": alpha, "n": n, "flag": flag}
+        assert guards.light.check(f_locals)
+        for args in variants:
+            f_locals = dict(zip(("x", "alpha", "n", "flag"), args))
+            assert not guards.light.check(f_locals), args
+            assert not guards.full.check(f_locals), args
+            with pytest.raises(GuardError):
+                loaded(*args)

@@ -188,8 +188,10 @@ def _env(caches: Path, repo: Path) -> dict[str, str]:
         TMPDIR=str(caches / "tmp"),
         XDG_CACHE_HOME=str(caches / "xdg"),
         PYTHONPATH=str(repo),
-        PYTHONDONTWRITEBYTECODE="1",
     )
+    # Bytecode caches of the repository's own modules are allowed, as a pip install
+    # leaves them (torch's are already there): they are not compiler caches.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 

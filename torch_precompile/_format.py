@@ -32,8 +32,6 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from filelock import FileLock
-
 from ._errors import (
     ArtifactCorruptedError,
     ArtifactVersionError,
@@ -121,6 +119,8 @@ def write_artifact(
         _FIXED.size + len(header) + offset + (_DIGEST_SIZE if key is not None else 0) + _DIGEST_SIZE
     )
     fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, flags, len(header), total)
+
+    from filelock import FileLock  # only writers need it; keeps `import torch_precompile` light
 
     start = time.perf_counter()
     with FileLock(path + ".lock"):

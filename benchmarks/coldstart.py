@@ -24,7 +24,9 @@ Usage (from the repository root)::
     python benchmarks/coldstart.py                 # both models, all cases, 3 runs
     python benchmarks/coldstart.py --models tiny_mlp --cases eager ours --runs 1
 
-It prints markdown tables and writes ``benchmarks/results/coldstart_cpu.json``.
+It prints markdown tables and writes ``benchmarks/results/coldstart_cpu.json``
+(rewritten after each case); ``--readme`` also puts the tables into README.md and
+``--from-json FILE`` renders an earlier run without running anything.
 Only one process runs at a time; timings on a machine shared with other work
 are noisy.
 """
@@ -350,7 +352,22 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default=str(REPO / "benchmarks" / "results" / "coldstart_cpu.json")
     )
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per child process")
+    parser.add_argument(
+        "--readme",
+        action="store_true",
+        help="also write the tables into README.md (between markers)",
+    )
+    parser.add_argument(
+        "--from-json", metavar="JSON", help="only print (and --readme) the tables of an earlier run"
+    )
     ns = parser.parse_args(argv)
+    if ns.from_json:
+        report = json.loads(Path(ns.from_json).read_text())
+        text = render(report)
+        print(text)
+        if ns.readme:
+            update_readme(text)
+        return 0
     cases = ["eager", *[c for c in ns.cases if c != "eager"]]  # ratios need eager
 
     with tempfile.TemporaryDirectory(prefix="tpc-coldstart-") as tmp:
@@ -369,15 +386,39 @@ def main(argv: list[str] | None = None) -> int:
             for m in ns.models:
                 results[m][case] = bench_case(m, case, ns.runs, work_root, script, ns.timeout)
                 _write_report(ns.out, ns.runs, overhead, results)
-    for model, res in results.items():
-        print(table(model, res))
-        print()
-    print(
-        f"import torch: {overhead['import_torch_s']:.2f} s; "
-        f"import torch_precompile adds {overhead['overhead_s']:.3f} s"
-    )
+    text = render(json.loads(Path(ns.out).read_text()))
+    print(text)
+    if ns.readme:
+        update_readme(text)
     print(f"wrote {ns.out}")
     return 0
+
+
+def render(report: dict[str, Any]) -> str:
+    """Markdown: one table per model, then the import overhead and the machine."""
+    parts = [table(model, res) for model, res in report["results"].items()]
+    overhead = report["import_overhead"]
+    machine = report["machine"]
+    load = machine.get("load_average")
+    parts.append(
+        f"`import torch`: {overhead['import_torch_s']:.2f} s; `import torch_precompile` adds "
+        f"{overhead['overhead_s']:.3f} s. Medians of {report['runs']} runs, "
+        f"{machine['cpu_count']} CPUs, torch {machine['torch']}, Python {machine['python']}"
+        + (f", load average {load[0]:.1f} at the end" if load else "")
+        + f" ({report['created']})."
+    )
+    return "\n\n".join(parts)
+
+
+def update_readme(text: str) -> None:
+    readme = REPO / "README.md"
+    start, end = "<!-- coldstart-table -->", "<!-- /coldstart-table -->"
+    content = readme.read_text()
+    if start not in content or end not in content:
+        raise SystemExit(f"README.md has no {start} ... {end} block")
+    head, rest = content.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{start}\n{text}\n{end}{tail}")
 
 
 def _write_report(out: str, runs: int, overhead: dict[str, float], results: dict[str, Any]) -> None:

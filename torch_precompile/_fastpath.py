@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import pickle
+import stat
 import struct
 import sys
 import tempfile
@@ -77,14 +78,31 @@ def unpack_kernels(data: bytes) -> dict[str, memoryview]:
 
 
 def _kernel_dir(kernels_section: bytes) -> str:
-    """A private directory for this artifact's shared objects (content-addressed)."""
+    """A private directory for this artifact's shared objects (content-addressed).
+
+    Shared objects are loaded from it, so it must be ours alone: a directory
+    another user owns or can write to is never used (a fresh one is made).
+    """
     digest = hashlib.sha256(kernels_section).hexdigest()[:24]
     user = str(os.getuid()) if hasattr(os, "getuid") else "user"
     root = os.path.join(tempfile.gettempdir(), f"torch_precompile-{user}")
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    path = os.path.join(root, digest)
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        path = os.path.join(root, digest)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        if _private(root) and _private(path):
+            return path
+    except OSError:
+        pass
+    log.warning("%s is not private to this user; using a fresh temporary directory", root)
+    return tempfile.mkdtemp(prefix="torch_precompile-")
+
+
+def _private(path: str) -> bool:
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_mode & 0o022:
+        return False
+    return not hasattr(os, "getuid") or st.st_uid == os.getuid()
 
 
 def _materialize(directory: str, key: str, data: memoryview) -> str:

@@ -43,6 +43,7 @@ class Runtime:
         self.guards = guards
         self.bound_self = bound_self
         self.training = training
+        self._cudagraphs = _compat.compiled_function_uses_cudagraphs(compiled_function)
         self._params: list[torch.Tensor] = (
             list(bound_self.parameters()) if isinstance(bound_self, torch.nn.Module) else []
         )
@@ -81,6 +82,8 @@ class Runtime:
         f_locals = {**self.closure_locals, **bound.arguments} if self.closure_locals else bound.arguments
         if not self.guard_manager.check(f_locals):
             raise diagnose(self.guards, f_locals, _compat.guard_failure_reason(self.guard_manager, f_locals))
+        if self._cudagraphs:
+            _compat.begin_cudagraph_step()
         return self.fn(*full, **kwargs)
 
 

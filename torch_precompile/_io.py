@@ -75,6 +75,7 @@ def save(
         "guards_text": str(artifact.guards),
         "sizes": sizes,
         "timings": artifact.timings,
+        "cudagraphs": _compat.compiled_function_uses_cudagraphs(artifact.compiled_function),
     }
     _format.write_artifact(path, meta, sections, sign_key=sign_key)
     artifact._sizes.update(sizes)
@@ -97,7 +98,9 @@ def load(
     _system.check_compatible(meta.get("system", {}), meta.get("device_type", "cpu"), path=path)
     if "compiled" not in sections:
         raise ArtifactCorruptedError(f"{path}: the artifact has no compiled section; re-save it")
-    compiled_function = _compat.deserialize_compiled_function(sections["compiled"])
+    compiled_function = _compat.deserialize_compiled_function(
+        sections["compiled"], cudagraphs=bool(meta.get("cudagraphs"))
+    )
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))

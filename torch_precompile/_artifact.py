@@ -33,6 +33,7 @@ class Runtime:
         guards: Guards,
         bound_self: Any,
         training: bool,
+        grad_enabled: bool | None = None,
     ) -> None:
         guard_manager, fn, signature = _compat.compiled_function_parts(compiled_function)
         self.compiled_function = compiled_function
@@ -43,14 +44,17 @@ class Runtime:
         self.guards = guards
         self.bound_self = bound_self
         self.training = training
+        # The grad mode Dynamo captured (and guards); an inference artifact
+        # whose inputs need no grad runs under it whatever the ambient mode.
+        self.grad_enabled = training if grad_enabled is None else grad_enabled
         self._cudagraphs = _compat.compiled_function_uses_cudagraphs(compiled_function)
         self._params: list[torch.Tensor] = (
             list(bound_self.parameters()) if isinstance(bound_self, torch.nn.Module) else []
         )
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not self.training and torch.is_grad_enabled():
-            culprit = self._requires_grad(args, kwargs)
+        if not self.training and torch.is_grad_enabled() != self.grad_enabled:
+            culprit = self._requires_grad(args, kwargs) if torch.is_grad_enabled() else None
             if culprit is not None:
                 raise GuardError(
                     f"grad mode: this is an inference artifact (captured under torch.no_grad()), "
@@ -58,8 +62,8 @@ class Runtime:
                     "torch.no_grad(), or capture again with grad enabled for a training artifact "
                     "[aot_autograd]"
                 )
-            # Nothing requires grad, so running without autograd gives eager's result.
-            with torch.no_grad():
+            # Nothing requires grad, so either grad mode gives eager's result.
+            with torch.set_grad_enabled(self.grad_enabled):
                 return self._checked_call(args, kwargs)
         return self._checked_call(args, kwargs)
 
@@ -101,6 +105,7 @@ class PrecompiledArtifact:
     compiled_function: Any = dataclasses.field(repr=False)
     _runtime: Runtime = dataclasses.field(repr=False, compare=False)
     _sizes: dict[str, int] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    globals_module: str = dataclasses.field(default="", repr=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._runtime(args, kwargs)
@@ -230,7 +235,10 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     capture = state.capture
     start = time.perf_counter()
     dropped: list[str] = []
-    guard_manager, guards_state = _compat.build_guard_manager(capture, serializable_guard_filter(dropped))
+    with torch.set_grad_enabled(state.grad_enabled):
+        guard_manager, guards_state = _compat.build_guard_manager(
+            capture, serializable_guard_filter(dropped)
+        )
     compiled_function = _compat.make_compiled_function(capture, out.compiled, guard_manager, guards_state)
     state.timings["precompile"] = time.perf_counter() - start
     guards = out.guards
@@ -251,7 +259,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
 
     signature["outputs"] = describe_graph_outputs(capture.graph_module)
     bound_self = capture.bound_self
-    runtime = Runtime(compiled_function, guards, bound_self, out.training)
+    runtime = Runtime(compiled_function, guards, bound_self, out.training, state.grad_enabled)
     from . import _system
 
     return PrecompiledArtifact(
@@ -264,6 +272,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         bytecode=capture.graph_capture_output.bytecode,
         compiled_function=compiled_function,
         _runtime=runtime,
+        globals_module=capture.traced_fn.__module__ or "",
     )
 
 

@@ -439,11 +439,10 @@ def build_guard_manager(
     """Build Dynamo's guard manager after compilation (so shape guards added by
     AOTAutograd and Inductor are included) and its serialized state."""
     from torch._dynamo.hooks import Hooks
+    from torch._dynamo.utils import dynamo_timed, get_metrics_context
     from torch._dynamo.variables.torch_function import (
         torch_function_mode_stack_state_mgr,
     )
-
-    from torch._dynamo.utils import dynamo_timed, get_metrics_context
 
     hooks = Hooks(guard_filter_fn=guard_filter)
     with contextlib.ExitStack() as stack:
@@ -495,7 +494,18 @@ def serialize_compiled_function(fn: Any) -> bytes:
     return AOTCompiledFunction.serialize(fn).serialized_data
 
 
-def deserialize_compiled_function(data: bytes, *, cudagraphs: bool = False) -> Any:
+def unresolved_globals(fn: Any) -> list[str]:
+    """Globals the bytecode reads that PyTorch's serialization does not carry
+    (e.g. an output dataclass): they must come from the model's module at load."""
+    arts = fn._artifacts
+    env = arts.runtime_env
+    known = set(env.import_sources) | set(env.used_globals) | {arts.backend_id}
+    return sorted(ref for ref in env.external_refs if ref not in known)
+
+
+def deserialize_compiled_function(
+    data: bytes, f_globals: dict[str, Any] | None = None, *, cudagraphs: bool = False
+) -> Any:
     """Inverse of :func:`serialize_compiled_function`.
 
     ``cudagraphs``: the artifact was compiled with ``mode="reduce-overhead"``.
@@ -515,7 +525,7 @@ def deserialize_compiled_function(data: bytes, *, cudagraphs: bool = False) -> A
             stack.enter_context(inductor_config.patch({"triton.cudagraphs": True}))
         stack.enter_context(compile_context(CompileContext(convert_frame.get_compile_id({}))))
         stack.enter_context(get_metrics_context())
-        fn = AOTCompiledFunction.deserialize(data)
+        fn = AOTCompiledFunction.deserialize(data, f_globals=f_globals)
     if cudagraphs:
         fn._artifacts.compiled_fn._torch_precompile_cudagraphs = True
     return fn
@@ -586,8 +596,8 @@ def dumps_pickle(obj: Any) -> bytes:
 
 
 __all__ = [
-    "Capture",
     "UNSERIALIZABLE_GUARD_KINDS",
+    "Capture",
     "build_guard_manager",
     "compile_joint",
     "compiled_function_closure_locals",

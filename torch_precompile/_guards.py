@@ -99,7 +99,7 @@ def _jsonable(value: Any) -> Any:
 class Guards(Sequence[Guard]):
     """An immutable, ordered collection of :class:`Guard` entries."""
 
-    __slots__ = ("_entries", "_capture_id")
+    __slots__ = ("_capture_id", "_entries")
 
     def __init__(self, entries: Sequence[Guard] = (), *, capture_id: str | None = None):
         object.__setattr__(self, "_entries", tuple(entries))
@@ -283,7 +283,7 @@ def _readable_shape_expr(expr: str, shape_symbols: dict[str, str]) -> str:
 
 def _eval_source(source: str, scope: dict[str, Any]) -> Any:
     try:
-        return eval(source, {"__builtins__": {"type": type, "dict": dict, "len": len}}, scope)  # noqa: S307
+        return eval(source, {"__builtins__": {"type": type, "dict": dict, "len": len}}, scope)
     except Exception:
         return _MISSING
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import logging
 import os
@@ -63,11 +64,13 @@ def save(
         kind = "object"
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
     sizes = {name: len(data) for name, data in sections.items()}
+    needs_globals = _compat.unresolved_globals(artifact.compiled_function)
     meta = {
         "producer": f"torch_precompile {PACKAGE_VERSION}",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "kind": kind,
         "training": artifact.training,
+        "grad_enabled": artifact._runtime.grad_enabled,
         "device_type": artifact.device_type,
         "system": artifact.system,
         "signature": artifact.signature,
@@ -75,6 +78,11 @@ def save(
         "guards_text": str(artifact.guards),
         "sizes": sizes,
         "timings": artifact.timings,
+        # Names the compiled code reads from the model's module (e.g. an output
+        # dataclass): that module is imported at load, as pickle would.
+        "globals": {"module": artifact.globals_module, "names": needs_globals}
+        if needs_globals
+        else None,
         "cudagraphs": _compat.compiled_function_uses_cudagraphs(artifact.compiled_function),
     }
     _format.write_artifact(path, meta, sections, sign_key=sign_key)
@@ -99,12 +107,14 @@ def load(
     if "compiled" not in sections:
         raise ArtifactCorruptedError(f"{path}: the artifact has no compiled section; re-save it")
     compiled_function = _compat.deserialize_compiled_function(
-        sections["compiled"], cudagraphs=bool(meta.get("cudagraphs"))
+        sections["compiled"],
+        _module_globals(meta.get("globals"), path),
+        cudagraphs=bool(meta.get("cudagraphs")),
     )
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
-    runtime = Runtime(compiled_function, guards, bound, training)
+    runtime = Runtime(compiled_function, guards, bound, training, meta.get("grad_enabled"))
     timings = dict(meta.get("timings", {}))
     timings["load"] = time.perf_counter() - start
     return PrecompiledArtifact(
@@ -118,7 +128,22 @@ def load(
         compiled_function=compiled_function,
         _runtime=runtime,
         _sizes=dict(meta.get("sizes", {})),
+        globals_module=(meta.get("globals") or {}).get("module", ""),
     )
+
+
+def _module_globals(spec: dict[str, Any] | None, path: str) -> dict[str, Any] | None:
+    if not spec:
+        return None
+    try:
+        module = importlib.import_module(spec["module"])
+    except ImportError as exc:
+        raise ImportError(
+            f"{path}: the compiled code uses {', '.join(spec['names'])} from module "
+            f"{spec['module']!r}, which cannot be imported here ({exc}); make it importable "
+            "(output types must be importable, as with pickle)"
+        ) from exc
+    return module.__dict__
 
 
 def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -> Any:
@@ -154,17 +179,14 @@ def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:
             f"{path} was written by torch's save_compiled_function, which does not carry the "
             "model's weights; load it with Precompile.load(path, model=your_module)"
         )
-    training = torch.is_grad_enabled() and model is not None and any(
-        p.requires_grad for p in getattr(model, "parameters", lambda: [])()
-    )
-    guards = Guards()
-    runtime = Runtime(compiled_function, guards, model if takes_self else None, training=True)
-    runtime.training = True  # torch's file records no grad mode; its own guards decide
+    # torch's file records neither the grad mode nor the guards in words: its own
+    # guard manager decides, and its failures are reported in Dynamo's terms.
+    runtime = Runtime(compiled_function, Guards(), model if takes_self else None, training=True)
     return PrecompiledArtifact(
-        guards=guards,
+        guards=runtime.guards,
         signature={"signature": str(signature)},
         system={},
-        training=training,
+        training=False,
         device_type=_compat.compiled_function_device_type(compiled_function),
         timings={},
         bytecode=_compat.compiled_function_bytecode(compiled_function),

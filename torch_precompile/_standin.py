@@ -141,7 +141,7 @@ def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
     for name, t in tensors.items():
         source_device = t.device
         t = t.detach().to("cpu").contiguous()
-        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         index[name] = {
             "dtype": str(t.dtype).replace("torch.", ""),
             "shape": list(t.shape),
@@ -170,7 +170,10 @@ def unpack_tensors(data: bytes, device: str | torch.device = "cpu") -> dict[str,
     for name, spec in index.items():
         dtype = getattr(torch, spec["dtype"])
         raw = storage[spec["offset"] : spec["offset"] + spec["length"]]
-        t = raw.view(dtype).reshape(spec["shape"]) if spec["length"] else torch.empty(spec["shape"], dtype=dtype)
+        if spec["length"]:
+            t = raw.view(dtype).reshape(spec["shape"])
+        else:
+            t = torch.empty(spec["shape"], dtype=dtype)
         target = spec.get("device", device)
         out[name] = t.to(target) if str(target) != "cpu" else t
     return out

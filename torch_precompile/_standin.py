@@ -140,7 +140,8 @@ def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
     offset = 0
     for name, t in tensors.items():
         t = t.detach().to("cpu").contiguous()
-        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        # reshape(-1): a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes.
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         index[name] = {
             "dtype": str(t.dtype).replace("torch.", ""),
             "shape": list(t.shape),

@@ -149,15 +149,19 @@ def test_stages_build_a_training_artifact(case: Case) -> None:
     assert autograd and autograd[0].expected is True
 
 
-def test_in_process_gradients_equal_eager(case: Case) -> None:
-    model = case.build()
-    art = Precompile.load(case.path, model=model)  # same file, this process
+@pytest.mark.parametrize("source", ["built", "loaded"])
+def test_in_process_gradients_equal_eager(case: Case, source: str) -> None:
+    if source == "built":  # the artifact precompile() returned, bound to the captured model
+        model, art = case.model, case.artifact
+        model.load_state_dict(case.build().state_dict())
+        model.zero_grad(set_to_none=True)
+    else:  # the saved file, loaded in this process
+        model = case.build()
+        art = Precompile.load(case.path, model=model)
     args = _fresh_inputs(case.args)
     out = art(*args)
-    assert out.grad_fn is not None
-    assert (
-        "CompiledFunction" in type(out.grad_fn).__name__
-    )  # the compiled backward, not eager autograd
+    # The compiled backward (AOTAutograd's CompiledFunction), not eager autograd.
+    assert out.grad_fn is not None and "CompiledFunction" in type(out.grad_fn).__name__
     _loss(out).backward()
     eager_model, eager_out, eager_grads = _eager_step(case.build, case.args)
     torch.testing.assert_close(out.detach(), eager_out, rtol=RTOL, atol=1e-5)
@@ -233,7 +237,19 @@ import json, sys
 import torch
 import torch.nn.functional as F
 from examples.models import build_convnet, build_transformer, image_inputs
+import torch._inductor.compile_fx as compile_fx
+from torch._inductor.graph import GraphLowering
 from torch_precompile import Precompile
+
+
+def _no_compile(*args, **kwargs):
+    raise SystemExit("Inductor compiled after load; both graphs must come from the file")
+
+
+# Both graphs were compiled ahead of time: a lazily compiled backward would land here.
+for _name in ("compile_fx_inner", "_compile_fx_inner", "compile_fx_forward", "compile_fx_backward"):
+    setattr(compile_fx, _name, _no_compile)
+GraphLowering.codegen = _no_compile
 
 STEPS, CONV_BATCH = int(sys.argv[3]), int(sys.argv[4])
 paths = {"transformer": sys.argv[1], "convnet": sys.argv[2]}
@@ -252,14 +268,19 @@ def optimizer(kind, params):
         return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
-def train(name, kind, use_artifact):
+def train(name, kind, who, steps=STEPS):
     model = builders[name]()[0].train()
-    fn = Precompile.load(paths[name], model=model) if use_artifact else model
-    opt = optimizer(kind, model.parameters())
+    if who == "standalone":  # no model: the artifact's own weights, through parameters()
+        fn = Precompile.load(paths[name])
+        model = fn.module
+    else:
+        fn = Precompile.load(paths[name], model=model) if who == "artifact" else model
+    opt = optimizer(kind, fn.parameters())
+    use_artifact = who != "eager"
     torch.manual_seed(4)
     data = batches(name)
     losses, first_grads, first_state = [], None, None
-    for step in range(STEPS):
+    for step in range(steps):
         x, y = data[step % len(data)]
         x = x.detach().requires_grad_(x.requires_grad)
         out = fn(x)
@@ -282,10 +303,11 @@ def train(name, kind, use_artifact):
 result, tensors = {}, {}
 for name in ("transformer", "convnet"):
     for kind in ("adamw", "sgd"):
-        for who, use in (("artifact", True), ("eager", False)):
-            losses, grads, first_state, state = train(name, kind, use)
+        for who in ("artifact", "eager"):
+            losses, grads, first_state, state = train(name, kind, who)
             result[f"{name}/{kind}/{who}"] = losses
             tensors[f"{name}/{kind}/{who}"] = {"grads": grads, "first": first_state, "last": state}
+result["transformer/sgd/standalone"] = train("transformer", "sgd", "standalone", steps=5)[0]
 torch.save(tensors, sys.argv[5])
 print(json.dumps(result))
 """
@@ -337,6 +359,14 @@ def test_fresh_process_training_follows_eager(
             if name == "convnet":
                 assert "input" in art_t["grads"]
                 _assert_batchnorm_tracks_eager(art_t, eager_t)
+    # Loaded without model=: an optimizer on artifact.parameters() follows eager too.
+    standalone = curves["transformer/sgd/standalone"]
+    torch.testing.assert_close(
+        torch.tensor(standalone),
+        torch.tensor(curves["transformer/sgd/eager"][:5]),
+        rtol=RTOL,
+        atol=0,
+    )
 
 
 def _assert_batchnorm_tracks_eager(art: dict[str, Any], eager: dict[str, Any]) -> None:

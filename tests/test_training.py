@@ -47,7 +47,7 @@ CONV_BATCH = 8  # BatchNorm statistics of 2 images make AdamW's trajectory chaot
 
 @dataclasses.dataclass
 class Case:
-    """One training capture: the eager twin, every stage's output and the saved file."""
+    """One training capture: its builder, example inputs, captured model, artifact and file."""
 
     name: str
     build: Callable[[], torch.nn.Module]
@@ -184,6 +184,11 @@ def test_convnet_batchnorm_statistics_update_on_bound_model(convnet: Case) -> No
     for (name, b), (_, e) in zip(model.named_buffers(), eager.named_buffers()):
         assert not torch.equal(b, before[name]), f"{name} was not updated"
         torch.testing.assert_close(b, e, rtol=RTOL, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    # The kernels were built for train-mode BatchNorm: eval() on the bound model is refused.
+    model.eval()
+    with pytest.raises(GuardError, match=r"bn1\.training.*capture again"):
+        art(*_fresh_inputs(convnet.args))
+    assert int(model.bn1.num_batches_tracked) == 3
 
 
 def test_gradients_accumulate_like_eager(transformer: Case) -> None:

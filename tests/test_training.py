@@ -53,6 +53,7 @@ class Case:
     build: Callable[[], torch.nn.Module]
     args: tuple[Any, ...]
     model: torch.nn.Module
+    aot: Any
     inductor: Any
     artifact: Any
     path: Path
@@ -77,7 +78,7 @@ def _capture(
     art = Precompile.precompile(i)
     path = tmp / f"{name}.pt2"
     Precompile.save(path, art, d.bytecode, i.guards)
-    return Case(name, build, args, model, i, art, path)
+    return Case(name, build, args, model, a, i, art, path)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +143,7 @@ def _eager_step(
 
 def test_stages_build_a_training_artifact(case: Case) -> None:
     assert case.artifact.training
+    assert case.aot.training and "tangents" in case.aot.joint_graph.code  # the joint graph
     assert set(case.inductor.source_code) == {"forward", "backward"}
     assert case.inductor.source_code["backward"].strip()
     assert "training" in repr(case.artifact)

@@ -49,6 +49,7 @@ class Capture:
     guards: list[Any]  # torch._guards.Guard
     local_scope: dict[str, Any]
     input_sources: list[str]
+    grad_enabled: bool = True  # grad mode at capture; the guards are built under it
 
 
 # --------------------------------------------------------------------- dynamo
@@ -116,6 +117,7 @@ def fullgraph_capture(
         guards=list(og.guards),
         local_scope=og.local_scope,
         input_sources=sources,
+        grad_enabled=torch.is_grad_enabled(),
     )
 
 
@@ -374,7 +376,11 @@ def compile_joint(
             serializable=True,
         )
     boxed = getattr(wrapped, "__wrapped__", wrapped)
-    serialize = _find_serialize_fn(boxed)
+    if isinstance(boxed, BundledAOTAutogradSerializableCallable):
+        # Training: AOTAutograd already bundled the autograd function (forward and
+        # backward) with its cache entry; unwrap it to keep one calling convention.
+        boxed = boxed.compiled_fn
+    serialize = getattr(boxed, "serialize", None) or _find_serialize_fn(boxed)
     if serialize is None:
         raise RuntimeError(
             "Inductor produced a function that PyTorch cannot serialize; "
@@ -451,6 +457,9 @@ def build_guard_manager(
         if torch_function_mode_stack_state_mgr.stack:
             stack.enter_context(torch_function_mode_stack_state_mgr.temp_restore_stack())
         stack.enter_context(_modules_pickled_by_state())
+        # Dynamo checks the new guards against the current global state: restore the
+        # capture's grad mode, so precompile() may run outside the capture's no_grad block.
+        stack.enter_context(torch.set_grad_enabled(capture.grad_enabled))
         check_fn = capture.graph_capture_output.build_guards(
             capture.traced_fn.__code__, hooks=hooks, save=True, strict_error=True
         )

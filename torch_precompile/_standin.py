@@ -141,6 +141,7 @@ def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
     for name, t in tensors.items():
         source_device = t.device
         t = t.detach().to("cpu").contiguous()
+        # reshape(-1): a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes.
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         index[name] = {
             "dtype": str(t.dtype).replace("torch.", ""),

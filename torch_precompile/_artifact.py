@@ -47,6 +47,7 @@ class Runtime:
         # The grad mode Dynamo captured (and guards); an inference artifact
         # whose inputs need no grad runs under it whatever the ambient mode.
         self.grad_enabled = training if grad_enabled is None else grad_enabled
+        self._cudagraphs = _compat.compiled_function_uses_cudagraphs(compiled_function)
         self._params: list[torch.Tensor] = (
             list(bound_self.parameters()) if isinstance(bound_self, torch.nn.Module) else []
         )
@@ -85,6 +86,8 @@ class Runtime:
         f_locals = {**self.closure_locals, **bound.arguments} if self.closure_locals else bound.arguments
         if not self.guard_manager.check(f_locals):
             raise diagnose(self.guards, f_locals, _compat.guard_failure_reason(self.guard_manager, f_locals))
+        if self._cudagraphs:
+            _compat.begin_cudagraph_step()
         return self.fn(*full, **kwargs)
 
 

@@ -86,6 +86,7 @@ def save(
         "globals": {"module": artifact.globals_module, "names": needs_globals}
         if needs_globals
         else None,
+        "cudagraphs": _compat.compiled_function_uses_cudagraphs(artifact.compiled_function),
     }
     _format.write_artifact(path, meta, sections, sign_key=sign_key)
     artifact._sizes.update(sizes)
@@ -112,7 +113,9 @@ def load(
     compiled_function = _load_fast(sections, path, module_globals)
     if compiled_function is None:
         compiled_function = _compat.deserialize_compiled_function(
-            sections["compiled"], module_globals
+            sections["compiled"],
+            module_globals,
+            cudagraphs=bool(meta.get("cudagraphs")),
         )
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)

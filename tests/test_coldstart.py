@@ -11,6 +11,7 @@ on any mismatch.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -275,3 +276,39 @@ def test_light_guards_on_python_scalar_arguments(tmp_path: Path) -> None:
             assert not guards.full.check(f_locals), args
             with pytest.raises(GuardError):
                 loaded(*args)
+
+
+def test_import_adds_no_compiler_modules() -> None:
+    """``import torch_precompile`` costs little over ``import torch``: it imports none of the
+    compiler stack (Dynamo, Inductor, sympy) nor filelock, and takes a small share of the time."""
+    body = """
+        import json, sys, time
+        t0 = time.perf_counter()
+        import torch
+        t1 = time.perf_counter()
+        before = set(sys.modules)
+        import torch_precompile
+        t2 = time.perf_counter()
+        new = sorted(set(sys.modules) - before)
+        print(json.dumps({"torch": t1 - t0, "ours": t2 - t1, "new": new}))
+    """
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: bytecode cached
+    for _ in range(2):  # the first run may write the bytecode caches
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(body)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    heavy = [
+        m
+        for m in report["new"]
+        if m.startswith(("torch._dynamo", "torch._inductor", "sympy", "filelock", "triton"))
+    ]
+    assert not heavy, heavy
+    # 0.1 s on an idle machine; a share of import torch keeps it meaningful on a busy one.
+    assert report["ours"] < max(0.1, 0.1 * report["torch"]), report

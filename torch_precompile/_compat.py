@@ -1026,7 +1026,7 @@ def light_guard_spec(guard_manager: Any, bound_self: Any) -> dict[str, Any] | No
             raise _NoLightGuards("epilogue guards")
         f_locals = {"self": bound_self} if bound_self is not None else {}
         return _light_node(root, f_locals)
-    except _NoLightGuards as exc:
+    except Exception as exc:  # _NoLightGuards, or a code part we could not parse
         logging.getLogger("torch_precompile").debug("no light guards: %s", exc)
         return None
 

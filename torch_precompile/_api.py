@@ -35,12 +35,15 @@ class Precompile:
         example_kwargs: dict[str, Any] | None = None,
         *,
         dynamic: bool | None = None,
+        size_oblivious: bool | None = None,
         decompositions: dict[Any, Any] | None = None,
         mode: str | None = None,
         options: dict[str, Any] | None = None,
     ) -> PrecompiledArtifact:
         """Run the four stages in one call and return the artifact."""
-        captured = dynamo(model, example_inputs, example_kwargs, dynamic=dynamic)
+        captured = dynamo(
+            model, example_inputs, example_kwargs, dynamic=dynamic, size_oblivious=size_oblivious
+        )
         joint = aot_autograd(captured, decompositions=decompositions)
         compiled = inductor(joint, mode=mode, options=options)
         return precompile(compiled)

@@ -49,6 +49,7 @@ class Capture:
     guards: list[Any]  # torch._guards.Guard
     local_scope: dict[str, Any]
     input_sources: list[str]
+    size_oblivious: bool = False
 
 
 # --------------------------------------------------------------------- dynamo
@@ -58,6 +59,28 @@ def _dynamo_errors() -> tuple[type[BaseException], ...]:
     from torch._dynamo.exc import Unsupported, UserError
 
     return (Unsupported, UserError)
+
+
+def wants_size_oblivious(args: Any, kwargs: Any) -> bool:
+    """Whether an example tensor was marked dynamic with ``min`` 0 or 1.
+
+    Dynamo specialises sizes 0 and 1 unless the ShapeEnv reasons about backed
+    sizes "size-obliviously"; honouring ``mark_dynamic(t, d, min=1)`` needs it.
+    """
+    for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+        for rng in getattr(leaf, "_dynamo_dynamic_range", ()) or ():
+            if rng.min is not None and rng.min <= 1:
+                return True
+    return False
+
+
+def size_oblivious_context(enabled: bool) -> Any:
+    """ShapeEnv setting that keeps 0 and 1 inside a dynamic size's range."""
+    if not enabled:
+        return contextlib.nullcontext()
+    import torch.fx.experimental._config as fx_config
+
+    return fx_config.patch(backed_size_oblivious=True)
 
 
 @contextlib.contextmanager
@@ -78,13 +101,17 @@ def _capture_context(dynamic: bool | None) -> Iterator[None]:
 
 
 def fullgraph_capture(
-    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic: bool | None
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dynamic: bool | None,
+    size_oblivious: bool = False,
 ) -> Capture:
     """Run Dynamo's fullgraph capture; raises Dynamo's own exceptions on failure."""
     from torch._dynamo import convert_frame
     from torch._dynamo.graph_utils import _graph_device_type
 
-    with _capture_context(dynamic):
+    with _capture_context(dynamic), size_oblivious_context(size_oblivious):
         out = convert_frame.fullgraph_capture(model, args, kwargs)
     gco = out.graph_capture_output
     backend_input = out.backend_input
@@ -116,6 +143,7 @@ def fullgraph_capture(
         guards=list(og.guards),
         local_scope=og.local_scope,
         input_sources=sources,
+        size_oblivious=size_oblivious,
     )
 
 
@@ -138,10 +166,16 @@ def shape_env_var_ranges(capture: Capture) -> dict[str, tuple[int, int | None]]:
         return {}
     out = {}
     for sym, vr in shape_env.var_to_range.items():
-        upper = vr.upper
-        hi = None if not upper.is_finite else int(upper)
-        out[str(sym)] = (int(vr.lower), hi)
+        out[str(sym)] = (_bound(vr.lower) or 0, _bound(vr.upper))
     return out
+
+
+def _bound(value: Any) -> int | None:
+    """A finite sympy bound as int; None for (int_)oo."""
+    try:
+        return int(value) if bool(value.is_finite) else None
+    except (TypeError, AttributeError, ValueError):
+        return None
 
 
 def shape_env_symbol_sources(capture: Capture) -> dict[str, str]:
@@ -192,7 +226,7 @@ def export_joint(
 
     if decompositions is None:
         decompositions = default_decompositions()
-    with _tracing(capture), contextlib.ExitStack() as stack:
+    with _tracing(capture), size_oblivious_context(capture.size_oblivious), contextlib.ExitStack() as stack:
         gm = run_pre_grad_passes(gm, capture.fake_inputs)
         return aot_export_joint_with_descriptors(
             stack,
@@ -317,6 +351,7 @@ def compile_joint(
         ))
 
     with contextlib.ExitStack() as stack:
+        stack.enter_context(size_oblivious_context(capture.size_oblivious))
         stack.enter_context(inductor_config.patch(patches))
         stack.enter_context(_tracing(capture))
         stack.enter_context(V.set_fake_mode(capture.fake_mode))
@@ -392,6 +427,17 @@ def guard_filter_entry_fields(entry: Any) -> tuple[str, str, bool, Any]:
     return entry.name, entry.guard_type, entry.is_global, entry.value
 
 
+def guard_filter_entry_derived_kinds(entry: Any) -> tuple[str, ...]:
+    """The guard kinds a Dynamo GuardFilterEntry is built on (BUILTIN_MATCH -> ID_MATCH)."""
+    return tuple(getattr(entry, "derived_guard_types", ()) or ())
+
+
+def guard_filter_entry_source(entry: Any) -> str:
+    """The full source of a GuardFilterEntry (``L['x']``; its ``name`` drops the ``L[...]``)."""
+    orig = getattr(entry, "orig_guard", None)
+    return getattr(orig, "name", None) or entry.name
+
+
 def build_guard_manager(
     capture: Capture, guard_filter: Callable[[Sequence[Any]], Sequence[bool]]
 ) -> tuple[Any, bytes]:
@@ -447,14 +493,128 @@ def make_compiled_function(
     )
 
 
+def findable_by_name(fn: types.FunctionType) -> bool:
+    """Whether pickle can find ``fn`` by module and qualified name (it is that object)."""
+    import sys
+
+    if "<locals>" in fn.__qualname__:
+        return False
+    obj: Any = sys.modules.get(fn.__module__)
+    for part in fn.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+def _rebuild_function(
+    code: types.CodeType,
+    module: str,
+    name: str,
+    qualname: str,
+    defaults: tuple[Any, ...] | None,
+    kwdefaults: dict[str, Any] | None,
+    closure: tuple[Any, ...] | None,
+    attrs: dict[str, Any],
+) -> types.FunctionType:
+    """Inverse of the by-value reduction in :func:`_functions_pickled_by_value`."""
+    import importlib
+
+    try:
+        f_globals = importlib.import_module(module).__dict__
+    except ImportError:
+        # The code runs nowhere (Dynamo traced it into the graph); it is kept
+        # so that guards and closures that hold it can be rebuilt.
+        f_globals = {"__name__": module, "__builtins__": __builtins__}
+    fn = types.FunctionType(code, f_globals, name, defaults, closure)
+    fn.__qualname__ = qualname
+    fn.__kwdefaults__ = kwdefaults
+    fn.__dict__.update(attrs)
+    return fn
+
+
+@contextlib.contextmanager
+def _functions_pickled_by_value() -> Iterator[None]:
+    """Pickle functions that pickle cannot find by qualified name by value.
+
+    A decorated method (``functools.wraps``) keeps the undecorated function in
+    its closure under the same qualified name, which now names the wrapper;
+    pickle by reference fails on it ("not the same object as ..."). PyTorch
+    already saves ``<locals>`` functions by value; this covers the rest.
+    """
+    from torch._dynamo.aot_compile import AOTCompilePickler
+
+    original = AOTCompilePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        if inspect.isfunction(obj) and "<locals>" not in obj.__qualname__ and not findable_by_name(obj):
+            return _rebuild_function, (
+                obj.__code__,
+                obj.__module__,
+                obj.__name__,
+                obj.__qualname__,
+                obj.__defaults__,
+                obj.__kwdefaults__,
+                obj.__closure__,
+                dict(obj.__dict__),
+            )
+        return original(self, obj)
+
+    AOTCompilePickler.reducer_override = reducer_override  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        AOTCompilePickler.reducer_override = original  # type: ignore[method-assign]
+
+
 def serialize_compiled_function(fn: Any) -> bytes:
-    """PyTorch's own AOTCompiledFunction serialization."""
+    """PyTorch's own AOTCompiledFunction serialization (unfindable functions by value)."""
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
-    return AOTCompiledFunction.serialize(fn).serialized_data
+    with _functions_pickled_by_value():
+        return AOTCompiledFunction.serialize(fn).serialized_data
 
 
-def deserialize_compiled_function(data: bytes) -> Any:
+def external_global_refs(fn: Any) -> dict[str, list[str]]:
+    """Globals the saved bytecode reads but PyTorch does not save (e.g. an output
+    dataclass), each as ``[module, qualified name]`` to import at load."""
+    env = fn._artifacts.runtime_env
+    scope = fn._extra_globals or {}
+    refs: dict[str, list[str]] = {}
+    provided = {fn._artifacts.backend_id, *env.used_globals, *env.import_sources}
+    for name in sorted(set(env.external_refs) - provided):
+        obj = scope.get(name)
+        if isinstance(obj, types.ModuleType):
+            refs[name] = [obj.__name__, ""]
+            continue
+        module = getattr(obj, "__module__", None)
+        qualname = getattr(obj, "__qualname__", None)
+        if isinstance(module, str) and isinstance(qualname, str) and "<locals>" not in qualname:
+            refs[name] = [module, qualname]
+        elif "__name__" in scope:
+            refs[name] = [scope["__name__"], name]
+    return refs
+
+
+def import_global_refs(refs: dict[str, list[str]]) -> dict[str, Any]:
+    """Inverse of :func:`external_global_refs`: import each referenced object."""
+    import importlib
+
+    out: dict[str, Any] = {}
+    for name, (module, qualname) in refs.items():
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in qualname.split(".") if qualname else ():
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            raise ImportError(
+                f"the artifact's code uses {module}.{qualname} (as {name!r}), which cannot be "
+                f"imported here: {exc}; output types and other globals the model returns or "
+                "calls after its graph must be importable where the artifact is loaded"
+            ) from exc
+        out[name] = obj
+    return out
+
+
+def deserialize_compiled_function(data: bytes, f_globals: dict[str, Any] | None = None) -> Any:
     """Inverse of :func:`serialize_compiled_function`."""
     from torch._dynamo import convert_frame
     from torch._dynamo.aot_compile import AOTCompiledFunction
@@ -465,7 +625,7 @@ def deserialize_compiled_function(data: bytes) -> Any:
         compile_context(CompileContext(convert_frame.get_compile_id({}))),
         get_metrics_context(),
     ):
-        return AOTCompiledFunction.deserialize(data)
+        return AOTCompiledFunction.deserialize(data, f_globals=f_globals)
 
 
 def compiled_function_parts(fn: Any) -> tuple[Any, Callable[..., Any], inspect.Signature]:

@@ -103,8 +103,16 @@ def dynamo(
     example_kwargs: dict[str, Any] | None = None,
     *,
     dynamic: bool | None = None,
+    size_oblivious: bool | None = None,
 ) -> DynamoOutput:
-    """Capture ``model`` (an nn.Module or any callable) with Dynamo, as one graph."""
+    """Capture ``model`` (an nn.Module or any callable) with Dynamo, as one graph.
+
+    With ``dynamic=True`` Dynamo specialises sizes 0 and 1 (the artifact then
+    serves sizes >= 2). ``size_oblivious=True`` keeps 0 and 1 inside the
+    dynamic ranges (PyTorch's ``backed_size_oblivious``); it is turned on by
+    itself when an example tensor is marked with
+    ``torch._dynamo.mark_dynamic(t, dim, min=1, ...)``.
+    """
     if not callable(model):
         raise TypeError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
     if example_kwargs is not None and not isinstance(example_kwargs, dict):
@@ -113,7 +121,9 @@ def dynamo(
     kwargs = dict(example_kwargs or {})
     start = time.perf_counter()
     try:
-        capture = _compat.fullgraph_capture(model, args, kwargs, dynamic)
+        if size_oblivious is None:
+            size_oblivious = _compat.wants_size_oblivious(args, kwargs)
+        capture = _compat.fullgraph_capture(model, args, kwargs, dynamic, bool(size_oblivious))
     except Exception as exc:
         if _compat.is_capture_error(exc):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

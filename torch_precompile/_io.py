@@ -75,7 +75,27 @@ def save(
         "guards_text": str(artifact.guards),
         "sizes": sizes,
         "timings": artifact.timings,
+        "external_refs": _compat.external_global_refs(artifact.compiled_function),
     }
+    if artifact.variants:
+        # Layout: "compiled" is variant 0, "compiled.<i>" variant i; weights are shared.
+        meta["variants"] = []
+        for i, variant in enumerate(artifact.variants):
+            if i:
+                sections[f"compiled.{i}"] = _compat.serialize_compiled_function(variant.compiled_function)
+                sizes[f"compiled.{i}"] = len(sections[f"compiled.{i}"])
+            meta["variants"].append(
+                {
+                    "training": variant.training,
+                    "signature": variant.signature,
+                    "guards": variant.guards.to_json(),
+                    "timings": variant.timings,
+                    "external_refs": _compat.external_global_refs(variant.compiled_function),
+                }
+            )
+        meta["guards_text"] = "\n".join(
+            f"variant {i}:\n{v.guards}" for i, v in enumerate(artifact.variants)
+        )
     _format.write_artifact(path, meta, sections, sign_key=sign_key)
     artifact._sizes.update(sizes)
 
@@ -97,12 +117,15 @@ def load(
     _system.check_compatible(meta.get("system", {}), meta.get("device_type", "cpu"), path=path)
     if "compiled" not in sections:
         raise ArtifactCorruptedError(f"{path}: the artifact has no compiled section; re-save it")
-    compiled_function = _compat.deserialize_compiled_function(sections["compiled"])
+    f_globals = _compat.import_global_refs(meta.get("external_refs") or {})
+    compiled_function = _compat.deserialize_compiled_function(sections["compiled"], f_globals or None)
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
     runtime = Runtime(compiled_function, guards, bound, training)
     timings = dict(meta.get("timings", {}))
+    if meta.get("variants"):
+        return _load_variants(meta, sections, compiled_function, bound, path, start)
     timings["load"] = time.perf_counter() - start
     return PrecompiledArtifact(
         guards=guards,
@@ -116,6 +139,42 @@ def load(
         _runtime=runtime,
         _sizes=dict(meta.get("sizes", {})),
     )
+
+
+def _load_variants(
+    meta: dict[str, Any], sections: dict[str, bytes], first: Any, bound: Any, path: str, start: float
+) -> PrecompiledArtifact:
+    """A bundle of variants (see ``Precompile.precompile([...])``), sharing one model."""
+    from ._artifact import bundle_variants
+
+    variants = []
+    for i, vmeta in enumerate(meta["variants"]):
+        if i == 0:
+            compiled_function = first
+        else:
+            if f"compiled.{i}" not in sections:
+                raise ArtifactCorruptedError(f"{path}: variant {i} has no compiled section; re-save it")
+            f_globals = _compat.import_global_refs(vmeta.get("external_refs") or {})
+            compiled_function = _compat.deserialize_compiled_function(sections[f"compiled.{i}"], f_globals or None)
+        guards = Guards.from_json(vmeta.get("guards", []))
+        training = bool(vmeta.get("training"))
+        variants.append(
+            PrecompiledArtifact(
+                guards=guards,
+                signature=vmeta.get("signature", {}),
+                system=meta.get("system", {}),
+                training=training,
+                device_type=meta.get("device_type", "cpu"),
+                timings=dict(vmeta.get("timings", {})),
+                bytecode=_compat.compiled_function_bytecode(compiled_function),
+                compiled_function=compiled_function,
+                _runtime=Runtime(compiled_function, guards, bound, training),
+                _sizes=dict(meta.get("sizes", {})),
+            )
+        )
+    bundle = bundle_variants(variants)
+    bundle.timings["load"] = time.perf_counter() - start
+    return bundle
 
 
 def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -> Any:

@@ -24,7 +24,20 @@ from examples.models import BUILDERS
 from torch_precompile import GuardError, Precompile
 
 REPO = Path(__file__).resolve().parents[1]
-ZOO = ["gpt", "bert", "resnet", "mlp_mixer", "decorated", "dataclass_output", "nested_fn", "closure", "scalar_fn"]
+ZOO = [
+    "gpt",
+    "bert",
+    "resnet",
+    "mlp_mixer",
+    "decorated",
+    "dataclass_output",
+    "context_managers",
+    "nested_fn",
+    "closure",
+    "scalar_fn",
+]
+# bfloat16 autocast inside forward: compiled and eager kernels round differently.
+TOLERANCE = {"context_managers": {"rtol": 2e-2, "atol": 2e-2}}
 # Models whose outputs are plain tensors: loading them must not import the model's module.
 TENSOR_OUTPUT_MODULES = ["gpt", "resnet", "mlp_mixer"]
 
@@ -73,7 +86,7 @@ def test_in_process_matches_eager(zoo: dict[str, Any], name: str) -> None:
     assert type(got) is type(want)
     if dataclasses.is_dataclass(want):
         got, want = dataclasses.asdict(got), dataclasses.asdict(want)
-    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, want, **TOLERANCE.get(name, {}))
 
 
 def test_output_containers_keep_their_types(zoo: dict[str, Any]) -> None:
@@ -160,6 +173,7 @@ def test_fresh_process_load_matches_eager(zoo: dict[str, Any], tmp_path: Path) -
             from torch_precompile import GuardError, Precompile
 
             cases = json.loads({json.dumps(json.dumps(cases))})
+            tolerance = {TOLERANCE!r}
             order = {TENSOR_OUTPUT_MODULES!r} + [n for n in cases if n not in {TENSOR_OUTPUT_MODULES!r}]
             results = {{}}
             for name in order:
@@ -176,7 +190,7 @@ def test_fresh_process_load_matches_eager(zoo: dict[str, Any], tmp_path: Path) -
                 assert type(got) is type(want), (name, type(got), type(want))
                 if dataclasses.is_dataclass(want):
                     got, want = dataclasses.asdict(got), dataclasses.asdict(want)
-                torch.testing.assert_close(got, want)
+                torch.testing.assert_close(got, want, **tolerance.get(name, {{}}))
                 results[name] = {{"load_s": load_s}}
             # A guard still holds after load: the static GPT artifact refuses batch 3.
             art = Precompile.load(cases["gpt"]["path"])

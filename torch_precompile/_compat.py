@@ -83,6 +83,54 @@ def size_oblivious_context(enabled: bool) -> Any:
     return fx_config.patch(backed_size_oblivious=True)
 
 
+def _argsort_sym_without_guards(shape_env: Any, seq: Sequence[Any], *, reverse: bool = False) -> list[int]:
+    """Inductor's ``argsort_sym`` (stride order for layout heuristics), minus its guards.
+
+    PyTorch documents that order as "optimization-only": no correctness
+    decision may rest on it. Yet it decides ``128*s1 > 128`` with a guard,
+    which narrows a sequence range [1, 128] to [2, 128]. Here, what the shape
+    environment knows statically decides, and the example's sizes break ties,
+    without adding a guard.
+    """
+    import sympy
+
+    def as_expr(v: Any) -> Any:
+        return v.node.expr if isinstance(v, torch.SymInt) else sympy.sympify(v)
+
+    def less(a: Any, b: Any) -> bool:
+        known = shape_env._maybe_evaluate_static(sympy.Lt(a, b))
+        if known is not None:
+            return bool(known)
+        return shape_env.optimization_hint(a) < shape_env.optimization_hint(b)
+
+    def cmp(a: tuple[int, Any], b: tuple[int, Any]) -> int:
+        if less(a[1], b[1]):
+            return -1
+        if less(b[1], a[1]):
+            return 1
+        return 1 if a[0] < b[0] else -1 if a[0] > b[0] else 0
+
+    exprs = [(i, as_expr(v)) for i, v in enumerate(seq)]
+    exprs = sorted(exprs, key=functools.cmp_to_key(cmp), reverse=reverse)
+    return [i for i, _ in exprs]
+
+
+@contextlib.contextmanager
+def _stride_order_without_guards(enabled: bool) -> Iterator[None]:
+    """Keep Inductor's stride-order heuristic from narrowing dynamic ranges."""
+    if not enabled:
+        yield
+        return
+    from torch._inductor import ir, utils
+
+    saved = (ir.argsort_sym, utils.argsort_sym)
+    ir.argsort_sym = utils.argsort_sym = _argsort_sym_without_guards  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        ir.argsort_sym, utils.argsort_sym = saved  # type: ignore[assignment]
+
+
 @contextlib.contextmanager
 def _capture_context(dynamic: bool | None) -> Iterator[None]:
     from torch._dynamo.eval_frame import set_enable_dynamic
@@ -96,6 +144,10 @@ def _capture_context(dynamic: bool | None) -> Iterator[None]:
         stack.enter_context(torch._functorch.config.patch(strict_autograd_cache=True))
         if dynamic is not None:
             stack.enter_context(set_enable_dynamic(dynamic))
+        # Python floats (dropout p, LayerNorm eps) stay constants: symbolic floats
+        # make AOTAutograd ask Dynamo to restart the trace, which a staged
+        # pipeline cannot do once the capture is handed on.
+        stack.enter_context(torch._dynamo.config.patch(specialize_float=True))
         stack.enter_context(torch_function_mode_stack_state_mgr)
         yield
 
@@ -352,6 +404,7 @@ def compile_joint(
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(size_oblivious_context(capture.size_oblivious))
+        stack.enter_context(_stride_order_without_guards(capture.size_oblivious))
         stack.enter_context(inductor_config.patch(patches))
         stack.enter_context(_tracing(capture))
         stack.enter_context(V.set_fake_mode(capture.fake_mode))

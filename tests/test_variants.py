@@ -39,9 +39,11 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[PrecompiledArtifac
         fast = _staged(model, torch.randn(1, 32))
         x_dyn = torch.randn(4, 32)
         torch._dynamo.mark_dynamic(x_dyn, 0, min=2, max=64)
-        dynamic = _staged(model, x_dyn)
+        dynamic = Precompile.precompile(_staged(model, x_dyn))  # an artifact is accepted too
     training = _staged(model, torch.randn(8, 32))  # grad enabled: a training variant
-    artifact = Precompile.precompile([fast, dynamic, training])
+    with torch.no_grad():
+        inference_fast = Precompile.precompile(fast)
+    artifact = Precompile.precompile([inference_fast, dynamic, training])
     path = tmp_path_factory.mktemp("variants") / "mlp_variants.pt2"
     Precompile.save(path, artifact)
     return artifact, model, path

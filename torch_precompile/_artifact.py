@@ -375,10 +375,14 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         )
     )
     if dropped:
+        by_reason: dict[str, list[str]] = {}
+        for line in dropped:
+            guard, _, reason = line.partition(": ")
+            by_reason.setdefault(reason, []).append(guard)
         log.warning(
-            "precompile: %d guards cannot be saved and are not checked by the artifact:\n  %s",
+            "precompile: %d guards cannot be saved and are not checked by the artifact:\n%s",
             len(dropped),
-            "\n  ".join(dropped),
+            "\n".join(f"  {', '.join(names)}: {reason}" for reason, names in by_reason.items()),
         )
         guards = guards.extend(
             [

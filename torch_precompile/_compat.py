@@ -148,6 +148,10 @@ def _capture_context(dynamic: bool | None) -> Iterator[None]:
         # make AOTAutograd ask Dynamo to restart the trace, which a staged
         # pipeline cannot do once the capture is handed on.
         stack.enter_context(torch._dynamo.config.patch(specialize_float=True))
+        if dynamic is None:
+            # Static unless marked: no "automatic dynamic" from earlier captures of
+            # the same code in this process, so a capture does not depend on history.
+            stack.enter_context(torch._dynamo.config.patch(automatic_dynamic_shapes=False))
         stack.enter_context(torch_function_mode_stack_state_mgr)
         yield
 
@@ -429,7 +433,11 @@ def compile_joint(
             serializable=True,
         )
     boxed = getattr(wrapped, "__wrapped__", wrapped)
-    serialize = _find_serialize_fn(boxed)
+    if isinstance(boxed, BundledAOTAutogradSerializableCallable):
+        # Training: AOTAutograd already bundled the autograd function (forward and
+        # backward) with its cache entry; unwrap it to keep one calling convention.
+        boxed = boxed.compiled_fn
+    serialize = getattr(boxed, "serialize", None) or _find_serialize_fn(boxed)
     if serialize is None:
         raise RuntimeError(
             "Inductor produced a function that PyTorch cannot serialize; "

@@ -58,7 +58,9 @@ def mlp_dynamic_true() -> tuple[Any, Any]:
 
 
 def _ids(batch: int, seq: int) -> torch.Tensor:
-    return torch.randint(0, 512, (batch, seq), generator=torch.Generator().manual_seed(batch * 1000 + seq))
+    return torch.randint(
+        0, 512, (batch, seq), generator=torch.Generator().manual_seed(batch * 1000 + seq)
+    )
 
 
 def test_ranges_are_recorded_as_shape_guards(gpt_dynamic: tuple[Any, Any, Path]) -> None:
@@ -71,7 +73,9 @@ def test_ranges_are_recorded_as_shape_guards(gpt_dynamic: tuple[Any, Any, Path])
 
 
 @pytest.mark.parametrize("batch,seq", [(1, 1), (1, 128), (8, 1), (8, 128), (3, 17), (2, 16)])
-def test_in_process_sizes_match_eager(gpt_dynamic: tuple[Any, Any, Path], batch: int, seq: int) -> None:
+def test_in_process_sizes_match_eager(
+    gpt_dynamic: tuple[Any, Any, Path], batch: int, seq: int
+) -> None:
     artifact, model, _ = gpt_dynamic
     ids = _ids(batch, seq)
     with torch.no_grad():
@@ -106,7 +110,9 @@ def test_dynamic_true_specialises_zero_one(mlp_dynamic_true: tuple[Any, Any]) ->
     assert "0/1 are specialised" in msg and "size_oblivious=True" in msg, msg
 
 
-def test_fresh_process_serves_all_sizes_without_compiling(gpt_dynamic: tuple[Any, Any, Path], tmp_path: Path) -> None:
+def test_fresh_process_serves_all_sizes_without_compiling(
+    gpt_dynamic: tuple[Any, Any, Path], tmp_path: Path
+) -> None:
     """batch 1..8 x seq 1..128 from one file, compared with eager; nothing compiles while serving.
 
     Counted three ways: C++ builds (Inductor's CppBuilder), Dynamo's counters
@@ -144,7 +150,8 @@ def test_fresh_process_serves_all_sizes_without_compiling(gpt_dynamic: tuple[Any
             with torch.no_grad():
                 for b in range(1, 9):
                     for s in SEQS:
-                        ids = torch.randint(0, 512, (b, s), generator=torch.Generator().manual_seed(b * 1000 + s))
+                        gen = torch.Generator().manual_seed(b * 1000 + s)
+                        ids = torch.randint(0, 512, (b, s), generator=gen)
                         outputs[(b, s)] = (ids, art(ids))
             serve_s = time.perf_counter() - start
             after = {{k: dict(v) for k, v in counters.items()}}
@@ -170,13 +177,17 @@ def test_fresh_process_serves_all_sizes_without_compiling(gpt_dynamic: tuple[Any
         )
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     print(json.dumps({k: v for k, v in res.items() if not k.startswith("counters")}))
     assert res["calls"] == 8 * len(SEQS)
     assert res["builds_serving"] == 0
-    assert res["counters_after"] == res["counters_before"], "serving must not compile or trace anything"
+    assert res["counters_after"] == res["counters_before"], (
+        "serving must not compile or trace anything"
+    )
     assert not res["counters_after"].get("frames"), res["counters_after"]
     assert "must be in [1, 8]" in res["errors"]["(9, 4)"]
     assert "must be in [1, 128]" in res["errors"]["(2, 129)"]

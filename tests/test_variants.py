@@ -49,6 +49,14 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[PrecompiledArtifac
     return artifact, model, path
 
 
+def _counting(fn: Any, index: int, ran: list[int]) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        ran.append(index)
+        return fn(*args, **kwargs)
+
+    return call
+
+
 def _which(artifact: PrecompiledArtifact, call: Any) -> tuple[int, Any]:
     """Run ``call`` and report which variant's compiled function ran."""
     ran: list[int] = []
@@ -56,7 +64,7 @@ def _which(artifact: PrecompiledArtifact, call: Any) -> tuple[int, Any]:
     for i, variant in enumerate(artifact.variants):
         runtime = variant._runtime
         originals.append(runtime.fn)
-        runtime.fn = (lambda f, i: lambda *a, **k: (ran.append(i), f(*a, **k))[1])(runtime.fn, i)
+        runtime.fn = _counting(runtime.fn, i, ran)
     try:
         out = call()
     finally:
@@ -73,7 +81,9 @@ def test_bundle_describes_its_variants(bundle: tuple[PrecompiledArtifact, Any, P
     assert "variant 1 (inference, dynamic) guards:" in artifact.as_text()
 
 
-@pytest.mark.parametrize("batch,grad,expected", [(1, False, 0), (5, False, 1), (64, False, 1), (8, True, 2)])
+@pytest.mark.parametrize(
+    "batch,grad,expected", [(1, False, 0), (5, False, 1), (64, False, 1), (8, True, 2)]
+)
 def test_first_matching_variant_runs(
     bundle: tuple[PrecompiledArtifact, Any, Path], batch: int, grad: bool, expected: int
 ) -> None:
@@ -95,18 +105,24 @@ def test_first_matching_variant_runs(
         model.zero_grad()
 
 
-def test_no_variant_holds_lists_each_first_failure(bundle: tuple[PrecompiledArtifact, Any, Path]) -> None:
+def test_no_variant_holds_lists_each_first_failure(
+    bundle: tuple[PrecompiledArtifact, Any, Path],
+) -> None:
     artifact = bundle[0]
     with torch.no_grad(), pytest.raises(GuardError) as info:
         artifact(torch.randn(100, 32))
     msg = str(info.value)
     assert "no variant's guards hold" in msg
-    assert "variant 0 (inference, static): input 'x': expected shape (1, 32), got (100, 32)" in msg, msg
+    assert (
+        "variant 0 (inference, static): input 'x': expected shape (1, 32), got (100, 32)" in msg
+    ), msg
     assert "variant 1 (inference, dynamic): input 'x': dimension 0 must be in [2, 64]" in msg, msg
     assert "variant 2 (training, static): grad mode" in msg, msg
 
 
-def test_fresh_process_bundle(bundle: tuple[PrecompiledArtifact, Any, Path], tmp_path: Path) -> None:
+def test_fresh_process_bundle(
+    bundle: tuple[PrecompiledArtifact, Any, Path], tmp_path: Path
+) -> None:
     """One file, loaded elsewhere: same dispatch, same numbers, same error."""
     _, model, path = bundle
     xs = {b: torch.randn(b, 32, generator=torch.Generator().manual_seed(b)) for b in (1, 7, 8)}
@@ -124,8 +140,13 @@ def test_fresh_process_bundle(bundle: tuple[PrecompiledArtifact, Any, Path], tmp
             art = Precompile.load({str(path)!r})
             ref = torch.load({str(ref)!r})
             ran = []
+            def counting(fn, index):
+                def call(*args, **kwargs):
+                    ran.append(index)
+                    return fn(*args, **kwargs)
+                return call
             for i, v in enumerate(art.variants):
-                v._runtime.fn = (lambda f, i: lambda *a, **k: (ran.append(i), f(*a, **k))[1])(v._runtime.fn, i)
+                v._runtime.fn = counting(v._runtime.fn, i)
             with torch.no_grad():
                 for b, (x, want) in ref.items():
                     torch.testing.assert_close(art(x), want)
@@ -138,15 +159,20 @@ def test_fresh_process_bundle(bundle: tuple[PrecompiledArtifact, Any, Path], tmp
                 error = ""
             except GuardError as exc:
                 error = str(exc)
-            print(json.dumps({{"ran": ran, "n": len(art.variants), "grads": grads, "error": error}}))
+            n = len(art.variants)
+            print(json.dumps({{"ran": ran, "n": n, "grads": grads, "error": error}}))
             """
         )
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["n"] == 3
     assert res["ran"] == [0, 1, 1, 2]
     assert res["grads"] > 0
-    assert "variant 0" in res["error"] and "variant 1" in res["error"] and "variant 2" in res["error"]
+    assert (
+        "variant 0" in res["error"] and "variant 1" in res["error"] and "variant 2" in res["error"]
+    )

@@ -91,7 +91,9 @@ def aot_autograd(
     check_calling_convention(gm, len(capture.fake_inputs), count_outputs(capture.graph_module), "aot_autograd")
     shape_before = len(_compat.shape_env_guard_exprs(capture))
     start = time.perf_counter()
-    jd = _compat.export_joint(capture, gm, decompositions)
+    # Later stages run under the capture's grad mode: it decides training vs inference.
+    with torch.set_grad_enabled(state.grad_enabled):
+        jd = _compat.export_joint(capture, gm, decompositions)
     state.timings["aot_autograd"] = time.perf_counter() - start
     training = _compat.joint_needs_autograd(jd)
     state.training = training
@@ -118,7 +120,7 @@ def _requires_grad_guard(capture: _compat.Capture, training: bool) -> Guard:
     names = []
     for source in capture.input_sources:
         try:
-            value = eval(source, {"__builtins__": {}}, scope)  # noqa: S307
+            value = eval(source, {"__builtins__": {}}, scope)
         except Exception:
             continue
         if isinstance(value, torch.Tensor) and value.requires_grad:

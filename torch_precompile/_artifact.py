@@ -14,7 +14,15 @@ import torch
 
 from . import _compat
 from ._errors import GuardError
-from ._guards import Guard, Guards, IdentityChecks, describe_source, diagnose, identity_guard, range_guards
+from ._guards import (
+    Guard,
+    Guards,
+    IdentityChecks,
+    describe_source,
+    diagnose,
+    identity_guard,
+    range_guards,
+)
 from ._inductor_stage import InductorOutput
 
 log = logging.getLogger("torch_precompile")
@@ -33,6 +41,7 @@ class Runtime:
         guards: Guards,
         bound_self: Any,
         training: bool,
+        grad_enabled: bool | None = None,
     ) -> None:
         guard_manager, fn, signature = _compat.compiled_function_parts(compiled_function)
         self.compiled_function = compiled_function
@@ -44,13 +53,16 @@ class Runtime:
         self.bound_self = bound_self
         self.training = training
         self.identity = IdentityChecks(guards, getattr(fn, "__globals__", {}))
+        # The grad mode Dynamo captured (and guards); an inference artifact
+        # whose inputs need no grad runs under it whatever the ambient mode.
+        self.grad_enabled = training if grad_enabled is None else grad_enabled
         self._params: list[torch.Tensor] = (
             list(bound_self.parameters()) if isinstance(bound_self, torch.nn.Module) else []
         )
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not self.training and torch.is_grad_enabled():
-            culprit = self._requires_grad(args, kwargs)
+        if not self.training and torch.is_grad_enabled() != self.grad_enabled:
+            culprit = self._requires_grad(args, kwargs) if torch.is_grad_enabled() else None
             if culprit is not None:
                 raise GuardError(
                     f"grad mode: this is an inference artifact (captured under torch.no_grad()), "
@@ -58,8 +70,8 @@ class Runtime:
                     "torch.no_grad(), or capture again with grad enabled for a training artifact "
                     "[aot_autograd]"
                 )
-            # Nothing requires grad, so running without autograd gives eager's result.
-            with torch.no_grad():
+            # Nothing requires grad, so either grad mode gives eager's result.
+            with torch.set_grad_enabled(self.grad_enabled):
                 return self._checked_call(args, kwargs)
         return self._checked_call(args, kwargs)
 
@@ -87,19 +99,20 @@ class Runtime:
         bound.apply_defaults()
         f_locals = {**self.closure_locals, **bound.arguments} if self.closure_locals else bound.arguments
         if not self.guard_manager.check(f_locals):
-            return diagnose(self.guards, f_locals, _compat.guard_failure_reason(self.guard_manager, f_locals))
+            reason = _compat.guard_failure_reason(self.guard_manager, f_locals)
+            return diagnose(self.guards, f_locals, reason)
         return self.identity.check(f_locals)
 
     def first_failure(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
         """The first guard this call breaks (None: the call may run), without running it."""
-        if not self.training and torch.is_grad_enabled():
-            culprit = self._requires_grad(args, kwargs)
+        if not self.training and torch.is_grad_enabled() != self.grad_enabled:
+            culprit = self._requires_grad(args, kwargs) if torch.is_grad_enabled() else None
             if culprit is not None:
                 return GuardError(
                     f"grad mode: an inference artifact, called with grad enabled while {culprit} "
                     "requires grad [aot_autograd]"
                 )
-            with torch.no_grad():
+            with torch.set_grad_enabled(self.grad_enabled):
                 return self._check_only(args, kwargs)
         return self._check_only(args, kwargs)
 
@@ -116,6 +129,7 @@ class VariantRuntime:
         first = self.variants[0]._runtime
         self.bound_self = first.bound_self
         self.training = first.training
+        self.grad_enabled = first.grad_enabled
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         failures = []
@@ -131,7 +145,8 @@ class VariantRuntime:
 def variant_label(artifact: PrecompiledArtifact) -> str:
     """``inference, static`` / ``training, dynamic``: what kind of variant this is."""
     dynamic = any(g.kind == "shape" and isinstance(g.expected, dict) for g in artifact.guards)
-    return f"{'training' if artifact.training else 'inference'}, {'dynamic' if dynamic else 'static'}"
+    kind = "training" if artifact.training else "inference"
+    return f"{kind}, {'dynamic' if dynamic else 'static'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +163,10 @@ class PrecompiledArtifact:
     compiled_function: Any = dataclasses.field(repr=False)
     _runtime: Runtime = dataclasses.field(repr=False, compare=False)
     _sizes: dict[str, int] = dataclasses.field(default_factory=dict, repr=False, compare=False)
-    variants: tuple[PrecompiledArtifact, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    variants: tuple[PrecompiledArtifact, ...] = dataclasses.field(
+        default=(), repr=False, compare=False
+    )
+    globals_module: str = dataclasses.field(default="", repr=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._runtime(args, kwargs)
@@ -245,7 +263,9 @@ def _short(desc: Any) -> str:
 # ------------------------------------------------------------ guard filter
 
 
-_IDENTITY_KINDS = frozenset({"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "CLASS_MATCH", "MODULE_MATCH"})
+_IDENTITY_KINDS = frozenset(
+    {"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "CLASS_MATCH", "MODULE_MATCH"}
+)
 
 
 def serializable_guard_filter(
@@ -277,7 +297,10 @@ def serializable_guard_filter(
                 continue
             keep.append(False)
             identity = kind in _IDENTITY_KINDS or "ID_MATCH" in derived
-            guard = identity_guard(_compat.guard_filter_entry_source(entry), value, scope_module, closure_names) if identity and translated is not None else None
+            guard = None
+            if identity and translated is not None:
+                source = _compat.guard_filter_entry_source(entry)
+                guard = identity_guard(source, value, scope_module, closure_names)
             # Dynamo may call the filter more than once; record each guard once.
             if guard is not None:
                 if all(g.subject != guard.subject for g in translated):  # type: ignore[union-attr]
@@ -289,7 +312,9 @@ def serializable_guard_filter(
     return guard_filter
 
 
-def _drop_reason(name: str, kind: str, derived: tuple[str, ...], is_global: bool, value: Any) -> str | None:
+def _drop_reason(
+    name: str, kind: str, derived: tuple[str, ...], is_global: bool, value: Any
+) -> str | None:
     """Why a Dynamo guard is not saved as it is (None: it is saved)."""
     if kind in ("TYPE_MATCH", "ID_MATCH") and isinstance(value, torch.nn.Module):
         return (
@@ -301,7 +326,8 @@ def _drop_reason(name: str, kind: str, derived: tuple[str, ...], is_global: bool
             "a class attribute read through type(module) (e.g. forward's defaults); the traced "
             "bytecode and its defaults are saved in the artifact"
         )
-    if kind in _compat.UNSERIALIZABLE_GUARD_KINDS or any(d in _compat.UNSERIALIZABLE_GUARD_KINDS for d in derived):
+    unserializable = _compat.UNSERIALIZABLE_GUARD_KINDS
+    if kind in unserializable or any(d in unserializable for d in derived):
         return (
             "an object identity of the capturing process; the object's attributes that the "
             "compiled code read are guarded separately by value"
@@ -344,7 +370,10 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     """
     if isinstance(compiled_or_inductor_output, (list, tuple)):
         return bundle_variants(
-            [v if isinstance(v, PrecompiledArtifact) else precompile(v) for v in compiled_or_inductor_output]
+            [
+                v if isinstance(v, PrecompiledArtifact) else precompile(v)
+                for v in compiled_or_inductor_output
+            ]
         )
     out = compiled_or_inductor_output
     if not isinstance(out, InductorOutput):
@@ -362,7 +391,8 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     scope_module = getattr(capture.traced_fn, "__module__", None)
     closure_names = capture.traced_fn.__code__.co_freevars
     guard_filter = serializable_guard_filter(dropped, translated, scope_module, closure_names)
-    guard_manager, guards_state = _compat.build_guard_manager(capture, guard_filter)
+    with torch.set_grad_enabled(state.grad_enabled):
+        guard_manager, guards_state = _compat.build_guard_manager(capture, guard_filter)
     compiled_function = _compat.make_compiled_function(capture, out.compiled, guard_manager, guards_state)
     state.timings["precompile"] = time.perf_counter() - start
     guards = out.guards.extend(translated)
@@ -401,7 +431,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
 
     signature["outputs"] = describe_graph_outputs(capture.graph_module)
     bound_self = capture.bound_self
-    runtime = Runtime(compiled_function, guards, bound_self, out.training)
+    runtime = Runtime(compiled_function, guards, bound_self, out.training, state.grad_enabled)
     from . import _system
 
     return PrecompiledArtifact(
@@ -414,6 +444,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         bytecode=capture.graph_capture_output.bytecode,
         compiled_function=compiled_function,
         _runtime=runtime,
+        globals_module=capture.traced_fn.__module__ or "",
     )
 
 

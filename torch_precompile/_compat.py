@@ -83,7 +83,9 @@ def size_oblivious_context(enabled: bool) -> Any:
     return fx_config.patch(backed_size_oblivious=True)
 
 
-def _argsort_sym_without_guards(shape_env: Any, seq: Sequence[Any], *, reverse: bool = False) -> list[int]:
+def _argsort_sym_without_guards(
+    shape_env: Any, seq: Sequence[Any], *, reverse: bool = False
+) -> list[int]:
     """Inductor's ``argsort_sym`` (stride order for layout heuristics), minus its guards.
 
     PyTorch documents that order as "optimization-only": no correctness
@@ -282,7 +284,11 @@ def export_joint(
 
     if decompositions is None:
         decompositions = default_decompositions()
-    with _tracing(capture), size_oblivious_context(capture.size_oblivious), contextlib.ExitStack() as stack:
+    with (
+        _tracing(capture),
+        size_oblivious_context(capture.size_oblivious),
+        contextlib.ExitStack() as stack,
+    ):
         gm = run_pre_grad_passes(gm, capture.fake_inputs)
         return aot_export_joint_with_descriptors(
             stack,
@@ -505,11 +511,10 @@ def build_guard_manager(
     """Build Dynamo's guard manager after compilation (so shape guards added by
     AOTAutograd and Inductor are included) and its serialized state."""
     from torch._dynamo.hooks import Hooks
+    from torch._dynamo.utils import dynamo_timed, get_metrics_context
     from torch._dynamo.variables.torch_function import (
         torch_function_mode_stack_state_mgr,
     )
-
-    from torch._dynamo.utils import dynamo_timed, get_metrics_context
 
     hooks = Hooks(guard_filter_fn=guard_filter)
     with contextlib.ExitStack() as stack:
@@ -606,7 +611,8 @@ def _functions_pickled_by_value() -> Iterator[None]:
     original = AOTCompilePickler.reducer_override
 
     def reducer_override(self: Any, obj: Any) -> Any:
-        if inspect.isfunction(obj) and "<locals>" not in obj.__qualname__ and not findable_by_name(obj):
+        by_value = inspect.isfunction(obj) and "<locals>" not in obj.__qualname__
+        if by_value and not findable_by_name(obj):
             return _rebuild_function, (
                 obj.__code__,
                 obj.__module__,
@@ -675,6 +681,15 @@ def import_global_refs(refs: dict[str, list[str]]) -> dict[str, Any]:
     return out
 
 
+def unresolved_globals(fn: Any) -> list[str]:
+    """Globals the bytecode reads that PyTorch's serialization does not carry
+    (e.g. an output dataclass): they must come from the model's module at load."""
+    arts = fn._artifacts
+    env = arts.runtime_env
+    known = set(env.import_sources) | set(env.used_globals) | {arts.backend_id}
+    return sorted(ref for ref in env.external_refs if ref not in known)
+
+
 def deserialize_compiled_function(data: bytes, f_globals: dict[str, Any] | None = None) -> Any:
     """Inverse of :func:`serialize_compiled_function`."""
     from torch._dynamo import convert_frame
@@ -740,8 +755,8 @@ def dumps_pickle(obj: Any) -> bytes:
 
 
 __all__ = [
-    "Capture",
     "UNSERIALIZABLE_GUARD_KINDS",
+    "Capture",
     "build_guard_manager",
     "compile_joint",
     "compiled_function_closure_locals",

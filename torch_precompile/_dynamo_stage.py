@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import time
 import types
@@ -30,6 +31,7 @@ class CaptureState:
     timings: dict[str, float]
     capture_id: str = ""
     aot_output: Any = None
+    grad_enabled: bool = False
     num_outputs: int = 0
 
 
@@ -74,6 +76,19 @@ def normalize_inputs(example_inputs: Any) -> tuple[Any, ...]:
     if isinstance(example_inputs, tuple):
         return example_inputs
     return (example_inputs,)
+
+
+def _traceable(model: Any) -> Any:
+    """What Dynamo can trace: modules, Python functions and bound methods as they are."""
+    if isinstance(model, torch.nn.Module) or inspect.isfunction(model) or inspect.ismethod(model):
+        return model
+    if inspect.isbuiltin(model) or not hasattr(type(model), "__call__"):
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return model(*args, **kwargs)
+
+        return call
+    return model.__call__  # a callable object: trace its bound __call__
 
 
 def _wants_grad(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -123,7 +138,9 @@ def dynamo(
     try:
         if size_oblivious is None:
             size_oblivious = _compat.wants_size_oblivious(args, kwargs)
-        capture = _compat.fullgraph_capture(model, args, kwargs, dynamic, bool(size_oblivious))
+        capture = _compat.fullgraph_capture(
+            _traceable(model), args, kwargs, dynamic, bool(size_oblivious)
+        )
     except Exception as exc:
         if _compat.is_capture_error(exc):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -144,6 +161,7 @@ def dynamo(
         training=_wants_grad(model, args, kwargs),
         input_signature=describe_inputs(capture.signature, capture.bound_self, args, kwargs),
         timings={"dynamo": elapsed},
+        grad_enabled=torch.is_grad_enabled(),
     )
     state.capture_id = _capture_registry.register(state)
     _capture_registry.tag(capture.graph_module, state.capture_id, state)

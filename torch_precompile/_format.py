@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 import struct
 import time
 from collections.abc import Iterable, Mapping
@@ -60,9 +61,6 @@ _FIXED = struct.Struct("<8sIIQQ")
 _DIGEST_SIZE = 32  # SHA-256 and HMAC-SHA256 alike
 _FLAG_SIGNED = 0x1
 _KNOWN_FLAGS = _FLAG_SIGNED
-# Offsets of the fields that stay put in every version (see the module docstring).
-_VERSION_FIELD = struct.Struct("<I")
-_VERSION_OFFSET = len(MAGIC)
 _MIN_SIZE = _FIXED.size + _DIGEST_SIZE
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _REPAIR = "re-save the artifact or copy it again from its source"
@@ -117,25 +115,17 @@ def write_artifact(
             {"meta": dict(meta), "sections": table}, ensure_ascii=False, allow_nan=False
         ).encode()
     except (TypeError, ValueError) as e:
-        raise type(e)(
-            f"artifact metadata for {path!r} is not JSON-serialisable: {e}"
-        ) from e
+        raise type(e)(f"artifact metadata for {path!r} is not JSON-serialisable: {e}") from e
     flags = _FLAG_SIGNED if key is not None else 0
     total = (
-        _FIXED.size
-        + len(header)
-        + offset
-        + (_DIGEST_SIZE if key is not None else 0)
-        + _DIGEST_SIZE
+        _FIXED.size + len(header) + offset + (_DIGEST_SIZE if key is not None else 0) + _DIGEST_SIZE
     )
     fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, flags, len(header), total)
 
     start = time.perf_counter()
     with FileLock(path + ".lock"):
         _remove_stale_temps(path)
-        _write_atomically(
-            path, [fixed, header, *(view for _, view in views)], key, total
-        )
+        _write_atomically(path, [fixed, header, *(view for _, view in views)], key, total)
     logger.debug(
         "wrote artifact %s: %d bytes, %d sections, signed=%s, %.3f s",
         path,
@@ -151,13 +141,9 @@ def _section_views(sections: Mapping[str, bytes]) -> list[tuple[str, memoryview]
     views = []
     for name, value in sections.items():
         if not isinstance(name, str):
-            raise TypeError(
-                f"artifact section names must be str, got {type(name).__name__}"
-            )
+            raise TypeError(f"artifact section names must be str, got {type(name).__name__}")
         if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(
-                f"artifact section {name!r} must be bytes, got {type(value).__name__}"
-            )
+            raise TypeError(f"artifact section {name!r} must be bytes, got {type(value).__name__}")
         views.append((name, memoryview(value).cast("B")))
     return views
 
@@ -177,10 +163,7 @@ def _temp_name(path: str) -> str:
 def _is_temp_of(path: str, name: str) -> bool:
     # The exact shape matters: a looser match could take the temp of another target
     # (".a.tmp-x.tmp-1-..." belongs to "a.tmp-x", not to "a").
-    return (
-        re.fullmatch(re.escape(_temp_prefix(path)) + r"\d+-[0-9a-f]{16}", name)
-        is not None
-    )
+    return re.fullmatch(re.escape(_temp_prefix(path)) + r"\d+-[0-9a-f]{16}", name) is not None
 
 
 def _remove_stale_temps(path: str) -> None:
@@ -198,9 +181,7 @@ def _remove_stale_temps(path: str) -> None:
         if _is_temp_of(path, name):
             try:
                 os.unlink(os.path.join(directory, name))
-                logger.info(
-                    "removed stale temporary file %s left by an interrupted save", name
-                )
+                logger.info("removed stale temporary file %s left by an interrupted save", name)
             except FileNotFoundError:
                 pass
 
@@ -226,12 +207,9 @@ def _write_atomically(
                 digest.update(signature)
             f.write(digest.digest())
             f.flush()
-            if (
-                f.tell() != total
-            ):  # a bug here would otherwise surface only at load time
-                raise AssertionError(
-                    f"wrote {f.tell()} bytes to {tmp}, expected {total}"
-                )
+            # A bug here would otherwise surface only when the file is loaded.
+            if f.tell() != total:
+                raise AssertionError(f"wrote {f.tell()} bytes to {tmp}, expected {total}")
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -313,11 +291,19 @@ def _read_file(path: str | os.PathLike[str]) -> bytes:
     # os.replace guarantees that one open sees either the old or the new file whole.
     try:
         with open(path, "rb") as f:
+            # A device or pipe could be endless; only regular files can be artifacts.
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise _not_a_file(path, "not a regular file")
             return f.read()
     except IsADirectoryError:
-        raise ArtifactCorruptedError(
-            f"{os.fspath(path)!r} is a directory, not a torch_precompile artifact: pass the artifact file's path"
-        ) from None
+        raise _not_a_file(path, "a directory") from None
+
+
+def _not_a_file(path: str | os.PathLike[str], what: str) -> ArtifactCorruptedError:
+    return ArtifactCorruptedError(
+        f"{os.fspath(path)!r} is {what}, not a torch_precompile artifact: "
+        "pass the path of an artifact file written by Precompile.save"
+    )
 
 
 def _corrupted(path: str, what: str) -> ArtifactCorruptedError:
@@ -357,35 +343,28 @@ def _parse(
             f"the file has {size} bytes but its header says {total} (truncated or appended to)",
         )
 
-    if version > FORMAT_VERSION:
-        raise ArtifactVersionError(
-            f"artifact {path!r} has format version {version}, this torch_precompile reads versions up to "
-            f"{FORMAT_VERSION}: upgrade torch_precompile to load it"
-        )
     view = memoryview(data)
-    if not hmac.compare_digest(
-        hashlib.sha256(view[:-_DIGEST_SIZE]).digest(), view[-_DIGEST_SIZE:]
-    ):
+    if not hmac.compare_digest(hashlib.sha256(view[:-_DIGEST_SIZE]).digest(), view[-_DIGEST_SIZE:]):
         raise _corrupted(
             path,
             "the SHA-256 checksum does not match (the file was truncated or altered)",
         )
 
+    if version > FORMAT_VERSION:
+        raise ArtifactVersionError(
+            f"artifact {path!r} has format version {version}, this torch_precompile reads "
+            f"versions up to {FORMAT_VERSION}: upgrade torch_precompile to load it"
+        )
     if version < 1:
         raise _corrupted(path, f"invalid format version {version}")
     if flags & ~_KNOWN_FLAGS:
-        raise _corrupted(
-            path, f"unknown flags 0x{flags:x} for format version {version}"
-        )
+        raise _corrupted(path, f"unknown flags 0x{flags:x} for format version {version}")
     signed = bool(flags & _FLAG_SIGNED)
-    payload_end = size - _trailer_size(
-        signed
-    )  # where the HMAC (or the checksum) starts
+    # Where the HMAC (or, unsigned, the checksum) starts.
+    payload_end = size - _trailer_size(signed)
     header_end = _FIXED.size + header_len
     if header_end > payload_end:
-        raise _corrupted(
-            path, f"header length {header_len} runs past the end of the file"
-        )
+        raise _corrupted(path, f"header length {header_len} runs past the end of the file")
 
     if verify_key is not None:
         if not signed:
@@ -394,12 +373,11 @@ def _parse(
                 "re-save it with Precompile.save(..., sign_key=<the shared key>)"
             )
         expected = hmac.new(verify_key, view[:payload_end], hashlib.sha256).digest()
-        if not hmac.compare_digest(
-            expected, view[payload_end : payload_end + _DIGEST_SIZE]
-        ):
+        if not hmac.compare_digest(expected, view[payload_end : payload_end + _DIGEST_SIZE]):
             raise UntrustedArtifactError(
-                f"artifact {path!r} has a signature that does not match verify_key: it was signed with "
-                "another key or altered after signing; do not load it, re-save it with the right sign_key"
+                f"artifact {path!r} has a signature that does not match verify_key: it was "
+                "signed with another key or altered after signing; do not load it, re-save it "
+                "with the right sign_key"
             )
 
     header = _parse_header(path, view[_FIXED.size : header_end])
@@ -434,13 +412,9 @@ def _parse_header(path: str, raw: memoryview) -> dict[str, Any]:
             parse_constant=_reject_constant,
         )
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise _corrupted(
-            path, f"the header is not valid JSON ({type(e).__name__}: {e})"
-        ) from None
+        raise _corrupted(path, f"the header is not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(header, dict):
-        raise _corrupted(
-            path, f"the header is a JSON {type(header).__name__}, not an object"
-        )
+        raise _corrupted(path, f"the header is a JSON {type(header).__name__}, not an object")
     if not isinstance(header.get("meta"), dict):
         raise _corrupted(path, "the header has no 'meta' object")
     if not isinstance(header.get("sections"), list):
@@ -448,9 +422,7 @@ def _parse_header(path: str, raw: memoryview) -> dict[str, Any]:
     return header
 
 
-def _check_section_table(
-    path: str, table: list[Any], data_len: int
-) -> tuple[dict[str, Any], ...]:
+def _check_section_table(path: str, table: list[Any], data_len: int) -> tuple[dict[str, Any], ...]:
     # Sections must tile the data region exactly, in order: no gaps, overlaps or
     # bytes outside any section, so there is one way to read a valid file.
     names = set()
@@ -458,9 +430,7 @@ def _check_section_table(
     for i, entry in enumerate(table):
         if not isinstance(entry, dict):
             raise _corrupted(path, f"section entry {i} is not an object")
-        name, offset, length, sha = (
-            entry.get(k) for k in ("name", "offset", "length", "sha256")
-        )
+        name, offset, length, sha = (entry.get(k) for k in ("name", "offset", "length", "sha256"))
         if not isinstance(name, str) or name in names:
             raise _corrupted(path, f"section entry {i} has a missing or repeated name")
         names.add(name)

@@ -103,7 +103,7 @@ def _jsonable(value: Any) -> Any:
 class Guards(Sequence[Guard]):
     """An immutable, ordered collection of :class:`Guard` entries."""
 
-    __slots__ = ("_entries", "_capture_id")
+    __slots__ = ("_capture_id", "_entries")
 
     def __init__(self, entries: Sequence[Guard] = (), *, capture_id: str | None = None):
         object.__setattr__(self, "_entries", tuple(entries))
@@ -287,7 +287,7 @@ def _readable_shape_expr(expr: str, shape_symbols: dict[str, str]) -> str:
 
 def _eval_source(source: str, scope: dict[str, Any]) -> Any:
     try:
-        return eval(source, {"__builtins__": {"type": type, "dict": dict, "len": len}}, scope)  # noqa: S307
+        return eval(source, {"__builtins__": {"type": type, "dict": dict, "len": len}}, scope)
     except Exception:
         return _MISSING
 
@@ -359,7 +359,8 @@ def _check_one(g: Guard, scope: dict[str, Any], grad_enabled: bool) -> str | Non
             return f"{describe_source(g.subject)}: expected {g.expected!r}, got {value!r}; Python values are baked into the compiled code, capture again with the new value"
         return None
     if g.kind == "identity" and g.subject:
-        return check_identity(g, resolve_source(g.subject, scope["L"], {}, (g.expected or {}).get("scope")))
+        scope_module = (g.expected or {}).get("scope")
+        return check_identity(g, resolve_source(g.subject, scope["L"], {}, scope_module))
     if g.kind == "global" and g.subject:
         from ._compat import global_state_snapshot
 
@@ -452,15 +453,21 @@ def identity_of(value: Any) -> dict[str, Any] | None:
             "code_hash": code_hash(code),
         }
     if isinstance(fn, types.CodeType):
-        return {"what": "code", "qualname": fn.co_qualname, "file": fn.co_filename, "code_hash": code_hash(fn)}
+        return {
+            "what": "code",
+            "qualname": fn.co_qualname,
+            "file": fn.co_filename,
+            "code_hash": code_hash(fn),
+        }
     if isinstance(fn, types.ModuleType):
         return {"what": "module", "name": fn.__name__}
-    if isinstance(fn, type) or isinstance(fn, types.BuiltinFunctionType):
+    if isinstance(fn, (type, types.BuiltinFunctionType)):
         module = getattr(fn, "__module__", None)
         qualname = getattr(fn, "__qualname__", None)
         if module is None or qualname is None:
             return None
-        return {"what": "class" if isinstance(fn, type) else "builtin", "module": module, "qualname": qualname}
+        what = "class" if isinstance(fn, type) else "builtin"
+        return {"what": what, "module": module, "qualname": qualname}
     return None
 
 
@@ -470,7 +477,8 @@ def _identity_text(ident: dict[str, Any]) -> str:
         return f"module {ident['name']}"
     if what in ("function", "code"):
         where = f"{ident['module']}." if ident.get("module") else ""
-        return f"{what} {where}{ident['qualname']} ({ident['file']}, bytecode sha256 {ident['code_hash'][:12]})"
+        digest = ident["code_hash"][:12]
+        return f"{what} {where}{ident['qualname']} ({ident['file']}, bytecode sha256 {digest})"
     return f"{what} {ident['module']}.{ident['qualname']}"
 
 
@@ -657,7 +665,8 @@ def _check_range(g: Guard, scope: dict[str, Any]) -> str | None:
     if size < lo or (hi is not None and size > hi):
         hi_text = "inf" if hi is None else str(hi)
         return (
-            f"{describe_source(g.subject or '')}: dimension {exp['dim']} must be in [{lo}, {hi_text}] "
+            f"{describe_source(g.subject or '')}: dimension {exp['dim']} "
+            f"must be in [{lo}, {hi_text}] "
             f"(the range recorded at capture), got {size}{exp.get('note', '')}; shape "
             f"{_shape_str(tuple(t.shape))}"
         )

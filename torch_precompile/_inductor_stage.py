@@ -66,7 +66,8 @@ def inductor(
     capture = state.capture
     shape_before = len(_compat.shape_env_guard_exprs(capture))
     start = time.perf_counter()
-    compiled, sources = _compat.compile_joint(capture, jd, aot._dynamo_graph, mode, options)
+    with torch.set_grad_enabled(state.grad_enabled):
+        compiled, sources = _compat.compile_joint(capture, jd, aot._dynamo_graph, mode, options)
     state.timings["inductor"] = time.perf_counter() - start
     added = [
         Guard("inductor", "shape", expr, None, expr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import logging
 import os
@@ -63,11 +64,13 @@ def save(
         kind = "object"
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
     sizes = {name: len(data) for name, data in sections.items()}
+    needs_globals = _compat.unresolved_globals(artifact.compiled_function)
     meta = {
         "producer": f"torch_precompile {PACKAGE_VERSION}",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "kind": kind,
         "training": artifact.training,
+        "grad_enabled": artifact._runtime.grad_enabled,
         "device_type": artifact.device_type,
         "system": artifact.system,
         "signature": artifact.signature,
@@ -76,17 +79,24 @@ def save(
         "sizes": sizes,
         "timings": artifact.timings,
         "external_refs": _compat.external_global_refs(artifact.compiled_function),
+        # Names the compiled code reads from the model's module (e.g. an output
+        # dataclass): that module is imported at load, as pickle would.
+        "globals": {"module": artifact.globals_module, "names": needs_globals}
+        if needs_globals
+        else None,
     }
     if artifact.variants:
         # Layout: "compiled" is variant 0, "compiled.<i>" variant i; weights are shared.
         meta["variants"] = []
         for i, variant in enumerate(artifact.variants):
             if i:
-                sections[f"compiled.{i}"] = _compat.serialize_compiled_function(variant.compiled_function)
+                data = _compat.serialize_compiled_function(variant.compiled_function)
+                sections[f"compiled.{i}"] = data
                 sizes[f"compiled.{i}"] = len(sections[f"compiled.{i}"])
             meta["variants"].append(
                 {
                     "training": variant.training,
+                    "grad_enabled": variant._runtime.grad_enabled,
                     "signature": variant.signature,
                     "guards": variant.guards.to_json(),
                     "timings": variant.timings,
@@ -117,12 +127,16 @@ def load(
     _system.check_compatible(meta.get("system", {}), meta.get("device_type", "cpu"), path=path)
     if "compiled" not in sections:
         raise ArtifactCorruptedError(f"{path}: the artifact has no compiled section; re-save it")
-    f_globals = _compat.import_global_refs(meta.get("external_refs") or {})
-    compiled_function = _compat.deserialize_compiled_function(sections["compiled"], f_globals or None)
+    external_refs = meta.get("external_refs")
+    if external_refs is not None:
+        f_globals = _compat.import_global_refs(external_refs) or None
+    else:  # files written before external_refs: the model's whole module
+        f_globals = _module_globals(meta.get("globals"), path)
+    compiled_function = _compat.deserialize_compiled_function(sections["compiled"], f_globals)
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
-    runtime = Runtime(compiled_function, guards, bound, training)
+    runtime = Runtime(compiled_function, guards, bound, training, meta.get("grad_enabled"))
     timings = dict(meta.get("timings", {}))
     if meta.get("variants"):
         return _load_variants(meta, sections, compiled_function, bound, path, start)
@@ -138,11 +152,17 @@ def load(
         compiled_function=compiled_function,
         _runtime=runtime,
         _sizes=dict(meta.get("sizes", {})),
+        globals_module=(meta.get("globals") or {}).get("module", ""),
     )
 
 
 def _load_variants(
-    meta: dict[str, Any], sections: dict[str, bytes], first: Any, bound: Any, path: str, start: float
+    meta: dict[str, Any],
+    sections: dict[str, bytes],
+    first: Any,
+    bound: Any,
+    path: str,
+    start: float,
 ) -> PrecompiledArtifact:
     """A bundle of variants (see ``Precompile.precompile([...])``), sharing one model."""
     from ._artifact import bundle_variants
@@ -153,9 +173,13 @@ def _load_variants(
             compiled_function = first
         else:
             if f"compiled.{i}" not in sections:
-                raise ArtifactCorruptedError(f"{path}: variant {i} has no compiled section; re-save it")
+                raise ArtifactCorruptedError(
+                    f"{path}: variant {i} has no compiled section; re-save it"
+                )
             f_globals = _compat.import_global_refs(vmeta.get("external_refs") or {})
-            compiled_function = _compat.deserialize_compiled_function(sections[f"compiled.{i}"], f_globals or None)
+            compiled_function = _compat.deserialize_compiled_function(
+                sections[f"compiled.{i}"], f_globals or None
+            )
         guards = Guards.from_json(vmeta.get("guards", []))
         training = bool(vmeta.get("training"))
         variants.append(
@@ -168,13 +192,29 @@ def _load_variants(
                 timings=dict(vmeta.get("timings", {})),
                 bytecode=_compat.compiled_function_bytecode(compiled_function),
                 compiled_function=compiled_function,
-                _runtime=Runtime(compiled_function, guards, bound, training),
+                _runtime=Runtime(
+                    compiled_function, guards, bound, training, vmeta.get("grad_enabled")
+                ),
                 _sizes=dict(meta.get("sizes", {})),
             )
         )
     bundle = bundle_variants(variants)
     bundle.timings["load"] = time.perf_counter() - start
     return bundle
+
+
+def _module_globals(spec: dict[str, Any] | None, path: str) -> dict[str, Any] | None:
+    if not spec:
+        return None
+    try:
+        module = importlib.import_module(spec["module"])
+    except ImportError as exc:
+        raise ImportError(
+            f"{path}: the compiled code uses {', '.join(spec['names'])} from module "
+            f"{spec['module']!r}, which cannot be imported here ({exc}); make it importable "
+            "(output types must be importable, as with pickle)"
+        ) from exc
+    return module.__dict__
 
 
 def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -> Any:
@@ -210,17 +250,14 @@ def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:
             f"{path} was written by torch's save_compiled_function, which does not carry the "
             "model's weights; load it with Precompile.load(path, model=your_module)"
         )
-    training = torch.is_grad_enabled() and model is not None and any(
-        p.requires_grad for p in getattr(model, "parameters", lambda: [])()
-    )
-    guards = Guards()
-    runtime = Runtime(compiled_function, guards, model if takes_self else None, training=True)
-    runtime.training = True  # torch's file records no grad mode; its own guards decide
+    # torch's file records neither the grad mode nor the guards in words: its own
+    # guard manager decides, and its failures are reported in Dynamo's terms.
+    runtime = Runtime(compiled_function, Guards(), model if takes_self else None, training=True)
     return PrecompiledArtifact(
-        guards=guards,
+        guards=runtime.guards,
         signature={"signature": str(signature)},
         system={},
-        training=training,
+        training=False,
         device_type=_compat.compiled_function_device_type(compiled_function),
         timings={},
         bytecode=_compat.compiled_function_bytecode(compiled_function),

@@ -164,7 +164,8 @@ def _build_config(desc: dict[str, Any]) -> Any:
     """Rebuild a config object; its class must be importable, as output types must be."""
     cls = _find_class(desc["module"], desc["qualname"])
     if not isinstance(cls, type):
-        raise ImportError(f"the model's config class {desc['module']}.{desc['qualname']} cannot be imported")
+        name = f"{desc['module']}.{desc['qualname']}"
+        raise ImportError(f"the model's config class {name} cannot be imported")
     obj = cls.__new__(cls)
     for key, (type_name, value) in desc["state"].items():
         obj.__dict__[key] = _to_tuple(value) if type_name == "tuple" else value
@@ -214,6 +215,9 @@ def unpack_tensors(data: bytes, device: str | torch.device = "cpu") -> dict[str,
     for name, spec in index.items():
         dtype = getattr(torch, spec["dtype"])
         raw = storage[spec["offset"] : spec["offset"] + spec["length"]]
-        t = raw.view(dtype).reshape(spec["shape"]) if spec["length"] else torch.empty(spec["shape"], dtype=dtype)
+        if spec["length"]:
+            t = raw.view(dtype).reshape(spec["shape"])
+        else:
+            t = torch.empty(spec["shape"], dtype=dtype)
         out[name] = t.to(device) if str(device) != "cpu" else t
     return out

@@ -94,11 +94,7 @@ def check_compatible(
             return None
         built, here = recorded[key], current[key]
         # Bytecode and pickles are compatible across Python micro releases, not minor ones.
-        same = (
-            _major_minor(built) == _major_minor(here)
-            if key == "python"
-            else built == here
-        )
+        same = _major_minor(built) == _major_minor(here) if key == "python" else built == here
         return None if same else (built, here)
 
     if pair := differs("torch"):
@@ -121,15 +117,16 @@ def check_compatible(
     if pair := differs("platform"):
         built, here = pair
         problems.append(
-            f"was built for the {built} architecture, this machine is {here}: rebuild the artifact on a {here} machine"
+            f"was built for the {built} architecture, this machine is {here}: "
+            f"rebuild the artifact on a {here} machine"
         )
     if "cpu_isa" in recorded and not cpu_isa_runs_on(
         str(recorded["cpu_isa"]), str(current["cpu_isa"])
     ):
         built, here = recorded["cpu_isa"], current["cpu_isa"]
         problems.append(
-            f"was built for CPU instruction set {built}, this CPU offers only {here}: rebuild the artifact on "
-            f"this machine or on one whose CPU offers at most {here}"
+            f"was built for CPU instruction set {built}, this CPU offers only {here}: "
+            f"rebuild the artifact on this machine or on one whose CPU offers at most {here}"
         )
     if wants_cuda and "cuda" in recorded:
         problems.extend(_cuda_problems(recorded["cuda"], current["cuda"]))
@@ -142,23 +139,23 @@ def check_compatible(
 
 def _cuda_problems(built: Any, here: dict[str, Any] | None) -> list[str]:
     if not isinstance(built, dict) or "capability" not in built:
-        return [
-            "is a CUDA artifact but records no GPU it was built for: rebuild the artifact"
-        ]
-    built_desc = f"CUDA capability {built['capability']} ({built.get('device_name', 'unknown GPU')})"
+        return ["is a CUDA artifact but records no GPU it was built for: rebuild the artifact"]
+    built_desc = (
+        f"CUDA capability {built['capability']} ({built.get('device_name', 'unknown GPU')})"
+    )
     if here is None:
         return [
             (
-                f"was built for {built_desc}, this process has no CUDA device: run it on a GPU of capability "
-                f"{built['capability']} or rebuild the artifact for this machine's device"
+                f"was built for {built_desc}, this process has no CUDA device: run it on a GPU "
+                f"of capability {built['capability']} or rebuild the artifact for this machine"
             )
         ]
     if str(built["capability"]) != here["capability"]:
         return [
             (
-                f"was built for {built_desc}, this process runs on CUDA capability {here['capability']} "
-                f"({here['device_name']}): rebuild the artifact on this GPU or run it on a capability "
-                f"{built['capability']} GPU"
+                f"was built for {built_desc}, this process runs on CUDA capability "
+                f"{here['capability']} ({here['device_name']}): rebuild the artifact on this GPU "
+                f"or run it on a capability {built['capability']} GPU"
             )
         ]
     return []

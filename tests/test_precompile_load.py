@@ -1,0 +1,99 @@
+"""Precompile.load: standalone, bound to a live module, torch's own files (seed TODO 6.2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from examples.models import build_transformer
+from torch_precompile import ArtifactCorruptedError, GuardError, Precompile, PrecompiledArtifact
+
+
+@pytest.fixture(scope="module")
+def loaded(staged) -> PrecompiledArtifact:
+    return Precompile.load(staged.path)
+
+
+def test_loaded_artifact_matches_eager(staged, loaded) -> None:
+    assert isinstance(loaded, PrecompiledArtifact)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(staged.example), staged.expected)
+
+
+def test_loaded_artifact_keeps_guards_and_metadata(staged, loaded) -> None:
+    assert str(loaded.guards) == str(staged.artifact.guards)
+    assert loaded.signature["parameters"] == staged.artifact.signature["parameters"]
+    assert loaded.sizes["weights"] > 0 and "load" in loaded.timings
+    with torch.no_grad(), pytest.raises(GuardError, match=r"input 'ids': expected shape \(2, 32\), got \(2, 31\) \[dynamo\]"):
+        loaded(staged.example[:, :31])
+
+
+def test_standalone_weights_are_the_saved_ones(staged, loaded) -> None:
+    saved = dict(loaded.named_parameters())
+    for name, p in staged.model.named_parameters():
+        torch.testing.assert_close(saved[name], p, rtol=0, atol=0)
+        assert saved[name].data_ptr() != p.data_ptr()
+
+
+def test_model_binding_uses_the_live_modules_current_weights(staged) -> None:
+    model, (ids,), _ = build_transformer()
+    with torch.no_grad():
+        model.head.weight.mul_(0.5)
+        bound = Precompile.load(staged.path, model=model)
+        torch.testing.assert_close(bound(ids), model(ids))
+        assert bound.module is model
+
+
+def test_model_binding_with_an_incompatible_module_is_a_guard_error(staged) -> None:
+    from examples.models import TinyTransformer
+
+    other = TinyTransformer(d_model=128).eval()
+    bound = Precompile.load(staged.path, model=other)
+    with torch.no_grad(), pytest.raises(GuardError, match="parameter 'tok_emb.weight': expected shape \\(1000, 256\\), got \\(1000, 128\\)"):
+        bound(staged.example)
+
+
+def test_torch_save_compiled_function_files_load_with_model(tmp_path) -> None:
+    def scaled(x, y):
+        return torch.nn.functional.gelu(x) @ y
+
+    x, y = torch.randn(4, 8), torch.randn(8, 3)
+    torch._dynamo.config.enable_aot_compile = True
+    fn = torch.compile(scaled, fullgraph=True).aot_compile(((x, y), {}))
+    path = tmp_path / "torch_native.bin"
+    fn.save_compiled_function(str(path))
+    loaded = Precompile.load(path)
+    torch.testing.assert_close(loaded(x, y), scaled(x, y))
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def test_torch_files_of_modules_need_model(tmp_path) -> None:
+    model = _Tiny().eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        fn = torch.compile(model, fullgraph=True).forward.aot_compile(((x,), {}))
+    path = tmp_path / "torch_module.bin"
+    fn.save_compiled_function(str(path))
+    with pytest.raises(TypeError, match="model=your_module"):
+        Precompile.load(path)
+    loaded = Precompile.load(path, model=model)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x))
+
+
+def test_not_an_artifact_is_a_corrupted_error(tmp_path) -> None:
+    path = tmp_path / "junk.pt"
+    path.write_bytes(b"definitely not an artifact" * 10)
+    with pytest.raises(ArtifactCorruptedError):
+        Precompile.load(path)
+    torch.save({"a": torch.randn(3)}, tmp_path / "weights.pt")
+    with pytest.raises(ArtifactCorruptedError):
+        Precompile.load(tmp_path / "weights.pt")

@@ -1,0 +1,68 @@
+"""Precompile.save: one self-contained file, checked inputs, nothing lost (seed TODO 6.1)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from torch_precompile import Precompile, _format
+
+
+def test_save_writes_one_file_with_a_readable_header(staged) -> None:
+    assert staged.path.exists() and staged.path.stat().st_size > 1_000_000
+    # One artifact (plus the writers' lock file, which must outlive the save).
+    assert set(os.listdir(staged.path.parent)) <= {"transformer.pt", "transformer.pt.lock"}
+    meta = _format.read_meta(staged.path)
+    assert meta["kind"] == "module"
+    assert meta["training"] is False
+    assert meta["system"]["torch"] == torch.__version__
+    assert "input 'ids': int64 (2, 32) on cpu" in meta["guards_text"]
+    assert meta["sizes"]["weights"] >= sum(p.numel() * 4 for p in staged.model.parameters())
+    assert meta["sizes"]["compiled"] > 0
+
+
+def test_weights_travel_in_the_file(staged) -> None:
+    meta, sections = _format.read_artifact(staged.path)
+    assert {"compiled", "weights", "skeleton"} <= set(sections)
+
+
+def test_bytecode_from_another_capture_is_rejected(staged, tmp_path) -> None:
+    other = Precompile.dynamo(lambda x: x.cos(), torch.randn(2)).bytecode
+    with pytest.raises(ValueError, match="bytecode given to save\\(\\) does not belong"):
+        Precompile.save(tmp_path / "x.pt", staged.artifact, other, staged.inductor.guards)
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_guards_from_another_capture_are_rejected(staged, tmp_path) -> None:
+    other = Precompile.dynamo(lambda x: x.cos(), torch.randn(2)).guards
+    with pytest.raises(ValueError, match="guards given to save\\(\\) do not belong.*another capture"):
+        Precompile.save(tmp_path / "x.pt", staged.artifact, staged.dynamo.bytecode, other)
+
+
+def test_earlier_stage_guards_are_accepted(staged, tmp_path) -> None:
+    # Guards of an earlier stage are a prefix of the artifact's: they belong to it.
+    Precompile.save(tmp_path / "ok.pt", staged.artifact, staged.dynamo.bytecode, staged.dynamo.guards)
+    assert (tmp_path / "ok.pt").exists()
+
+
+def test_a_failed_save_keeps_the_previous_file(staged, tmp_path, monkeypatch) -> None:
+    path = tmp_path / "model.pt"
+    Precompile.save(path, staged.artifact)
+    before = path.read_bytes()
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        Precompile.save(path, staged.artifact)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert set(os.listdir(tmp_path)) == {"model.pt", "model.pt.lock"}  # no temp file left
+
+
+def test_save_rejects_a_non_artifact(tmp_path) -> None:
+    with pytest.raises(TypeError, match="save\\(\\) takes a PrecompiledArtifact"):
+        Precompile.save(tmp_path / "x.pt", object())

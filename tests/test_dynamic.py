@@ -57,6 +57,15 @@ def mlp_dynamic_true() -> tuple[Any, Any]:
     return artifact, model
 
 
+@pytest.fixture(scope="module")
+def mlp_size_oblivious() -> tuple[Any, Any]:
+    """``dynamic=True, size_oblivious=True``: 1 stays inside the batch range."""
+    model, (x,), _ = build_dropout_mlp()
+    with torch.no_grad():
+        artifact = Precompile.compile(model, x, dynamic=True, size_oblivious=True)
+    return artifact, model
+
+
 def _ids(batch: int, seq: int) -> torch.Tensor:
     return torch.randint(
         0, 512, (batch, seq), generator=torch.Generator().manual_seed(batch * 1000 + seq)
@@ -191,3 +200,15 @@ def test_fresh_process_serves_all_sizes_without_compiling(
     assert not res["counters_after"].get("frames"), res["counters_after"]
     assert "must be in [1, 8]" in res["errors"]["(9, 4)"]
     assert "must be in [1, 128]" in res["errors"]["(2, 129)"]
+
+
+def test_size_oblivious_serves_batch_one(mlp_size_oblivious: tuple[Any, Any]) -> None:
+    artifact, model = mlp_size_oblivious
+    ranges = [g for g in artifact.guards if g.kind == "shape" and isinstance(g.expected, dict)]
+    batch_range = [g for g in ranges if g.expected["dim"] == 0]
+    assert len(batch_range) == 1, [g.expr for g in ranges]
+    assert batch_range[0].expected["min"] <= 1 and not batch_range[0].expected["note"]
+    for batch in (1, 3, 64):
+        x = torch.randn(batch, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(artifact(x), model(x))

@@ -223,7 +223,16 @@ def shape_env_var_ranges(capture: Capture) -> dict[str, tuple[int, int | None]]:
     if shape_env is None:
         return {}
     out = {}
-    for sym, vr in shape_env.var_to_range.items():
+    ranges = shape_env.var_to_range
+    for sym, vr in ranges.items():
+        # A symbol found equal to another (s18 == s72) keeps a stale range of
+        # its own; what holds is the range of what it was replaced by.
+        rep = shape_env.replacements.get(sym)
+        if rep is not None and rep in ranges:
+            vr = ranges[rep]
+        elif rep is not None and getattr(rep, "is_number", False):
+            out[str(sym)] = (int(rep), int(rep))
+            continue
         out[str(sym)] = (_bound(vr.lower) or 0, _bound(vr.upper))
     return out
 

@@ -302,7 +302,9 @@ def diagnose(guards: Guards, f_locals: dict[str, Any], fallback: str) -> GuardEr
     """Explain which guard the given call breaks, as a GuardError."""
     scope = {"L": f_locals}
     grad_enabled = torch.is_grad_enabled()
-    order = sorted(guards, key=lambda g: 0 if g.kind == "autograd" else 1)
+    # Grad mode first, then the recorded ranges (they say what sizes are served),
+    # then everything else in stage order.
+    order = sorted(guards, key=_diagnosis_rank)
     values: dict[str, int] | None = None
     for g in order:
         if g.kind == "shape" and isinstance(g.expected, dict):
@@ -316,6 +318,14 @@ def diagnose(guards: Guards, f_locals: dict[str, Any], fallback: str) -> GuardEr
         if problem:
             return GuardError(f"{problem} [{g.phase}]")
     return GuardError(f"a guard failed: {fallback} [dynamo]")
+
+
+def _diagnosis_rank(g: Guard) -> int:
+    if g.kind == "autograd":
+        return 0
+    if g.kind == "shape" and isinstance(g.expected, dict):
+        return 1
+    return 2
 
 
 def _check_one(g: Guard, scope: dict[str, Any], grad_enabled: bool) -> str | None:
@@ -597,7 +607,8 @@ class IdentityChecks:
         for g in entries:
             if g.subject.startswith("G["):  # type: ignore[union-attr]
                 scope = (g.expected or {}).get("scope")
-                problem = check_identity(g, resolve_source(g.subject, {}, f_globals, scope))  # type: ignore[arg-type]
+                value = resolve_source(g.subject, {}, f_globals, scope)  # type: ignore[arg-type]
+                problem = check_identity(g, value)
                 if problem:
                     self.global_failure = (g, problem)
                     break
@@ -637,6 +648,11 @@ def range_guards(
             note = (
                 " (0/1 are specialised: capture with size_oblivious=True, or with "
                 "torch._dynamo.mark_dynamic(t, dim, min=1), to serve them)"
+            )
+        elif lo >= 2:
+            note = (
+                f" (sizes below {lo} were excluded while capturing or compiling: "
+                "see the shape guards)"
             )
         hi_text = "inf" if hi is None else str(hi)
         expr = f"{describe_source(tensor)}: dimension {dim} ({sym}) in [{lo}, {hi_text}]{note}"

@@ -589,6 +589,43 @@ def compiled_function_device_type(fn: Any) -> str:
     return fn._artifacts.device_type
 
 
+def compiled_function_backend_id(fn: Any) -> str:
+    """The global name under which Dynamo's bytecode finds the compiled graph."""
+    return fn._artifacts.backend_id
+
+
+def compiled_graph_callable(fn: Any) -> Callable[..., Any]:
+    """The compiled graph of an AOTCompiledFunction: called with the flat graph
+    inputs (in Dynamo's graph-input order), returns the flat graph outputs."""
+    return fn.fn.__globals__[fn._artifacts.backend_id]
+
+
+def compiled_function_globals(fn: Any) -> dict[str, Any]:
+    """The globals Dynamo's bytecode runs with (what a ``G['name']`` source reads)."""
+    return fn.fn.__globals__
+
+
+@contextlib.contextmanager
+def recording_compiled_graph(fn: Any) -> Iterator[list[tuple[tuple[Any, ...], Any]]]:
+    """Record each call of the compiled graph (flat inputs, flat outputs) made
+    through the AOTCompiledFunction's bytecode, to map outputs to graph outputs."""
+    f_globals = fn.fn.__globals__
+    key = fn._artifacts.backend_id
+    original = f_globals[key]
+    calls: list[tuple[tuple[Any, ...], Any]] = []
+
+    def record(*args: Any) -> Any:
+        out = original(*args)
+        calls.append((args, out))
+        return out
+
+    f_globals[key] = record
+    try:
+        yield calls
+    finally:
+        f_globals[key] = original
+
+
 def global_state_snapshot() -> dict[str, Any]:
     """The global state Dynamo guards on, in words, for diagnosing guard failures."""
     return {

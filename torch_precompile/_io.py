@@ -86,7 +86,9 @@ def save(
         "cudagraphs": _compat.compiled_function_uses_cudagraphs(artifact.compiled_function),
     }
     _format.write_artifact(path, meta, sections, sign_key=sign_key)
+    artifact._sizes.clear()
     artifact._sizes.update(sizes)
+    artifact._origin["path"] = os.path.abspath(path)
 
 
 def load(
@@ -129,6 +131,7 @@ def load(
         _runtime=runtime,
         _sizes=dict(meta.get("sizes", {})),
         globals_module=(meta.get("globals") or {}).get("module", ""),
+        _origin={"path": os.path.abspath(path), "created": meta.get("created")},
     )
 
 

@@ -15,10 +15,10 @@ import os
 import pickle
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from examples.models import build_convnet, build_nested_fn
@@ -169,7 +169,9 @@ def test_compile_verbose_prints_a_progress_line_per_stage() -> None:
     lines = err.getvalue().splitlines()
     progress = [line for line in lines if line.startswith("torch_precompile: ")]
     for stage in ("dynamo", "aot_autograd", "inductor", "precompile"):
-        assert any(line.startswith(f"torch_precompile: {stage}: done in ") for line in progress), lines
+        assert any(line.startswith(f"torch_precompile: {stage}: done in ") for line in progress), (
+            lines
+        )
     assert "torch_precompile: dynamo: capturing nested_fn" in progress
     # The handler is gone afterwards, and the logger's level is as it was.
     assert logger.level == level_before and logger.handlers == handlers_before
@@ -224,7 +226,9 @@ def test_inspect_does_not_import_the_compiler(convnet: dict) -> None:
         "print('COMPILER', loaded)\n"
         "sys.exit(rc)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     assert "COMPILER []" in proc.stdout
 
@@ -318,7 +322,9 @@ def test_bench_times_load_first_and_steady_calls(convnet: dict) -> None:
     assert 0 < data["steady_min_s"] <= data["steady_median_s"]
     human = _cli("bench", convnet["path"], "--iters", "3")
     assert human.returncode == 0, human.stderr
-    assert "load:" in human.stdout and "first call:" in human.stdout and "steady call:" in human.stdout
+    assert (
+        "load:" in human.stdout and "first call:" in human.stdout and "steady call:" in human.stdout
+    )
 
 
 def test_bench_non_artifact_exits_1(tmp_path: Path) -> None:

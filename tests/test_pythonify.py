@@ -32,7 +32,9 @@ def _run(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     path.write_text(textwrap.dedent(script))
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def _import(path: Path, name: str) -> ModuleType:
@@ -63,7 +65,14 @@ def nested(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("pythonify_nested")
     Precompile.save(root / "nested.pt", artifact)
     source = artifact.to_python(root / "nested_gen.py")
-    return {"artifact": artifact, "root": root, "source": source, "fn": fn, "args": args, "kwargs": kwargs}
+    return {
+        "artifact": artifact,
+        "root": root,
+        "source": source,
+        "fn": fn,
+        "args": args,
+        "kwargs": kwargs,
+    }
 
 
 # ------------------------------------------------------------- the source
@@ -80,7 +89,9 @@ def test_module_shows_guards_extraction_call_and_output(convnet: dict) -> None:
     assert "input 'x': expected shape (2, 3, 32, 32), got {tuple(x.shape)} [dynamo]" in src
     assert "if torch.is_grad_enabled():" in src
     # Guards on weights, checked once at import.
-    assert "_expect_tensor(PARAMS['fc.weight'], \"parameter 'fc.weight'\", 'float32', (10, 16)" in src
+    assert (
+        "_expect_tensor(PARAMS['fc.weight'], \"parameter 'fc.weight'\", 'float32', (10, 16)" in src
+    )
     assert "if MODEL.stem.bias is not None:" in src
     # Argument extraction: where each graph input comes from, in the graph's order.
     assert "arg0  = PARAMS['stem.weight']" in src
@@ -98,7 +109,9 @@ def test_module_shows_guards_extraction_call_and_output(convnet: dict) -> None:
 def test_nested_output_is_rebuilt_as_plain_code(nested: dict) -> None:
     src = nested["source"]
     assert "\ndef forward(x, y, *, scale=1.0, bias=None):\n" in src
-    assert "return {'sum': graph_out[0], 'parts': [graph_out[1], (graph_out[2], graph_out[3])]}" in src
+    assert (
+        "return {'sum': graph_out[0], 'parts': [graph_out[1], (graph_out[2], graph_out[3])]}" in src
+    )
     assert "if _plain(scale) != 2.0:" in src
     assert "MODEL" in src and "PARAMS['" not in src  # a function: no parameters to extract
 
@@ -152,9 +165,14 @@ def test_convnet_module_matches_eager_in_a_fresh_process(convnet: dict, tmp_path
         tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "GUARD input 'x': expected shape (2, 3, 32, 32), got (3, 3, 32, 32) [dynamo]" in proc.stdout
+    assert (
+        "GUARD input 'x': expected shape (2, 3, 32, 32), got (3, 3, 32, 32) [dynamo]" in proc.stdout
+    )
     assert "GUARD input 'x': expected dtype float32, got float64 [dynamo]" in proc.stdout
-    assert "GUARD input 'x': expected 4 dimensions (2, 3, 32, 32), got 3 (2, 3, 32) [dynamo]" in proc.stdout
+    assert (
+        "GUARD input 'x': expected 4 dimensions (2, 3, 32, 32), got 3 (2, 3, 32) [dynamo]"
+        in proc.stdout
+    )
     assert "GRAD grad mode: this is an inference artifact" in proc.stdout
     assert proc.stdout.strip().endswith("OK")
 
@@ -175,10 +193,11 @@ def test_nested_module_matches_eager_in_a_fresh_process(nested: dict, tmp_path: 
         assert type(out) is dict and type(out["parts"]) is list and type(out["parts"][1]) is tuple
         torch.testing.assert_close(out, fn(x, y, **kwargs))
         x2, y2, b2 = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8)
-        torch.testing.assert_close(gen.forward(x2, y2, scale=2.0, bias=b2), fn(x2, y2, scale=2.0, bias=b2))
-        for call in (lambda: gen.forward(x, y, scale=3.0, bias=kwargs["bias"]), lambda: gen.ARTIFACT(x, y, scale=3.0, bias=kwargs["bias"])):
+        want = fn(x2, y2, scale=2.0, bias=b2)
+        torch.testing.assert_close(gen.forward(x2, y2, scale=2.0, bias=b2), want)
+        for call in (gen.forward, gen.ARTIFACT):
             try:
-                call()
+                call(x, y, scale=3.0, bias=kwargs["bias"])
             except GuardError as exc:
                 print("GUARD", exc)
             else:
@@ -190,15 +209,22 @@ def test_nested_module_matches_eager_in_a_fresh_process(nested: dict, tmp_path: 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     guard_lines = [line for line in proc.stdout.splitlines() if line.startswith("GUARD")]
     assert len(guard_lines) == 2 and guard_lines[0] == guard_lines[1]
-    assert "input 'scale': expected 2.0, got 3.0; Python values are baked into the compiled code" in guard_lines[0]
+    assert (
+        "input 'scale': expected 2.0, got 3.0; Python values are baked into the compiled code"
+        in guard_lines[0]
+    )
 
 
 # --------------------------------------------------- output reconstruction
 
 
-def test_fallback_to_dynamo_bytecode_still_matches(nested: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fallback_to_dynamo_bytecode_still_matches(
+    nested: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An output the generator cannot write as code is rebuilt by Dynamo's bytecode, and says so."""
-    monkeypatch.setattr(_pythonify._OutputBuilder, "build", lambda self, value: self.fail("forced") or None)
+    monkeypatch.setattr(
+        _pythonify._OutputBuilder, "build", lambda self, value: self.fail("forced") or None
+    )
     src = nested["artifact"].to_python(tmp_path / "fallback.py")
     assert "rebuilt by Dynamo's bytecode, not by plain code here: forced." in src
     assert "return _RT.dynamo_fn(x, y, scale=scale, bias=bias)" in src

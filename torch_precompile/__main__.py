@@ -1,4 +1,4 @@
-"""``python -m torch_precompile`` (also the ``torch-precompile`` script): inspect and bench artifacts."""
+"""``python -m torch_precompile`` and the ``torch-precompile`` script: inspect, bench."""
 
 from __future__ import annotations
 

@@ -144,7 +144,12 @@ class PrecompiledArtifact:
             self._sizes.update(_measure_sizes(self))
         return dict(self._sizes)
 
-    def to_python(self, path: str | os.PathLike[str], *, artifact_path: str | os.PathLike[str] | None = None) -> str:
+    def to_python(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        artifact_path: str | os.PathLike[str] | None = None,
+    ) -> str:
         """Write a readable Python module that runs this artifact; returns its source.
 
         The module checks the guards as plain ``if`` statements, shows which
@@ -217,7 +222,9 @@ def _signature_lines(sig: dict[str, Any]) -> list[str]:
     sources = sig.get("graph_inputs")
     if sources:
         kinds = [describe_source(src).split(" ", 1)[0] for src in sources]
-        counts = ", ".join(f"{kinds.count(k)} {k}{'s' if kinds.count(k) > 1 else ''}" for k in dict.fromkeys(kinds))
+        counts = ", ".join(
+            f"{kinds.count(k)} {k}{'s' if kinds.count(k) > 1 else ''}" for k in dict.fromkeys(kinds)
+        )
         lines.append(f"graph inputs: {len(sources)} ({counts})")
     outs = sig.get("outputs")
     if outs:

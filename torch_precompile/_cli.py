@@ -79,8 +79,9 @@ def header(path: str) -> dict[str, Any]:
             prefix = f.read(2)
         if prefix[:1] == b"\x80" and not _format.looks_like_artifact(prefix):
             raise type(exc)(
-                f"{path} is not a torch_precompile artifact: it looks like a pickle (a file of torch's "
-                "save_compiled_function?); inspect never unpickles, load it with Precompile.load(path, model=...)"
+                f"{path} is not a torch_precompile artifact: it looks like a pickle (a file of "
+                "torch's save_compiled_function?); inspect never unpickles, load it with "
+                "Precompile.load(path, model=...)"
             ) from None
         raise
     return {
@@ -111,12 +112,14 @@ def format_header(data: dict[str, Any]) -> str:
 
     meta = data["meta"]
     system = meta.get("system", {})
+    signed = "signed (HMAC-SHA256)" if data["signed"] else "unsigned"
+    kind = "training" if meta.get("training") else "inference"
     lines = [
         f"{data['path']}: torch_precompile artifact, format version {data['format_version']}, "
-        f"{human_size(data['file_size'])}, {'signed (HMAC-SHA256)' if data['signed'] else 'unsigned'}",
+        f"{human_size(data['file_size'])}, {signed}",
         f"producer:  {meta.get('producer', '?')}",
         f"created:   {meta.get('created', '?')}",
-        f"kind:      {'training' if meta.get('training') else 'inference'}, device {meta.get('device_type', '?')}, "
+        f"kind:      {kind}, device {meta.get('device_type', '?')}, "
         f"captured from a {meta.get('kind', '?')}",
         "system:    "
         + ", ".join(
@@ -201,7 +204,8 @@ def _bench(path: str, *, iters: int, warmup: int, seed: int, as_json: bool) -> i
     else:
         print(
             f"{result['path']}\n"
-            f"load:         {load_s * 1e3:9.1f} ms  (Precompile.load: checksum, system check, kernels, weights)\n"
+            f"load:         {load_s * 1e3:9.1f} ms  "
+            "(Precompile.load: checksum, system check, kernels, weights)\n"
             f"first call:   {first_s * 1e3:9.3f} ms\n"
             f"steady call:  {result['steady_median_s'] * 1e3:9.3f} ms median, "
             f"{result['steady_min_s'] * 1e3:.3f} ms min, over {len(steady)} calls "

@@ -141,7 +141,8 @@ def write_module(
     if target is None:
         raise ValueError(
             "to_python() needs the artifact's file: the generated module loads kernels and weights "
-            "from it. Save the artifact first (Precompile.save(path, artifact)) or pass artifact_path="
+            "from it. Save the artifact first (Precompile.save(path, artifact)) "
+            "or pass artifact_path="
         )
     target = os.path.abspath(os.fspath(target))
     if not os.path.isfile(target):
@@ -189,12 +190,7 @@ def generate(artifact: PrecompiledArtifact, artifact_path: str) -> str:
 
     e = _Emitter()
     _emit_header(e, artifact, artifact_path, sources, probe)
-    _emit_helpers(
-        e,
-        defaults,
-        uses_closure=bool(names.closure),
-        uses_globals=any(s.startswith("G[") for s in sources),
-    )
+    _emit_helpers(e, defaults)
     _emit_model_checks(e, artifact, names)
 
     e("")
@@ -270,7 +266,10 @@ def _call_expr(params: list[inspect.Parameter]) -> str:
 
 
 def _model_path(path: str) -> str:
-    """``._modules['blocks']._modules['0'].eps`` -> ``.blocks._modules['0'].eps`` (attribute access where it reads as such)."""
+    """``._modules['blocks']._modules['0'].eps`` -> ``.blocks._modules['0'].eps``.
+
+    Attribute access where the name allows it, item access elsewhere.
+    """
 
     def repl(m: re.Match[str]) -> str:
         name = m.group(1)
@@ -520,6 +519,75 @@ def _describe_output(value: Any) -> str:
 # ----------------------------------------------------------------- emitters
 
 
+_PREAMBLE = """\
+from torch_precompile import GuardError, Precompile
+from torch_precompile._pythonify import runtime_parts
+
+ARTIFACT_PATH = {path!r}
+# Checks the file's checksum and that this machine meets its system guards (inductor).
+ARTIFACT = Precompile.load(ARTIFACT_PATH)
+_RT = runtime_parts(ARTIFACT)
+# What the compiled code reads as `self`: a stand-in rebuilt from the file's weights.
+MODEL = _RT.model
+PARAMS = _RT.params  # name -> parameter of MODEL (a tied weight under each of its names)
+BUFFERS = _RT.buffers  # name -> buffer of MODEL
+CLOSURE = _RT.closure  # the captured function's closure variables, by name
+GLOBALS = _RT.globals  # the globals the compiled code reads
+# Inductor's compiled graph behind AOTAutograd's runtime wrapper:
+# the flat list of graph inputs in, the flat list of graph outputs out.
+COMPILED_GRAPH = _RT.compiled_graph
+"""
+
+_HELPERS = '''
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _autocast_enabled() -> bool:
+    cuda = torch.cuda.is_available() and torch.is_autocast_enabled("cuda")
+    return torch.is_autocast_enabled("cpu") or cuda
+
+
+def _plain(value):
+    """A value as the guards recorded it: dtypes and devices by name, lists as tuples."""
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _any_requires_grad(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if isinstance(value, (list, tuple)):
+        return any(_any_requires_grad(v) for v in value)
+    if isinstance(value, dict):
+        return any(_any_requires_grad(v) for v in value.values())
+    return False
+
+
+def _expect_tensor(value, what, dtype, shape, device, requires_grad, phase):
+    """One tensor guard on the model's side (the ifs in forward() spell out the same checks)."""
+    if not isinstance(value, torch.Tensor):
+        raise GuardError(f"{what}: expected a tensor, got {type(value).__name__} [{phase}]")
+    if _dtype_name(value.dtype) != dtype:
+        got = _dtype_name(value.dtype)
+        raise GuardError(f"{what}: expected dtype {dtype}, got {got} [{phase}]")
+    if value.device.type != device:
+        got = value.device.type
+        raise GuardError(f"{what}: expected device {device}, got {got} [{phase}]")
+    static = [(want, got) for want, got in zip(shape, value.shape) if isinstance(want, int)]
+    if value.dim() != len(shape) or any(want != got for want, got in static):
+        got = tuple(value.shape)
+        raise GuardError(f"{what}: expected shape {shape}, got {got} [{phase}]")
+    if value.requires_grad != requires_grad:
+        got = value.requires_grad
+        raise GuardError(f"{what}: requires_grad is {got}, captured with {requires_grad} [{phase}]")
+'''
+
+
 def _emit_header(
     e: _Emitter,
     artifact: PrecompiledArtifact,
@@ -530,18 +598,16 @@ def _emit_header(
     sig = artifact.signature
     system = ", ".join(f"{k}={v}" for k, v in artifact.system.items() if v is not None)
     created = artifact._origin.get("created") or "unknown"
+    kind = "training" if artifact.training else "inference"
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     e('"""A torch_precompile artifact as readable Python.')
     e("")
     e(f"Artifact: {artifact_path}")
-    e(
-        f"Created: {created}; kind: {'training' if artifact.training else 'inference'} on {artifact.device_type}"
-    )
+    e(f"Created: {created}; kind: {kind} on {artifact.device_type}")
     e(f"System: {system}")
     e(f"Captured signature: {sig.get('signature', '?')}")
     e(f"Graph inputs: {len(sources)}; output: {probe.description}")
-    e(
-        f"Generated: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} by torch_precompile"
-    )
+    e(f"Generated: {now} by torch_precompile")
     e("")
     e("Importing this module loads the artifact (kernels and weights) once. ``forward(...)``")
     e("then does what the artifact's __call__ does, as plain code: check the guards,")
@@ -552,95 +618,17 @@ def _emit_header(
     for line in probe.imports:
         e(line)
     e("")
-    e("from torch_precompile import GuardError, Precompile")
-    e("from torch_precompile._pythonify import runtime_parts")
-    e("")
-    e(f"ARTIFACT_PATH = {artifact_path!r}")
-    e("# Checks the file's checksum and that this machine matches its system guards (inductor).")
-    e("ARTIFACT = Precompile.load(ARTIFACT_PATH)")
-    e("_RT = runtime_parts(ARTIFACT)")
-    e(
-        "MODEL = _RT.model  # what the compiled code reads as `self`: a stand-in rebuilt from the file"
-    )
-    e("PARAMS = _RT.params  # name -> parameter of MODEL (tied weights under each name)")
-    e("BUFFERS = _RT.buffers  # name -> buffer of MODEL")
-    e("CLOSURE = _RT.closure  # the captured function's closure variables, by name")
-    e("GLOBALS = _RT.globals  # the globals the compiled code reads")
-    e(
-        "# Inductor's compiled graph behind AOTAutograd's runtime wrapper: flat inputs in, flat outputs out."
-    )
-    e("COMPILED_GRAPH = _RT.compiled_graph")
+    e.lines.extend(_PREAMBLE.format(path=artifact_path).splitlines())
 
 
-def _emit_helpers(
-    e: _Emitter, defaults: dict[str, Any], uses_closure: bool, uses_globals: bool
-) -> None:
+def _emit_helpers(e: _Emitter, defaults: dict[str, Any]) -> None:
     if defaults:
         e("# Defaults of the captured signature that have no literal form.")
-        e(
-            "_DEFAULTS = {"
-            + ", ".join(
-                f"{k!r}: _RT.artifact._runtime.signature.parameters[{k!r}].default"
-                for k in defaults
-            )
-            + "}"
-        )
-    e("")
-    e("")
-    e("def _dtype_name(dtype: torch.dtype) -> str:")
-    e('return str(dtype).replace("torch.", "")', 1)
-    e("")
-    e("")
-    e("def _autocast_enabled() -> bool:")
-    e(
-        'return torch.is_autocast_enabled("cpu") or (torch.cuda.is_available() and torch.is_autocast_enabled("cuda"))',
-        1,
-    )
-    e("")
-    e("")
-    e("def _plain(value):")
-    e(
-        '"""Compare values as the guards recorded them: dtypes and devices by name, sequences as tuples."""',
-        1,
-    )
-    e("if isinstance(value, (torch.dtype, torch.device)):", 1)
-    e("return str(value)", 2)
-    e("if isinstance(value, list):", 1)
-    e("return tuple(value)", 2)
-    e("return value", 1)
-    e("")
-    e("")
-    e("def _any_requires_grad(value) -> bool:")
-    e("if isinstance(value, torch.Tensor):", 1)
-    e("return value.requires_grad", 2)
-    e("if isinstance(value, (list, tuple)):", 1)
-    e("return any(_any_requires_grad(v) for v in value)", 2)
-    e("if isinstance(value, dict):", 1)
-    e("return any(_any_requires_grad(v) for v in value.values())", 2)
-    e("return False", 1)
-    e("")
-    e("")
-    e("def _expect_tensor(value, what, dtype, shape, device, requires_grad, phase):")
-    e('"""One tensor guard: the checks and messages of the artifact\'s own diagnosis."""', 1)
-    e("if not isinstance(value, torch.Tensor):", 1)
-    e('raise GuardError(f"{what}: expected a tensor, got {type(value).__name__} [{phase}]")', 2)
-    e("if _dtype_name(value.dtype) != dtype:", 1)
-    e(
-        'raise GuardError(f"{what}: expected dtype {dtype}, got {_dtype_name(value.dtype)} [{phase}]")',
-        2,
-    )
-    e("if value.device.type != device:", 1)
-    e('raise GuardError(f"{what}: expected device {device}, got {value.device.type} [{phase}]")', 2)
-    e(
-        "if value.dim() != len(shape) or any(isinstance(w, int) and w != g for w, g in zip(shape, value.shape)):",
-        1,
-    )
-    e('raise GuardError(f"{what}: expected shape {shape}, got {tuple(value.shape)} [{phase}]")', 2)
-    e("if value.requires_grad != requires_grad:", 1)
-    e(
-        'raise GuardError(f"{what}: requires_grad is {value.requires_grad}, captured with {requires_grad} [{phase}]")',
-        2,
-    )
+        e("_DEFAULTS = {")
+        for k in defaults:
+            e(f"{k!r}: _RT.artifact._runtime.signature.parameters[{k!r}].default,", 1)
+        e("}")
+    e.lines.extend(_HELPERS.splitlines())
 
 
 def _emit_model_checks(e: _Emitter, artifact: PrecompiledArtifact, names: _Names) -> None:
@@ -658,10 +646,7 @@ def _emit_model_checks(e: _Emitter, artifact: PrecompiledArtifact, names: _Names
             continue
         expr = _source_expr(g.subject, names, tables=g.kind == "tensor")
         if expr is None:
-            e(
-                f"# [{g.phase}] {g.expr}  (read as {g.subject}; checked by Dynamo's guard manager)",
-                1,
-            )
+            e(f"# [{g.phase}] {g.expr}  (read as {g.subject}; checked by the guard manager)", 1)
             continue
         what = describe_source(g.subject)
         if g.kind == "tensor" and isinstance(g.expected, dict):
@@ -679,12 +664,13 @@ def _emit_model_checks(e: _Emitter, artifact: PrecompiledArtifact, names: _Names
                 e(f"# [{g.phase}] {g.expr}  (checked by Dynamo's guard manager)", 1)
                 continue
             e(f"if {_differs(expr, expected)}:", 1)
-            msg = _fmsg(
+            _raise(
+                e,
+                2,
                 f"{what}: expected {g.expected!r}, got ",
                 _Code(f"_plain({expr})!r"),
                 f" [{g.phase}]",
             )
-            e(f"raise GuardError({msg})", 2)
             count += 1
     if count == 0:
         e("return None", 1)
@@ -701,12 +687,29 @@ class _Code:
 
 
 def _fmsg(*parts: str | _Code) -> str:
-    """Code of an f-string: ``str`` parts are literal text, ``_Code`` parts are ``{expressions}``."""
+    """Code of an f-string: ``str`` parts are literal text, ``_Code`` parts ``{expressions}``."""
     body = "".join(
         "{" + p.code + "}" if isinstance(p, _Code) else p.replace("{", "{{").replace("}", "}}")
         for p in parts
     )
     return ("f" if any(isinstance(p, _Code) for p in parts) else "") + repr(body)
+
+
+def _raise(e: _Emitter, indent: int, *parts: str | _Code, tail: str = "") -> None:
+    """Emit ``raise GuardError(<f-string of parts>)``."""
+    e(f"raise GuardError({_fmsg(*parts)}){tail}", indent)
+
+
+_BAKED = "; Python values are baked into the compiled code, capture again with the new value"
+_TRAINING_MSG = (
+    "grad mode: captured with grad enabled (a training artifact), called under torch.no_grad(); "
+    "capture again under torch.no_grad() for an inference artifact [aot_autograd]"
+)
+_INFERENCE_MSG = (
+    "grad mode: this is an inference artifact (captured under torch.no_grad()), called with grad "
+    "enabled while {culprit} requires grad; call it under torch.no_grad(), or capture again with "
+    "grad enabled for a training artifact [aot_autograd]"
+)
 
 
 def _differs(expr: str, expected: str) -> str:
@@ -732,11 +735,7 @@ def _emit_autograd(
     inputs = ", ".join(names.forward)
     if artifact.training:
         e("if not torch.is_grad_enabled():", 1)
-        msg = (
-            "grad mode: captured with grad enabled (a training artifact), called under "
-            "torch.no_grad(); capture again under torch.no_grad() for an inference artifact [aot_autograd]"
-        )
-        e(f"raise GuardError({msg!r})", 2)
+        _raise(e, 2, _TRAINING_MSG)
         return
     e("if torch.is_grad_enabled():", 1)
     e("# Nothing may require grad; then running without autograd gives eager's result.", 2)
@@ -745,13 +744,8 @@ def _emit_autograd(
         checks.append((f"_any_requires_grad([{inputs}])", "an input"))
     checks.append(("any(p.requires_grad for p in PARAMS.values())", "a parameter of the model"))
     for cond, culprit in checks:
-        msg = (
-            "grad mode: this is an inference artifact (captured under torch.no_grad()), called with grad "
-            f"enabled while {culprit} requires grad; call it under torch.no_grad(), or capture again with "
-            "grad enabled for a training artifact [aot_autograd]"
-        )
         e(f"if {cond}:", 2)
-        e(f"raise GuardError({msg!r})", 3)
+        _raise(e, 3, _INFERENCE_MSG.format(culprit=culprit))
     e("with torch.no_grad():", 2)
     e(f"return forward({call_args})", 3)
 
@@ -769,10 +763,7 @@ def _emit_input_guards(e: _Emitter, artifact: PrecompiledArtifact, names: _Names
             continue
         cond = {"True": f"not {read}", "False": read}.get(expected, f"{read} != {expected}")
         e(f"if {cond}:", 1)
-        e(
-            f"raise GuardError({_fmsg(f'{g.subject}: expected {g.expected}, got ', _Code(read), f' [{g.phase}]')})",
-            2,
-        )
+        _raise(e, 2, f"{g.subject}: expected {g.expected}, got ", _Code(read), f" [{g.phase}]")
 
     e.section("guards: inputs [dynamo]")
     temp = 0
@@ -797,7 +788,7 @@ def _emit_input_guards(e: _Emitter, artifact: PrecompiledArtifact, names: _Names
                 if g.kind == "tensor"
                 else f"{what}: missing, expected {g.expected!r}"
             )
-            e(f"raise GuardError({_fmsg(missing + f' [{g.phase}]')}) from None", 2)
+            _raise(e, 2, f"{missing} [{g.phase}]", tail=" from None")
             expr = name
         if g.kind == "tensor":
             _emit_tensor_ifs(e, g, expr, what)
@@ -807,12 +798,8 @@ def _emit_input_guards(e: _Emitter, artifact: PrecompiledArtifact, names: _Names
                 e("#   (checked by Dynamo's guard manager below)", 1)
                 continue
             e(f"if {_differs(expr, expected)}:", 1)
-            msg = _fmsg(
-                f"{what}: expected {g.expected!r}, got ",
-                _Code(f"_plain({expr})!r"),
-                f"; Python values are baked into the compiled code, capture again with the new value [{g.phase}]",
-            )
-            e(f"raise GuardError({msg})", 2)
+            got = _Code(f"_plain({expr})!r")
+            _raise(e, 2, f"{what}: expected {g.expected!r}, got ", got, f"{_BAKED} [{g.phase}]")
     other = [g for g in artifact.guards if g.kind in ("shape", "system", "structure", "dropped")]
     if other:
         e.section("guards checked elsewhere")
@@ -834,43 +821,29 @@ def _emit_tensor_ifs(e: _Emitter, g: Guard, expr: str, what: str) -> None:
     shape_text = "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
     dtype = x["dtype"]
     ph = f" [{g.phase}]"
+    device = x["device"]
     e(f"if not isinstance({expr}, torch.Tensor):", 1)
-    e(
-        f"raise GuardError({_fmsg(f'{what}: expected a tensor, got ', _Code(f'type({expr}).__name__'), ph)})",
-        2,
-    )
-    e(f"if {expr}.dtype != torch.{x['dtype']}:", 1)
-    e(
-        f"raise GuardError({_fmsg(f'{what}: expected dtype {dtype}, got ', _Code(f'_dtype_name({expr}.dtype)'), ph)})",
-        2,
-    )
-    e(f"if {expr}.device.type != {x['device']!r}:", 1)
-    e(
-        f"raise GuardError({_fmsg(what + ': expected device ' + x['device'] + ', got ', _Code(expr + '.device.type'), ph)})",
-        2,
-    )
+    _raise(e, 2, f"{what}: expected a tensor, got ", _Code(f"type({expr}).__name__"), ph)
+    e(f"if {expr}.dtype != torch.{dtype}:", 1)
+    _raise(e, 2, f"{what}: expected dtype {dtype}, got ", _Code(f"_dtype_name({expr}.dtype)"), ph)
+    e(f"if {expr}.device.type != {device!r}:", 1)
+    _raise(e, 2, f"{what}: expected device {device}, got ", _Code(f"{expr}.device.type"), ph)
     e(f"if {expr}.dim() != {len(shape)}:", 1)
-    msg = _fmsg(
-        f"{what}: expected {len(shape)} dimensions {shape_text}, got ",
-        _Code(f"{expr}.dim()"),
-        " ",
-        _Code(f"tuple({expr}.shape)"),
-        ph,
-    )
-    e(f"raise GuardError({msg})", 2)
+    dims = f"{what}: expected {len(shape)} dimensions {shape_text}, got "
+    _raise(e, 2, dims, _Code(f"{expr}.dim()"), " ", _Code(f"tuple({expr}.shape)"), ph)
     static = [(i, s) for i, s in enumerate(shape) if isinstance(s, int)]
     if static:
+        comment = ""
         if len(static) == len(shape):
             cond = f"{expr}.shape != {tuple(shape)!r}"
         else:
-            cond = (
-                " or ".join(f"{expr}.shape[{i}] != {s}" for i, s in static)
-                + f"  # dims {', '.join(str(s) for s in shape if not isinstance(s, int))} are dynamic"
+            cond = " or ".join(f"{expr}.shape[{i}] != {s}" for i, s in static)
+            comment = (
+                "  # " + ", ".join(str(s) for s in shape if not isinstance(s, int)) + " dynamic"
             )
-        e(f"if {cond}:", 1)
-        e(
-            f"raise GuardError({_fmsg(f'{what}: expected shape {shape_text}, got ', _Code(f'tuple({expr}.shape)'), ph)})",
-            2,
+        e(f"if {cond}:{comment}", 1)
+        _raise(
+            e, 2, f"{what}: expected shape {shape_text}, got ", _Code(f"tuple({expr}.shape)"), ph
         )
     want = bool(x["requires_grad"])
     e(f"if {'not ' if want else ''}{expr}.requires_grad:", 1)
@@ -879,7 +852,7 @@ def _emit_tensor_ifs(e: _Emitter, g: Guard, expr: str, what: str) -> None:
         f"{what}: {said}, but the artifact was captured with requires_grad={want}; "
         f"capture again with the same requires_grad settings{ph}"
     )
-    e(f"raise GuardError({_fmsg(msg)})", 2)
+    _raise(e, 2, msg)
 
 
 def _emit_guard_manager(e: _Emitter, names: _Names) -> None:

@@ -85,10 +85,13 @@ def example_from_description(desc: Any, generator: torch.Generator | None = None
             return kind(example_from_description(d, generator) for d in desc[key])
     if "dict" in desc:
         return {k: example_from_description(v, generator) for k, v in desc["dict"].items()}
-    raise ValueError(f"cannot build an example of {desc.get('dataclass') or desc.get('object') or desc}")
+    what = desc.get("dataclass") or desc.get("object") or desc
+    raise ValueError(f"cannot build an example of {what}")
 
 
-def example_call(signature: inspect.Signature, described: dict[str, Any], skip_first: bool, seed: int = 0) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def example_call(
+    signature: inspect.Signature, described: dict[str, Any], skip_first: bool, seed: int = 0
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Positional and keyword arguments built from a recorded input signature.
 
     ``described`` maps parameter names to :func:`describe_value` descriptions

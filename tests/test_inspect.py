@@ -125,7 +125,10 @@ def test_artifact_as_text(art: dict) -> None:
     artifact = art["artifact"]
     text = artifact.as_text()
     assert "PrecompiledArtifact (inference, cpu)" in text
-    assert f"file: {art['path']}" in text
+    saved_to = artifact._origin[
+        "path"
+    ]  # the last file it was saved to (tests save it more than once)
+    assert f"\nfile: {saved_to}\n" in text and os.path.isfile(saved_to)
     assert "forward(self, ids" in text and "ids: int64[2, 32]" in text
     n_params = len(list(art["model"].parameters()))
     n_inputs = len(art["dynamo"].input_sources)
@@ -137,8 +140,9 @@ def test_artifact_as_text(art: dict) -> None:
     for phase in ("dynamo (", "aot_autograd (", "inductor ("):
         assert phase in text
     assert "input 'ids': int64 (2, 32) on cpu" in text
-    sizes = _format.read_meta(art["path"])["sizes"]
-    assert f"sizes: compiled={human_size(sizes['compiled'])}" in text
+    sizes = _format.read_meta(saved_to)["sizes"]
+    assert f"sizes: compiled={human_size(sizes['compiled'])}, " in text
+    assert f"weights={human_size(sizes['weights'])}" in text
 
 
 def test_sizes_known_before_save_and_match_the_file(art: dict, tmp_path: Path) -> None:
@@ -221,6 +225,16 @@ def test_inspect_json(art: dict) -> None:
     assert meta["signature"]["parameters"]["ids"]["tensor"]["shape"] == [2, 32]
     assert {g["phase"] for g in meta["guards"]} == {"dynamo", "aot_autograd", "inductor"}
     assert set(meta["timings"]) == {"dynamo", "aot_autograd", "inductor", "precompile"}
+
+
+def test_inspect_signed_file(art: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    meta, sections = _format.read_artifact(art["path"])
+    signed = tmp_path / "signed.pt"
+    _format.write_artifact(signed, meta, sections, sign_key="secret")
+    assert cli_main(["inspect", str(signed)]) == 0  # no key needed to read the header
+    assert ", signed (HMAC-SHA256)" in capsys.readouterr().out.splitlines()[0]
+    assert cli_main(["inspect", "--json", str(signed)]) == 0
+    assert json.loads(capsys.readouterr().out)["signed"] is True
 
 
 def test_inspect_does_not_import_the_compiler(art: dict) -> None:

@@ -51,6 +51,34 @@ _PARAM_SOURCE = re.compile(
 _ROOT = re.compile(r"L\['([^']+)'\]")
 _MODULES_ITEM = re.compile(r"\._(?:modules|parameters|buffers)\['([^']*)'\]")
 
+# Names the generated forward() reads from its module, and the locals it defines.
+_MODULE_NAMES = frozenset(
+    [
+        "torch",
+        "GuardError",
+        "Precompile",
+        "runtime_parts",
+        "ARTIFACT",
+        "ARTIFACT_PATH",
+        "MODEL",
+        "PARAMS",
+        "BUFFERS",
+        "CLOSURE",
+        "GLOBALS",
+        "COMPILED_GRAPH",
+        "forward",
+        "graph_out",
+        "_RT",
+        "_DEFAULTS",
+        "_plain",
+        "_dtype_name",
+        "_autocast_enabled",
+        "_any_requires_grad",
+        "_expect_tensor",
+    ]
+)
+_LOCAL_NAME = re.compile(r"(arg|value)\d+")
+
 # What each global-state guard subject reads, as code in the generated module.
 _GLOBAL_STATE_EXPR = {
     "grad mode": "torch.is_grad_enabled()",
@@ -183,10 +211,16 @@ def generate(artifact: PrecompiledArtifact, artifact_path: str) -> str:
         forward=[p.name for p in (params[1:] if has_self else params)],
         closure=set(runtime.closure_locals),
     )
+    clash = [n for n in names.forward if n in _MODULE_NAMES or _LOCAL_NAME.fullmatch(n)]
+    if clash:
+        raise ValueError(
+            f"the captured function's parameter {clash[0]!r} would shadow a name the generated "
+            "module uses; to_python() cannot write this artifact as Python"
+        )
     fwd_sig, defaults = _forward_signature(params[1:] if has_self else params)
     call_args = _call_expr(params[1:] if has_self else params)
     arg_exprs = [_source_expr(src, names) for src in sources]
-    probe = _probe(artifact, sources, names)
+    probe = _probe(artifact, arg_exprs, names)
 
     e = _Emitter()
     _emit_header(e, artifact, artifact_path, sources, probe)
@@ -200,7 +234,7 @@ def generate(artifact: PrecompiledArtifact, artifact_path: str) -> str:
     _emit_autograd(e, artifact, names, call_args)
     _emit_input_guards(e, artifact, names)
     _emit_guard_manager(e, names)
-    explicit = probe.output is not None and all(x is not None for x in arg_exprs)
+    explicit = probe.output is not None and probe.extraction_checked
     _emit_extraction(e, sources, arg_exprs, explicit)
     _emit_call_and_output(e, artifact, probe, explicit, names, call_args)
     return e.text()
@@ -323,8 +357,14 @@ class _Probe:
     extraction_checked: bool
 
 
-def _probe(artifact: PrecompiledArtifact, sources: list[str], names: _Names) -> _Probe:
-    """Call the artifact once on random inputs, recording the compiled graph's flat in/out."""
+def _probe(artifact: PrecompiledArtifact, exprs: list[str | None], names: _Names) -> _Probe:
+    """Call the artifact once on random inputs, recording the compiled graph's flat in/out.
+
+    The flat inputs check the argument extraction the module will use; the
+    flat outputs say where each leaf of the return value comes from. The
+    model's buffers and the RNG state are restored afterwards, so that
+    generating a module leaves the model as it was.
+    """
     runtime = artifact._runtime
     try:
         args, kwargs = example_call(
@@ -333,61 +373,75 @@ def _probe(artifact: PrecompiledArtifact, sources: list[str], names: _Names) -> 
             skip_first=names.self_name is not None,
         )
     except (ValueError, KeyError, TypeError) as exc:
-        return _Probe(
-            None,
-            [],
-            f"no example inputs can be built from the recorded signature ({exc})",
-            "?",
-            False,
-        )
+        why = f"no example inputs can be built from the recorded signature ({exc})"
+        return _Probe(None, [], why, "?", False)
+    model = runtime.bound_self
+    buffers = (
+        [(b, b.detach().clone()) for b in model.buffers()]
+        if isinstance(model, torch.nn.Module)
+        else []
+    )
+    rng = torch.random.get_rng_state()
     grad = torch.enable_grad() if artifact.training else torch.no_grad()
     try:
         with _compat.recording_compiled_graph(artifact.compiled_function) as calls, grad:
             result = artifact(*args, **kwargs)
     except Exception as exc:
-        return _Probe(
-            None,
-            [],
-            f"calling the artifact on random inputs failed ({type(exc).__name__}: {exc})",
-            "?",
-            False,
-        )
+        why = f"calling the artifact on random inputs failed ({type(exc).__name__}: {exc})"
+        return _Probe(None, [], why, "?", False)
+    finally:
+        with torch.no_grad():
+            for buf, saved in buffers:
+                buf.copy_(saved)
+        torch.random.set_rng_state(rng)
     if len(calls) != 1:
-        return _Probe(
-            None, [], f"the compiled graph ran {len(calls)} times in one call", "?", False
-        )
+        why = f"the compiled graph ran {len(calls)} times in one call"
+        return _Probe(None, [], why, "?", False)
     flat_in, flat_out = calls[0]
     flat_out = list(flat_out) if isinstance(flat_out, (list, tuple)) else [flat_out]
-    checked = _check_extraction(runtime, args, kwargs, sources, flat_in)
-    arg_names = [f"arg{i}" for i in range(len(flat_in))]
-    builder = _OutputBuilder(flat_out, list(flat_in), arg_names)
+    checked = _extraction_matches(artifact, args, kwargs, exprs, list(flat_in), names.self_name)
+    builder = _OutputBuilder(flat_out, list(flat_in), [f"arg{i}" for i in range(len(flat_in))])
     code = builder.build(result)
-    description = _describe_output(result)
-    return _Probe(code, builder.imports, builder.why_not, description, checked)
+    if not checked:
+        builder.fail("the argument extraction did not reproduce the compiled graph's inputs")
+        code = None
+    return _Probe(code, builder.imports, builder.why_not, _describe_output(result), checked)
 
 
-def _check_extraction(
-    runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any], sources: list[str], flat_in: Any
+def _extraction_matches(
+    artifact: PrecompiledArtifact,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    exprs: list[str | None],
+    flat_in: list[Any],
+    self_name: str | None,
 ) -> bool:
-    """Whether evaluating each source on the call's locals gives the graph input passed."""
+    """Whether the module's extraction lines, run on this call, give the inputs the graph got."""
+    runtime = artifact._runtime
     full = (runtime.bound_self, *args) if runtime.bound_self is not None else args
     try:
         bound = runtime.signature.bind(*full, **kwargs)
     except TypeError:
         return False
     bound.apply_defaults()
+    parts = runtime_parts(artifact)
     scope = {
-        "L": {**runtime.closure_locals, **bound.arguments},
-        "G": _compat.compiled_function_globals(runtime.compiled_function),
+        "MODEL": parts.model,
+        "PARAMS": parts.params,
+        "BUFFERS": parts.buffers,
+        "CLOSURE": parts.closure,
+        "GLOBALS": parts.globals,
+        **{k: v for k, v in bound.arguments.items() if k != self_name},
     }
-    if len(sources) != len(flat_in):
+    if len(exprs) != len(flat_in) or any(x is None for x in exprs):
         return False
-    for src, passed in zip(sources, flat_in):
+    for expr, passed in zip(exprs, flat_in):
         try:
-            value = eval(src, {"__builtins__": {}}, scope)
+            value = eval(expr, {"__builtins__": {}}, scope)
         except Exception:
             return False
-        if value is not passed and not (not isinstance(value, torch.Tensor) and value == passed):
+        same = value is passed or (not isinstance(value, torch.Tensor) and value == passed)
+        if not same:
             return False
     return True
 
@@ -871,6 +925,9 @@ def _emit_extraction(
     e: _Emitter, sources: list[str], exprs: list[str | None], explicit: bool
 ) -> None:
     e.section("argument extraction: the compiled graph's inputs, in order")
+    if explicit:
+        e("# Checked when this module was generated: on a call, these lines gave exactly", 1)
+        e("# the tensors Dynamo's bytecode passed to the compiled graph.", 1)
     width = max((len(x or "") for x in exprs), default=0)
     name_width = len(f"arg{len(exprs) - 1}")
     for i, (src, expr) in enumerate(zip(sources, exprs)):

@@ -72,12 +72,13 @@ def example_from_description(desc: Any, generator: torch.Generator | None = None
         t = desc["tensor"]
         dtype = getattr(torch, t["dtype"])
         shape = [int(s) for s in t["shape"]]
+        # Drawn on the CPU (where the generator lives), then moved.
         if dtype.is_floating_point or dtype.is_complex:
-            value = torch.randn(shape, dtype=dtype, device=t["device"], generator=generator)
+            value = torch.randn(shape, dtype=dtype, generator=generator).to(t["device"])
             return value.requires_grad_(bool(t.get("requires_grad")))
         if dtype == torch.bool:
-            return torch.randint(0, 2, shape, generator=generator, device=t["device"]).bool()
-        return torch.randint(0, 2, shape, dtype=dtype, generator=generator, device=t["device"])
+            return torch.randint(0, 2, shape, generator=generator).bool().to(t["device"])
+        return torch.randint(0, 2, shape, dtype=dtype, generator=generator).to(t["device"])
     if "value" in desc:
         return desc["value"]
     for key, kind in (("tuple", tuple), ("list", list)):

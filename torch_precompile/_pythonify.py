@@ -791,8 +791,17 @@ def _emit_autograd(
         e("if not torch.is_grad_enabled():", 1)
         _raise(e, 2, _TRAINING_MSG)
         return
+    if artifact._runtime.grad_enabled:
+        # Inference captured with grad enabled (nothing required grad then).
+        e("if not torch.is_grad_enabled():", 1)
+        e("# Runs in the grad mode it was captured in; nothing requires grad, so the", 2)
+        e("# result is eager's either way.", 2)
+        e("with torch.enable_grad():", 2)
+        e(f"return forward({call_args})", 3)
+        return
     e("if torch.is_grad_enabled():", 1)
-    e("# Nothing may require grad; then running without autograd gives eager's result.", 2)
+    e("# Captured under torch.no_grad(). Nothing may require grad; then running", 2)
+    e("# without autograd, as captured, gives eager's result.", 2)
     checks = []
     if names.forward:
         checks.append((f"_any_requires_grad([{inputs}])", "an input"))

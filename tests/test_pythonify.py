@@ -60,8 +60,11 @@ def convnet(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.fixture(scope="module")
 def nested(tmp_path_factory: pytest.TempPathFactory) -> dict:
     fn, args, kwargs = build_nested_fn()
-    with torch.no_grad():
-        artifact = Precompile.compile(fn, args, kwargs)
+    # Captured with grad enabled but nothing requiring grad: an inference artifact that
+    # runs in grad mode (the ConvNet's runs under no_grad): both branches of the module.
+    assert torch.is_grad_enabled()
+    artifact = Precompile.compile(fn, args, kwargs)
+    assert not artifact.training
     root = tmp_path_factory.mktemp("pythonify_nested")
     Precompile.save(root / "nested.pt", artifact)
     source = artifact.to_python(root / "nested_gen.py")
@@ -87,7 +90,7 @@ def test_module_shows_guards_extraction_call_and_output(convnet: dict) -> None:
     assert "if x.shape != (2, 3, 32, 32):" in src
     assert "if x.dtype != torch.float32:" in src
     assert "input 'x': expected shape (2, 3, 32, 32), got {tuple(x.shape)} [dynamo]" in src
-    assert "if torch.is_grad_enabled():" in src
+    assert "if torch.is_grad_enabled():\n        # Captured under torch.no_grad()." in src
     # Guards on weights, checked once at import.
     assert (
         "_expect_tensor(PARAMS['fc.weight'], \"parameter 'fc.weight'\", 'float32', (10, 16)" in src
@@ -113,6 +116,9 @@ def test_nested_output_is_rebuilt_as_plain_code(nested: dict) -> None:
         "return {'sum': graph_out[0], 'parts': [graph_out[1], (graph_out[2], graph_out[3])]}" in src
     )
     assert "if _plain(scale) != 2.0:" in src
+    assert (
+        "if not torch.is_grad_enabled():\n        # Runs in the grad mode it was captured in" in src
+    )
     assert "MODEL" in src and "PARAMS['" not in src  # a function: no parameters to extract
 
 
@@ -189,9 +195,11 @@ def test_nested_module_matches_eager_in_a_fresh_process(nested: dict, tmp_path: 
         gen = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(gen)
         fn, (x, y), kwargs = build_nested_fn()
-        out = gen.forward(x, y, **kwargs)  # grad enabled, nothing requires grad: runs under no_grad
+        out = gen.forward(x, y, **kwargs)
         assert type(out) is dict and type(out["parts"]) is list and type(out["parts"][1]) is tuple
         torch.testing.assert_close(out, fn(x, y, **kwargs))
+        with torch.no_grad():  # the module switches to the captured grad mode, as the artifact does
+            torch.testing.assert_close(gen.forward(x, y, **kwargs), fn(x, y, **kwargs))
         x2, y2, b2 = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8)
         want = fn(x2, y2, scale=2.0, bias=b2)
         torch.testing.assert_close(gen.forward(x2, y2, scale=2.0, bias=b2), want)

@@ -1,9 +1,10 @@
 """``PrecompiledArtifact.to_python``: the generated module runs the artifact as plain Python.
 
-Two artifacts, each compiled once: a ConvNet (parameters and buffers as graph
+Three artifacts, each compiled once: a ConvNet (parameters and buffers as graph
 inputs, a tensor out) and a plain function with keyword-only arguments, a
-Python value it specialises on and a nested dict/list/tuple output. Each
-generated module is imported in a fresh process and compared with eager.
+Python value it specialises on and a nested dict/list/tuple output, and a
+model returning a dataclass. The first two generated modules are
+imported in a fresh process and compared with eager.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from examples.models import build_convnet, build_nested_fn
+from examples.models import MultiOutput, build_convnet, build_dataclass_output, build_nested_fn
 from torch_precompile import GuardError, Precompile, _pythonify
 
 REPO = str(Path(__file__).resolve().parents[1])
@@ -243,6 +244,22 @@ def test_fallback_to_dynamo_bytecode_still_matches(
         torch.testing.assert_close(gen.forward(*args, **kwargs), fn(*args, **kwargs))
         with pytest.raises(GuardError, match="input 'y': expected shape"):
             gen.forward(args[0], torch.randn(5, 8), **kwargs)
+
+
+def test_dataclass_output_is_rebuilt_with_its_class(tmp_path: Path) -> None:
+    model, args, _ = build_dataclass_output()
+    with torch.no_grad():
+        artifact = Precompile.compile(model, args)
+    Precompile.save(tmp_path / "dc.pt", artifact)
+    src = artifact.to_python(tmp_path / "dc_gen.py")
+    assert "\nimport examples.models\n" in src
+    assert "return examples.models.MultiOutput(logits=graph_out[" in src
+    gen = _import(tmp_path / "dc_gen.py", "dc_gen")
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        out, ref = gen.forward(x), model(x)
+    assert type(out) is MultiOutput
+    torch.testing.assert_close(dataclasses.asdict(out), dataclasses.asdict(ref))
 
 
 @dataclasses.dataclass

@@ -88,7 +88,7 @@ def save(
     _format.write_artifact(path, meta, sections, sign_key=sign_key)
     artifact._sizes.clear()
     artifact._sizes.update(sizes)
-    artifact._origin["path"] = os.path.abspath(path)
+    artifact._origin.update(path=os.path.abspath(path), created=meta["created"])
 
 
 def load(

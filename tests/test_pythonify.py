@@ -1,10 +1,11 @@
 """``PrecompiledArtifact.to_python``: the generated module runs the artifact as plain Python.
 
-Three artifacts, each compiled once: a ConvNet (parameters and buffers as graph
+Each artifact is compiled once: a ConvNet (parameters and buffers as graph
 inputs, a tensor out) and a plain function with keyword-only arguments, a
-Python value it specialises on and a nested dict/list/tuple output, and a
-model returning a dataclass. The first two generated modules are
-imported in a fresh process and compared with eager.
+Python value it specialises on and a nested dict/list/tuple output; their
+modules are imported in a fresh process and compared with eager. Then a model
+returning a dataclass, and a training artifact whose module's gradients are
+compared with eager's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from types import ModuleType
 import pytest
 import torch
 
-from examples.models import MultiOutput, build_convnet, build_dataclass_output, build_nested_fn
+from examples.models import (
+    MultiOutput,
+    build_convnet,
+    build_dataclass_output,
+    build_dropout_mlp,
+    build_nested_fn,
+)
 from torch_precompile import GuardError, Precompile, _pythonify
 
 REPO = str(Path(__file__).resolve().parents[1])
@@ -260,6 +267,28 @@ def test_dataclass_output_is_rebuilt_with_its_class(tmp_path: Path) -> None:
         out, ref = gen.forward(x), model(x)
     assert type(out) is MultiOutput
     torch.testing.assert_close(dataclasses.asdict(out), dataclasses.asdict(ref))
+
+
+def test_training_module_backward_matches_eager(tmp_path: Path) -> None:
+    """A training artifact's module: outputs carry grad_fn, gradients equal eager's."""
+    model, (x,), _ = build_dropout_mlp()  # eval (dropout off), weights require grad
+    artifact = Precompile.compile(model, (x,))
+    assert artifact.training
+    Precompile.save(tmp_path / "train.pt", artifact)
+    src = artifact.to_python(tmp_path / "train_gen.py")
+    assert (
+        "if not torch.is_grad_enabled():\n        raise GuardError('grad mode: captured with" in src
+    )
+    gen = _import(tmp_path / "train_gen.py", "train_gen")
+    out, ref = gen.forward(x), model(x)
+    assert out.grad_fn is not None
+    torch.testing.assert_close(out, ref)
+    (out * ref.detach()).sum().backward()
+    (ref * ref.detach()).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(gen.PARAMS[name].grad, p.grad)
+    with torch.no_grad(), pytest.raises(GuardError, match="captured with grad enabled"):
+        gen.forward(x)
 
 
 @dataclasses.dataclass

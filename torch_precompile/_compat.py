@@ -589,11 +589,6 @@ def compiled_function_device_type(fn: Any) -> str:
     return fn._artifacts.device_type
 
 
-def compiled_function_backend_id(fn: Any) -> str:
-    """The global name under which Dynamo's bytecode finds the compiled graph."""
-    return fn._artifacts.backend_id
-
-
 def compiled_graph_callable(fn: Any) -> Callable[..., Any]:
     """The compiled graph of an AOTCompiledFunction: called with the flat graph
     inputs (in Dynamo's graph-input order), returns the flat graph outputs."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 import time
 import types
 from collections.abc import Iterator, Sequence
@@ -56,6 +57,7 @@ class Runtime:
         # The grad mode Dynamo captured (and guards); an inference artifact
         # whose inputs need no grad runs under it whatever the ambient mode.
         self.grad_enabled = training if grad_enabled is None else grad_enabled
+        self._cudagraphs = _compat.compiled_function_uses_cudagraphs(compiled_function)
         self._params: list[torch.Tensor] = (
             list(bound_self.parameters()) if isinstance(bound_self, torch.nn.Module) else []
         )
@@ -89,6 +91,8 @@ class Runtime:
         failure = self._guard_failure(full, kwargs)
         if failure is not None:
             raise failure
+        if self._cudagraphs:
+            _compat.begin_cudagraph_step()
         return self.fn(*full, **kwargs)
 
     def _guard_failure(self, full: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
@@ -167,6 +171,8 @@ class PrecompiledArtifact:
         default=(), repr=False, compare=False
     )
     globals_module: str = dataclasses.field(default="", repr=False)
+    # Where the artifact was saved to or loaded from ({"path": ...}); set by _io.
+    _origin: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._runtime(args, kwargs)
@@ -193,17 +199,44 @@ class PrecompiledArtifact:
 
     @property
     def sizes(self) -> dict[str, int]:
-        """Bytes of weights and compiled code (known once saved or loaded)."""
+        """Bytes of the compiled code (kernels, guards, bytecode) and of the weights.
+
+        Read from the file once saved or loaded; before that, measured in
+        process (the compiled function serialized once, the weights' bytes).
+        """
+        if not self._sizes:
+            self._sizes.update(_measure_sizes(self))
         return dict(self._sizes)
+
+    def to_python(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        artifact_path: str | os.PathLike[str] | None = None,
+    ) -> str:
+        """Write a readable Python module that runs this artifact; returns its source.
+
+        The module checks the guards as plain ``if`` statements, shows which
+        parameter, buffer or input goes where in the compiled call, calls the
+        compiled code and rebuilds the output. Its ``forward(...)`` loads
+        kernels and weights from ``artifact_path`` (default: the file this
+        artifact was saved to or loaded from).
+        """
+        from ._pythonify import write_module
+
+        return write_module(self, path, artifact_path)
 
     def as_text(self) -> str:
         """Guards by stage, signature, system, sizes and stage timings, for reading."""
         lines = [f"PrecompiledArtifact ({'training' if self.training else 'inference'}, {self.device_type})"]
+        if self._origin.get("path"):
+            lines.append(f"file: {self._origin['path']}")
         lines.append("signature:")
         lines.extend(f"  {line}" for line in _signature_lines(self.signature))
         lines.append("system: " + ", ".join(f"{k}={v}" for k, v in self.system.items() if v is not None))
-        if self._sizes:
-            lines.append("sizes: " + ", ".join(f"{k}={_human(v)}" for k, v in self._sizes.items()))
+        sizes = self.sizes
+        if sizes:
+            lines.append("sizes: " + ", ".join(f"{k}={_human(v)}" for k, v in sizes.items()))
         if self.timings:
             lines.append("stage timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
         if self.variants:
@@ -225,6 +258,25 @@ class PrecompiledArtifact:
         )
 
 
+def _measure_sizes(artifact: PrecompiledArtifact) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    try:
+        sizes["compiled"] = len(_compat.serialize_compiled_function(artifact.compiled_function))
+    except Exception as exc:  # a view must not fail because a size cannot be measured
+        log.debug("could not measure the compiled function's size: %s", exc)
+    mod = artifact.module
+    if isinstance(mod, torch.nn.Module):
+        from ._standin import module_tensors
+
+        sizes["weights"] = sum(t.numel() * t.element_size() for t in module_tensors(mod).values())
+    return sizes
+
+
+def human_size(n: int) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    return _human(n)
+
+
 def _human(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -239,6 +291,13 @@ def _signature_lines(sig: dict[str, Any]) -> list[str]:
         lines.append(f"forward{sig['signature']}")
     for name, desc in sig.get("parameters", {}).items():
         lines.append(f"{name}: {_short(desc)}")
+    sources = sig.get("graph_inputs")
+    if sources:
+        kinds = [describe_source(src).split(" ", 1)[0] for src in sources]
+        counts = ", ".join(
+            f"{kinds.count(k)} {k}{'s' if kinds.count(k) > 1 else ''}" for k in dict.fromkeys(kinds)
+        )
+        lines.append(f"graph inputs: {len(sources)} ({counts})")
     outs = sig.get("outputs")
     if outs:
         lines.append("graph outputs: " + ", ".join(_short({"tensor": o}) if "dtype" in o else o.get("value", "?") for o in outs))
@@ -385,6 +444,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
             )
     state = out._state
     capture = state.capture
+    log.info("precompile: building guards and the compiled function")
     start = time.perf_counter()
     dropped: list[str] = []
     translated: list[Guard] = []
@@ -395,6 +455,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         guard_manager, guards_state = _compat.build_guard_manager(capture, guard_filter)
     compiled_function = _compat.make_compiled_function(capture, out.compiled, guard_manager, guards_state)
     state.timings["precompile"] = time.perf_counter() - start
+    log.info("precompile: done in %.2f s", state.timings["precompile"])
     guards = out.guards.extend(translated)
     # Ranges read after Inductor, so bounds added while lowering are included.
     guards = guards.extend(
@@ -430,6 +491,9 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     from ._signature import describe_graph_outputs
 
     signature["outputs"] = describe_graph_outputs(capture.graph_module)
+    # Where each graph input comes from (L['x'], L['self']._modules[...]...), for views
+    # and to_python after load.
+    signature["graph_inputs"] = list(capture.input_sources)
     bound_self = capture.bound_self
     runtime = Runtime(compiled_function, guards, bound_self, out.training, state.grad_enabled)
     from . import _system

@@ -50,6 +50,7 @@ class Capture:
     local_scope: dict[str, Any]
     input_sources: list[str]
     size_oblivious: bool = False
+    grad_enabled: bool = True  # grad mode at capture; the guards are built under it
 
 
 # --------------------------------------------------------------------- dynamo
@@ -202,6 +203,7 @@ def fullgraph_capture(
         local_scope=og.local_scope,
         input_sources=sources,
         size_oblivious=size_oblivious,
+        grad_enabled=torch.is_grad_enabled(),
     )
 
 
@@ -360,10 +362,27 @@ def _find_serialize_fn(fn: Any) -> Callable[[], Any] | None:
         SerializableCompiledFunction,
     )
 
-    while fn is not None:
+    # AOTAutograd wraps the serializable function in runtime wrappers. Most keep
+    # ``__wrapped__``; some (torch 2.11's autograd path) are plain closures, so
+    # we also look through ``compiled_fn`` attributes and closure cells.
+    seen: set[int] = set()
+    todo = [fn]
+    while todo and len(seen) < 256:
+        fn = todo.pop(0)
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
         if isinstance(fn, SerializableCompiledFunction):
             return fn.serialize_fn
-        fn = getattr(fn, "__wrapped__", None)
+        todo.append(getattr(fn, "__wrapped__", None))
+        todo.append(getattr(fn, "compiled_fn", None))
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(value) and not isinstance(value, type):
+                todo.append(value)
     return None
 
 
@@ -376,6 +395,18 @@ class _FlatCompiledFn:
 
     def __call__(self, *args: Any) -> Any:
         return self._boxed(list(args))
+
+
+def _compiler_config_extra(cfx: Any, inductor_config: Any, dynamo_gm: torch.fx.GraphModule) -> Any:
+    """Inductor's per-compile boxes (cudagraphs flag, graph id, forward device).
+
+    torch 2.11 takes the Inductor config module; 2.12+ takes the Dynamo graph
+    (whose meta may carry a cudagraph annotation) and reads the config itself.
+    """
+    params = inspect.signature(cfx.create_compiler_config_extra).parameters
+    if "config" in params:  # torch <= 2.11
+        return cfx.create_compiler_config_extra(inductor_config)
+    return cfx.create_compiler_config_extra(dynamo_gm)
 
 
 def compile_joint(
@@ -396,7 +427,6 @@ def compile_joint(
     from torch._inductor.virtualized import V
 
     patches = inductor_config_patches(mode, options)
-    extra = cfx.create_compiler_config_extra(dynamo_gm)
     num_outputs = cfx.get_num_model_outputs(dynamo_gm)
     num_inputs = len(capture.fake_inputs)
 
@@ -425,7 +455,12 @@ def compile_joint(
         stack.enter_context(size_oblivious_context(capture.size_oblivious))
         stack.enter_context(_stride_order_without_guards(capture.size_oblivious))
         stack.enter_context(inductor_config.patch(patches))
+        # Read under the patch: it boxes config.triton.cudagraphs (mode="reduce-overhead").
+        extra = _compiler_config_extra(cfx, inductor_config, dynamo_gm)
         stack.enter_context(_tracing(capture))
+        # Inductor reads the static inputs (parameters) for CUDA graphs from the
+        # tracing context; AOTAutograd sets it only on its training path.
+        torch._guards.TracingContext.get().fw_metadata = jd._aot_state.fw_metadata
         stack.enter_context(V.set_fake_mode(capture.fake_mode))
         stack.enter_context(
             torch._functorch.config.patch(
@@ -456,10 +491,18 @@ def compile_joint(
     if serialize is None:
         raise RuntimeError(
             "Inductor produced a function that PyTorch cannot serialize; "
-            "this torch version may not support precompilation of this model"
+            f"this torch version ({torch.__version__}) may not support precompilation of this "
+            f"model (AOTAutograd returned {type(boxed).__name__} without a serializable entry)"
         )
     compiled = BundledAOTAutogradSerializableCallable(_FlatCompiledFn(boxed, serialize))
+    # PyTorch decides CUDA graphs again at deserialization, from the ambient config.
+    compiled._torch_precompile_cudagraphs = bool(patches.get("triton.cudagraphs"))
     return compiled, sources
+
+
+def compiled_function_uses_cudagraphs(fn: Any) -> bool:
+    """Whether an AOTCompiledFunction was compiled with CUDA graphs (reduce-overhead)."""
+    return bool(getattr(fn._artifacts.compiled_fn, "_torch_precompile_cudagraphs", False))
 
 
 # --------------------------------------------------------------- precompile
@@ -532,6 +575,9 @@ def build_guard_manager(
         if torch_function_mode_stack_state_mgr.stack:
             stack.enter_context(torch_function_mode_stack_state_mgr.temp_restore_stack())
         stack.enter_context(_modules_pickled_by_state())
+        # Dynamo checks the new guards against the current global state: restore the
+        # capture's grad mode, so precompile() may run outside the capture's no_grad block.
+        stack.enter_context(torch.set_grad_enabled(capture.grad_enabled))
         check_fn = capture.graph_capture_output.build_guards(
             capture.traced_fn.__code__, hooks=hooks, save=True, strict_error=True
         )
@@ -699,18 +745,46 @@ def unresolved_globals(fn: Any) -> list[str]:
     return sorted(ref for ref in env.external_refs if ref not in known)
 
 
-def deserialize_compiled_function(data: bytes, f_globals: dict[str, Any] | None = None) -> Any:
-    """Inverse of :func:`serialize_compiled_function`."""
+def deserialize_compiled_function(
+    data: bytes, f_globals: dict[str, Any] | None = None, *, cudagraphs: bool = False
+) -> Any:
+    """Inverse of :func:`serialize_compiled_function`.
+
+    ``cudagraphs``: the artifact was compiled with ``mode="reduce-overhead"``.
+    PyTorch's bundled AOTAutograd entry decides whether to wrap the graphs in
+    CUDA graphs from ``config.triton.cudagraphs`` *at deserialization*, so we
+    set it for the duration of the call.
+    """
     from torch._dynamo import convert_frame
     from torch._dynamo.aot_compile import AOTCompiledFunction
     from torch._dynamo.utils import get_metrics_context
     from torch._guards import CompileContext, compile_context
 
-    with (
-        compile_context(CompileContext(convert_frame.get_compile_id({}))),
-        get_metrics_context(),
-    ):
-        return AOTCompiledFunction.deserialize(data, f_globals=f_globals)
+    with contextlib.ExitStack() as stack:
+        if cudagraphs:
+            from torch._inductor import config as inductor_config
+
+            stack.enter_context(inductor_config.patch({"triton.cudagraphs": True}))
+        stack.enter_context(compile_context(CompileContext(convert_frame.get_compile_id({}))))
+        stack.enter_context(get_metrics_context())
+        fn = AOTCompiledFunction.deserialize(data, f_globals=f_globals)
+    if cudagraphs:
+        fn._artifacts.compiled_fn._torch_precompile_cudagraphs = True
+    return fn
+
+
+def begin_cudagraph_step() -> None:
+    """Start a new CUDA-graph generation before a call of a reduce-overhead artifact.
+
+    Inductor's CUDA graph trees replay from the root only in a new "generation";
+    torch.compile bumps Dynamo's generation counter on every call of a compiled
+    module, which calling the compiled bytecode directly does not do. Without
+    this every call would record a new graph. As with torch.compile, a call may
+    overwrite the outputs of the previous one.
+    """
+    from torch._dynamo.mutation_guard import GenerationTracker
+
+    GenerationTracker.generation += 1
 
 
 def compiled_function_parts(fn: Any) -> tuple[Any, Callable[..., Any], inspect.Signature]:
@@ -746,6 +820,38 @@ def compiled_function_bytecode(fn: Any) -> types.CodeType:
 
 def compiled_function_device_type(fn: Any) -> str:
     return fn._artifacts.device_type
+
+
+def compiled_graph_callable(fn: Any) -> Callable[..., Any]:
+    """The compiled graph of an AOTCompiledFunction: called with the flat graph
+    inputs (in Dynamo's graph-input order), returns the flat graph outputs."""
+    return fn.fn.__globals__[fn._artifacts.backend_id]
+
+
+def compiled_function_globals(fn: Any) -> dict[str, Any]:
+    """The globals Dynamo's bytecode runs with (what a ``G['name']`` source reads)."""
+    return fn.fn.__globals__
+
+
+@contextlib.contextmanager
+def recording_compiled_graph(fn: Any) -> Iterator[list[tuple[tuple[Any, ...], Any]]]:
+    """Record each call of the compiled graph (flat inputs, flat outputs) made
+    through the AOTCompiledFunction's bytecode, to map outputs to graph outputs."""
+    f_globals = fn.fn.__globals__
+    key = fn._artifacts.backend_id
+    original = f_globals[key]
+    calls: list[tuple[tuple[Any, ...], Any]] = []
+
+    def record(*args: Any) -> Any:
+        out = original(*args)
+        calls.append((args, out))
+        return out
+
+    f_globals[key] = record
+    try:
+        yield calls
+    finally:
+        f_globals[key] = original
 
 
 def global_state_snapshot() -> dict[str, Any]:

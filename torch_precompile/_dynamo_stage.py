@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import re
 import time
 import types
@@ -16,6 +17,8 @@ from . import _capture_registry, _compat
 from ._errors import CaptureError
 from ._guards import Guards, describe_source, dynamo_guards
 from ._signature import describe_inputs
+
+log = logging.getLogger("torch_precompile")
 
 
 @dataclasses.dataclass
@@ -112,6 +115,12 @@ def _user_line(message: str) -> str:
     return f" (at {path}:{line}, in {fn})"
 
 
+def _callable_name(model: Any) -> str:
+    if isinstance(model, torch.nn.Module):
+        return f"{type(model).__name__}.forward"
+    return getattr(model, "__qualname__", type(model).__name__)
+
+
 def dynamo(
     model: Any,
     example_inputs: Any,
@@ -134,6 +143,7 @@ def dynamo(
         raise TypeError(f"example_kwargs must be a dict or None, got {type(example_kwargs).__name__}")
     args = normalize_inputs(example_inputs)
     kwargs = dict(example_kwargs or {})
+    log.info("dynamo: capturing %s", _callable_name(model))
     start = time.perf_counter()
     try:
         if size_oblivious is None:
@@ -153,6 +163,7 @@ def dynamo(
             raise TypeError(f"example inputs do not match the model's signature: {exc}") from exc
         raise
     elapsed = time.perf_counter() - start
+    log.info("dynamo: done in %.2f s (%d graph inputs)", elapsed, len(capture.input_sources))
     state = CaptureState(
         capture=capture,
         model=model,

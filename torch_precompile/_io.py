@@ -84,6 +84,7 @@ def save(
         "globals": {"module": artifact.globals_module, "names": needs_globals}
         if needs_globals
         else None,
+        "cudagraphs": _compat.compiled_function_uses_cudagraphs(artifact.compiled_function),
     }
     if artifact.variants:
         # Layout: "compiled" is variant 0, "compiled.<i>" variant i; weights are shared.
@@ -107,7 +108,9 @@ def save(
             f"variant {i}:\n{v.guards}" for i, v in enumerate(artifact.variants)
         )
     _format.write_artifact(path, meta, sections, sign_key=sign_key)
+    artifact._sizes.clear()
     artifact._sizes.update(sizes)
+    artifact._origin.update(path=os.path.abspath(path), created=meta["created"])
 
 
 def load(
@@ -132,7 +135,9 @@ def load(
         f_globals = _compat.import_global_refs(external_refs) or None
     else:  # files written before external_refs: the model's whole module
         f_globals = _module_globals(meta.get("globals"), path)
-    compiled_function = _compat.deserialize_compiled_function(sections["compiled"], f_globals)
+    compiled_function = _compat.deserialize_compiled_function(
+        sections["compiled"], f_globals, cudagraphs=bool(meta.get("cudagraphs"))
+    )
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
@@ -153,6 +158,7 @@ def load(
         _runtime=runtime,
         _sizes=dict(meta.get("sizes", {})),
         globals_module=(meta.get("globals") or {}).get("module", ""),
+        _origin={"path": os.path.abspath(path), "created": meta.get("created")},
     )
 
 
@@ -178,7 +184,7 @@ def _load_variants(
                 )
             f_globals = _compat.import_global_refs(vmeta.get("external_refs") or {})
             compiled_function = _compat.deserialize_compiled_function(
-                sections[f"compiled.{i}"], f_globals or None
+                sections[f"compiled.{i}"], f_globals or None, cudagraphs=bool(meta.get("cudagraphs"))
             )
         guards = Guards.from_json(vmeta.get("guards", []))
         training = bool(vmeta.get("training"))
@@ -200,6 +206,7 @@ def _load_variants(
         )
     bundle = bundle_variants(variants)
     bundle.timings["load"] = time.perf_counter() - start
+    bundle._origin.update(path=os.path.abspath(path), created=meta.get("created"))
     return bundle
 
 

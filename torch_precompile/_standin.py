@@ -187,8 +187,9 @@ def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
     chunks = []
     offset = 0
     for name, t in tensors.items():
+        source_device = t.device
         t = t.detach().to("cpu").contiguous()
-        # reshape(-1): a 0-dim tensor (BatchNorm's num_batches_tracked) cannot view as bytes.
+        # reshape(-1): a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes.
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         index[name] = {
             "dtype": str(t.dtype).replace("torch.", ""),
@@ -196,6 +197,9 @@ def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
             "offset": offset,
             "length": len(raw),
         }
+        if source_device.type != "cpu":
+            # Compiled kernels (and Dynamo's guards) expect the weights where they were.
+            index[name]["device"] = str(source_device)
         # 64-byte alignment lets every dtype view its slice in place.
         pad = -len(raw) % 64
         chunks.append(raw + b"\0" * pad)
@@ -219,5 +223,6 @@ def unpack_tensors(data: bytes, device: str | torch.device = "cpu") -> dict[str,
             t = raw.view(dtype).reshape(spec["shape"])
         else:
             t = torch.empty(spec["shape"], dtype=dtype)
-        out[name] = t.to(device) if str(device) != "cpu" else t
+        target = spec.get("device", device)
+        out[name] = t.to(target) if str(target) != "cpu" else t
     return out

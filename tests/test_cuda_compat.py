@@ -1,0 +1,153 @@
+"""What the CUDA / torch 2.11 work added, checked where CI runs (CPU, torch 2.13).
+
+The CUDA runs themselves (Triton kernels shipped in the artifact, CUDA graphs after
+load, the cold-start table) need a GPU: ``benchmarks/cuda_flow.py`` and
+``benchmarks/coldstart_cuda.py``, results under ``benchmarks/results/``. Here:
+
+- the torch-version branch of Inductor's compiler config call, against both signatures;
+- finding AOTAutograd's serializable entry through wrappers that are plain closures
+  (torch 2.11's training path);
+- a ``mode="reduce-overhead"`` artifact through the staged API: the mode is recorded
+  in the file, restored at load in a fresh process, and each call starts a new CUDA
+  graph generation, as torch.compile does; the results match eager.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+from examples.models import build_transformer
+from torch_precompile import Precompile, _compat, _format
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------- version branch
+
+
+def test_compiler_config_extra_follows_the_installed_signature() -> None:
+    calls = []
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    config = types.SimpleNamespace(name="inductor config")
+
+    def takes_config(config):  # torch 2.11
+        calls.append(("config", config))
+        return "extra-2.11"
+
+    def takes_gm(gm):  # torch 2.12+
+        calls.append(("gm", gm))
+        return "extra-2.13"
+
+    old = types.SimpleNamespace(create_compiler_config_extra=takes_config)
+    new = types.SimpleNamespace(create_compiler_config_extra=takes_gm)
+    assert _compat._compiler_config_extra(old, config, gm) == "extra-2.11"
+    assert _compat._compiler_config_extra(new, config, gm) == "extra-2.13"
+    assert calls == [("config", config), ("gm", gm)]
+
+
+# ------------------------------------------------- serializable entry lookup
+
+
+def _serializable(entry: str):
+    import torch._functorch.aot_autograd  # noqa: F401  (imports runtime_wrappers without a cycle)
+    from torch._functorch._aot_autograd.runtime_wrappers import SerializableCompiledFunction
+
+    return SerializableCompiledFunction(lambda *a: a, lambda: entry)
+
+
+def test_serializable_entry_is_found_through_closures_and_wraps() -> None:
+    inner = _serializable("the entry")
+
+    def boxed(args):  # like make_boxed_func: a closure without __wrapped__
+        return inner(*args)
+
+    @functools.wraps(boxed)
+    def runtime_wrapper(args):
+        return boxed(args)
+
+    class Holder:  # like BundledAOTAutogradSerializableCallable
+        def __init__(self, fn):
+            self.compiled_fn = fn
+
+    serialize = _compat._find_serialize_fn(Holder(runtime_wrapper))
+    assert serialize is not None and serialize() == "the entry"
+
+
+def test_no_serializable_entry_gives_none() -> None:
+    def plain(args):
+        return args
+
+    def outer(args):
+        return plain(args)
+
+    assert _compat._find_serialize_fn(outer) is None
+
+
+# ---------------------------------------------------- reduce-overhead artifact
+
+_FRESH = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from torch._dynamo.mutation_guard import GenerationTracker
+    from torch_precompile import Precompile
+    from examples.models import build_transformer
+
+    model, (ids,), _ = build_transformer()
+    art = Precompile.load(sys.argv[1])
+    with torch.no_grad():
+        before = GenerationTracker.generation
+        outs = [art(ids).clone() for _ in range(3)]
+        steps = GenerationTracker.generation - before
+        ref = model(ids)
+    for out in outs:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    print(json.dumps({"generation_steps": steps}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def reduce_overhead_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    model, (ids,), _ = build_transformer()
+    with torch.no_grad():
+        gm, bytecode, guards = Precompile.dynamo(model, ids)
+        joint, guards = Precompile.aot_autograd(gm, guards)
+        compiled, guards = Precompile.inductor(joint, guards, mode="reduce-overhead")
+        art = Precompile.precompile(compiled)
+        torch.testing.assert_close(art(ids), model(ids), rtol=1e-4, atol=1e-4)
+    path = str(tmp_path_factory.mktemp("ro") / "transformer_ro.pt")
+    Precompile.save(path, art, bytecode, guards)
+    return path
+
+
+def test_reduce_overhead_is_recorded_in_the_file(reduce_overhead_file: str) -> None:
+    meta, _ = _format.read_artifact(reduce_overhead_file)
+    assert meta["cudagraphs"] is True
+
+
+def test_reduce_overhead_loads_in_a_fresh_process_and_steps_generations(
+    reduce_overhead_file: str,
+) -> None:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRESH, reduce_overhead_file],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # One new CUDA-graph generation per call, as torch.compile's frame entry does.
+    assert result["generation_steps"] == 3

@@ -184,7 +184,9 @@ def _load_variants(
                 )
             f_globals = _compat.import_global_refs(vmeta.get("external_refs") or {})
             compiled_function = _compat.deserialize_compiled_function(
-                sections[f"compiled.{i}"], f_globals or None, cudagraphs=bool(meta.get("cudagraphs"))
+                sections[f"compiled.{i}"],
+                f_globals or None,
+                cudagraphs=bool(meta.get("cudagraphs")),
             )
         guards = Guards.from_json(vmeta.get("guards", []))
         training = bool(vmeta.get("training"))

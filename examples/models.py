@@ -26,6 +26,8 @@ Models (``nn.Module``):
 - ``DataclassOutputModel``: returns the ``MultiOutput`` dataclass with a nested
   dict/list field.
 - ``DropoutMLP``: Linear-GELU-Dropout-Linear, for training tests.
+- ``ContextManagerModel``: ``torch.no_grad()`` and bfloat16 autocast inside
+  ``forward``.
 - ``TinyMLP``: two 64-wide Linear layers, for per-call overhead (cold-start benchmark).
 
 Callables (not modules):
@@ -58,6 +60,7 @@ __all__ = [
     "BUILDERS",
     "BasicBlock",
     "BertEncoder",
+    "ContextManagerModel",
     "ConvNet",
     "DataclassOutputModel",
     "DecoratedModel",
@@ -73,6 +76,7 @@ __all__ = [
     "TinyTransformer",
     "build_bert",
     "build_closure",
+    "build_context_managers",
     "build_convnet",
     "build_dataclass_output",
     "build_decorated",
@@ -768,6 +772,40 @@ def build_scalar_fn() -> Built:
     return scalar_fn, (torch.randn(5), 0.5, 3, True), {}
 
 
+# ---------------------------------------------------------------------------
+# ContextManagerModel (no_grad and autocast inside forward)
+# ---------------------------------------------------------------------------
+
+
+class ContextManagerModel(nn.Module):
+    """``torch.no_grad()`` and CPU bfloat16 autocast inside ``forward``, as library code does.
+
+    A frozen projection runs under ``no_grad``; the MLP runs under autocast and
+    its result is cast back to float32.
+    """
+
+    def __init__(self, in_features: int = 32, hidden: int = 64, out: int = 8) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(in_features, in_features)
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc2 = nn.Linear(hidden, out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalise ``x`` (batch, in_features) with the frozen layer, then the MLP in bf16."""
+        with torch.no_grad():
+            x = F.layer_norm(self.frozen(x), (x.shape[-1],))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = self.fc2(F.gelu(self.fc1(x)))
+        return h.float()
+
+
+def build_context_managers() -> Built:
+    """ContextManagerModel in eval mode with x of shape (4, 32)."""
+    torch.manual_seed(0)
+    model = ContextManagerModel().eval()
+    return model, (torch.randn(4, 32),), {}
+
+
 BUILDERS: dict[str, Callable[[], Built]] = {
     "transformer": build_transformer,
     "convnet": build_convnet,
@@ -782,6 +820,7 @@ BUILDERS: dict[str, Callable[[], Built]] = {
     "nested_fn": build_nested_fn,
     "closure": build_closure,
     "scalar_fn": build_scalar_fn,
+    "context_managers": build_context_managers,
     "tiny_mlp": build_tiny_mlp,
 }
 """Every builder by short name; each returns ``(model_or_fn, args, kwargs)``."""

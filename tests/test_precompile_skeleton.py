@@ -20,9 +20,13 @@ def test_every_stage_is_a_callable_static_method() -> None:
 
 
 def test_stage_signatures_match_the_spec() -> None:
-    assert list(inspect.signature(Precompile.dynamo).parameters) == [
+    dynamo_params = inspect.signature(Precompile.dynamo).parameters
+    assert list(dynamo_params)[:4] == [
         "model", "example_inputs", "example_kwargs", "dynamic",
     ]
+    # Extensions (size_oblivious) are keyword-only with defaults: the SPEC's calls still work.
+    for extra in list(dynamo_params.values())[4:]:
+        assert extra.kind is inspect.Parameter.KEYWORD_ONLY and extra.default is not inspect.Parameter.empty
     assert inspect.signature(Precompile.dynamo).parameters["dynamic"].kind is inspect.Parameter.KEYWORD_ONLY
     assert list(inspect.signature(Precompile.aot_autograd).parameters)[:2] == ["gm_or_dynamo_output", "guards"]
     assert list(inspect.signature(Precompile.inductor).parameters)[:2] == ["joint_or_aot_output", "guards"]

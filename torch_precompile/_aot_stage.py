@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,6 +13,8 @@ import torch
 from . import _capture_registry, _compat
 from ._dynamo_stage import CaptureState, DynamoOutput
 from ._guards import Guard, Guards, describe_source
+
+log = logging.getLogger("torch_precompile")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +93,18 @@ def aot_autograd(
     capture = state.capture
     check_calling_convention(gm, len(capture.fake_inputs), count_outputs(capture.graph_module), "aot_autograd")
     shape_before = len(_compat.shape_env_guard_exprs(capture))
+    log.info("aot_autograd: tracing the ATen graph")
     start = time.perf_counter()
     # Later stages run under the capture's grad mode: it decides training vs inference.
     with torch.set_grad_enabled(state.grad_enabled):
         jd = _compat.export_joint(capture, gm, decompositions)
     state.timings["aot_autograd"] = time.perf_counter() - start
     training = _compat.joint_needs_autograd(jd)
+    log.info(
+        "aot_autograd: done in %.2f s (%s graph)",
+        state.timings["aot_autograd"],
+        "joint forward+backward" if training else "inference",
+    )
     state.training = training
     joint_gm = _compat.joint_graph_module(jd)
     _capture_registry.tag(joint_gm, state.capture_id, state)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 import time
 import types
 from collections.abc import Iterator, Sequence
@@ -14,7 +15,15 @@ import torch
 
 from . import _compat
 from ._errors import GuardError
-from ._guards import Guard, Guards, describe_source, diagnose
+from ._guards import (
+    Guard,
+    Guards,
+    IdentityChecks,
+    describe_source,
+    diagnose,
+    identity_guard,
+    range_guards,
+)
 from ._inductor_stage import InductorOutput
 
 log = logging.getLogger("torch_precompile")
@@ -44,6 +53,7 @@ class Runtime:
         self.guards = guards
         self.bound_self = bound_self
         self.training = training
+        self.identity = IdentityChecks(guards, getattr(fn, "__globals__", {}))
         # The grad mode Dynamo captured (and guards); an inference artifact
         # whose inputs need no grad runs under it whatever the ambient mode.
         self.grad_enabled = training if grad_enabled is None else grad_enabled
@@ -78,6 +88,14 @@ class Runtime:
 
     def _checked_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         full = (self.bound_self, *args) if self.bound_self is not None else args
+        failure = self._guard_failure(full, kwargs)
+        if failure is not None:
+            raise failure
+        if self._cudagraphs:
+            _compat.begin_cudagraph_step()
+        return self.fn(*full, **kwargs)
+
+    def _guard_failure(self, full: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
         try:
             bound = self.signature.bind(*full, **kwargs)
         except TypeError as exc:
@@ -85,10 +103,54 @@ class Runtime:
         bound.apply_defaults()
         f_locals = {**self.closure_locals, **bound.arguments} if self.closure_locals else bound.arguments
         if not self.guard_manager.check(f_locals):
-            raise diagnose(self.guards, f_locals, _compat.guard_failure_reason(self.guard_manager, f_locals))
-        if self._cudagraphs:
-            _compat.begin_cudagraph_step()
-        return self.fn(*full, **kwargs)
+            reason = _compat.guard_failure_reason(self.guard_manager, f_locals)
+            return diagnose(self.guards, f_locals, reason)
+        return self.identity.check(f_locals)
+
+    def first_failure(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
+        """The first guard this call breaks (None: the call may run), without running it."""
+        if not self.training and torch.is_grad_enabled() != self.grad_enabled:
+            culprit = self._requires_grad(args, kwargs) if torch.is_grad_enabled() else None
+            if culprit is not None:
+                return GuardError(
+                    f"grad mode: an inference artifact, called with grad enabled while {culprit} "
+                    "requires grad [aot_autograd]"
+                )
+            with torch.set_grad_enabled(self.grad_enabled):
+                return self._check_only(args, kwargs)
+        return self._check_only(args, kwargs)
+
+    def _check_only(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
+        full = (self.bound_self, *args) if self.bound_self is not None else args
+        return self._guard_failure(full, kwargs)
+
+
+class VariantRuntime:
+    """Runs the first of several compiled variants whose guards hold for the call."""
+
+    def __init__(self, variants: Sequence[PrecompiledArtifact]) -> None:
+        self.variants = tuple(variants)
+        first = self.variants[0]._runtime
+        self.bound_self = first.bound_self
+        self.training = first.training
+        self.grad_enabled = first.grad_enabled
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        failures = []
+        for i, variant in enumerate(self.variants):
+            runtime = variant._runtime
+            failure = runtime.first_failure(args, kwargs)
+            if failure is None:
+                return runtime(args, kwargs)
+            failures.append(f"variant {i} ({variant_label(variant)}): {failure}")
+        raise GuardError("no variant's guards hold for this call:\n  " + "\n  ".join(failures))
+
+
+def variant_label(artifact: PrecompiledArtifact) -> str:
+    """``inference, static`` / ``training, dynamic``: what kind of variant this is."""
+    dynamic = any(g.kind == "shape" and isinstance(g.expected, dict) for g in artifact.guards)
+    kind = "training" if artifact.training else "inference"
+    return f"{kind}, {'dynamic' if dynamic else 'static'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +167,12 @@ class PrecompiledArtifact:
     compiled_function: Any = dataclasses.field(repr=False)
     _runtime: Runtime = dataclasses.field(repr=False, compare=False)
     _sizes: dict[str, int] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    variants: tuple[PrecompiledArtifact, ...] = dataclasses.field(
+        default=(), repr=False, compare=False
+    )
     globals_module: str = dataclasses.field(default="", repr=False)
+    # Where the artifact was saved to or loaded from ({"path": ...}); set by _io.
+    _origin: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._runtime(args, kwargs)
@@ -132,28 +199,82 @@ class PrecompiledArtifact:
 
     @property
     def sizes(self) -> dict[str, int]:
-        """Bytes of weights and compiled code (known once saved or loaded)."""
+        """Bytes of the compiled code (kernels, guards, bytecode) and of the weights.
+
+        Read from the file once saved or loaded; before that, measured in
+        process (the compiled function serialized once, the weights' bytes).
+        """
+        if not self._sizes:
+            self._sizes.update(_measure_sizes(self))
         return dict(self._sizes)
+
+    def to_python(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        artifact_path: str | os.PathLike[str] | None = None,
+    ) -> str:
+        """Write a readable Python module that runs this artifact; returns its source.
+
+        The module checks the guards as plain ``if`` statements, shows which
+        parameter, buffer or input goes where in the compiled call, calls the
+        compiled code and rebuilds the output. Its ``forward(...)`` loads
+        kernels and weights from ``artifact_path`` (default: the file this
+        artifact was saved to or loaded from).
+        """
+        from ._pythonify import write_module
+
+        return write_module(self, path, artifact_path)
 
     def as_text(self) -> str:
         """Guards by stage, signature, system, sizes and stage timings, for reading."""
         lines = [f"PrecompiledArtifact ({'training' if self.training else 'inference'}, {self.device_type})"]
+        if self._origin.get("path"):
+            lines.append(f"file: {self._origin['path']}")
         lines.append("signature:")
         lines.extend(f"  {line}" for line in _signature_lines(self.signature))
         lines.append("system: " + ", ".join(f"{k}={v}" for k, v in self.system.items() if v is not None))
-        if self._sizes:
-            lines.append("sizes: " + ", ".join(f"{k}={_human(v)}" for k, v in self._sizes.items()))
+        sizes = self.sizes
+        if sizes:
+            lines.append("sizes: " + ", ".join(f"{k}={_human(v)}" for k, v in sizes.items()))
         if self.timings:
             lines.append("stage timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
+        if self.variants:
+            for i, variant in enumerate(self.variants):
+                lines.append(f"variant {i} ({variant_label(variant)}) guards:")
+                lines.extend(f"  {line}" for line in str(variant.guards).splitlines())
+            return "\n".join(lines)
         lines.append("guards:")
         lines.extend(f"  {line}" for line in str(self.guards).splitlines())
         return "\n".join(lines)
 
     def __repr__(self) -> str:
+        if self.variants:
+            kinds = "; ".join(variant_label(v) for v in self.variants)
+            return f"PrecompiledArtifact({len(self.variants)} variants: {kinds})"
         return (
             f"PrecompiledArtifact({'training' if self.training else 'inference'}, "
             f"{self.device_type}, {len(self.guards)} guards)"
         )
+
+
+def _measure_sizes(artifact: PrecompiledArtifact) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    try:
+        sizes["compiled"] = len(_compat.serialize_compiled_function(artifact.compiled_function))
+    except Exception as exc:  # a view must not fail because a size cannot be measured
+        log.debug("could not measure the compiled function's size: %s", exc)
+    mod = artifact.module
+    if isinstance(mod, torch.nn.Module):
+        from ._standin import module_tensors
+
+        sizes["weights"] = sum(t.numel() * t.element_size() for t in module_tensors(mod).values())
+    return sizes
+
+
+def human_size(n: int) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    return _human(n)
 
 
 def _human(n: int) -> str:
@@ -170,6 +291,13 @@ def _signature_lines(sig: dict[str, Any]) -> list[str]:
         lines.append(f"forward{sig['signature']}")
     for name, desc in sig.get("parameters", {}).items():
         lines.append(f"{name}: {_short(desc)}")
+    sources = sig.get("graph_inputs")
+    if sources:
+        kinds = [describe_source(src).split(" ", 1)[0] for src in sources]
+        counts = ", ".join(
+            f"{kinds.count(k)} {k}{'s' if kinds.count(k) > 1 else ''}" for k in dict.fromkeys(kinds)
+        )
+        lines.append(f"graph inputs: {len(sources)} ({counts})")
     outs = sig.get("outputs")
     if outs:
         lines.append("graph outputs: " + ", ".join(_short({"tensor": o}) if "dtype" in o else o.get("value", "?") for o in outs))
@@ -194,35 +322,118 @@ def _short(desc: Any) -> str:
 # ------------------------------------------------------------ guard filter
 
 
-def serializable_guard_filter(dropped: list[str]) -> Any:
+_IDENTITY_KINDS = frozenset(
+    {"ID_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH", "CLASS_MATCH", "MODULE_MATCH"}
+)
+
+
+def serializable_guard_filter(
+    dropped: list[str],
+    translated: list[Guard] | None = None,
+    scope_module: str | None = None,
+    closure_names: Sequence[str] = (),
+) -> Any:
     """Keep the guards that can be saved and re-checked in another process.
 
-    Object identities (ID_MATCH, CLOSURE_MATCH, ...) and globals cannot be
-    saved, as in PyTorch's own aot_compile. Guards on the *type* of a module
-    are dropped too: the artifact must also run on a stand-in of the model
-    whose class cannot be imported; its weights, attribute values and module
-    tree are still guarded.
+    Guards on object identities (ID_MATCH, FUNCTION_MATCH, CLOSURE_MATCH,
+    CLASS_MATCH, MODULE_MATCH, and BUILTIN_MATCH built on ID_MATCH) are
+    translated into savable ``identity`` entries of ``translated`` (a
+    function by qualified name, file and bytecode hash). Guards on the *type*
+    of a module are dropped: the artifact must also run on a stand-in of the
+    model whose class cannot be imported; its weights, attribute values and
+    module tree are still guarded. Every other guard that cannot be saved is
+    dropped, and ``dropped`` gets ``"KIND name: why that is safe"``.
     """
 
     def guard_filter(entries: Sequence[Any]) -> list[bool]:
         keep = []
         for entry in entries:
             name, kind, is_global, value = _compat.guard_filter_entry_fields(entry)
-            ok = not is_global and kind not in _compat.UNSERIALIZABLE_GUARD_KINDS
-            if ok and kind in ("TYPE_MATCH", "ID_MATCH") and isinstance(value, torch.nn.Module):
-                ok = False
-            if ok and "type(" in name:
-                ok = False  # reads a class attribute (e.g. forward's defaults) through type(module)
-            if not ok:
-                dropped.append(f"{kind} {name}".strip())
-            keep.append(ok)
+            derived = _compat.guard_filter_entry_derived_kinds(entry)
+            reason = _drop_reason(name, kind, derived, is_global, value)
+            if reason is None:
+                keep.append(True)
+                continue
+            keep.append(False)
+            identity = kind in _IDENTITY_KINDS or "ID_MATCH" in derived
+            guard = None
+            if identity and translated is not None:
+                source = _compat.guard_filter_entry_source(entry)
+                guard = identity_guard(source, value, scope_module, closure_names)
+            # Dynamo may call the filter more than once; record each guard once.
+            if guard is not None:
+                if all(g.subject != guard.subject for g in translated):  # type: ignore[union-attr]
+                    translated.append(guard)  # type: ignore[union-attr]
+            elif (line := f"{kind} {name}: {reason}".strip()) not in dropped:
+                dropped.append(line)
         return keep
 
     return guard_filter
 
 
+def _drop_reason(
+    name: str, kind: str, derived: tuple[str, ...], is_global: bool, value: Any
+) -> str | None:
+    """Why a Dynamo guard is not saved as it is (None: it is saved)."""
+    if kind in ("TYPE_MATCH", "ID_MATCH") and isinstance(value, torch.nn.Module):
+        return (
+            "the type of a module; the artifact also runs on a stand-in without the model's class, "
+            "and the module's weights, attributes and structure stay guarded"
+        )
+    if "type(" in name:
+        return (
+            "a class attribute read through type(module) (e.g. forward's defaults); the traced "
+            "bytecode and its defaults are saved in the artifact"
+        )
+    unserializable = _compat.UNSERIALIZABLE_GUARD_KINDS
+    if kind in unserializable or any(d in unserializable for d in derived):
+        return (
+            "an object identity of the capturing process; the object's attributes that the "
+            "compiled code read are guarded separately by value"
+        )
+    if is_global:
+        return (
+            "a global of the capturing process (module-level hooks and names); the saved code "
+            "resolves the modules it uses when loaded, with the same torch version enforced"
+        )
+    return None
+
+
+def bundle_variants(variants: Sequence[PrecompiledArtifact]) -> PrecompiledArtifact:
+    """One artifact over several compiled variants of one model; a call runs the
+    first variant whose guards hold (order is priority: put fast paths first)."""
+    variants = tuple(variants)
+    if not variants:
+        raise ValueError("precompile() got an empty list; pass at least one variant")
+    selves = {id(v.module) for v in variants}
+    if len(selves) != 1:
+        raise ValueError(
+            "the variants bind different models; variants of one artifact must be captured from "
+            "the same model object (they share its weights)"
+        )
+    first = variants[0]
+    return dataclasses.replace(
+        first,
+        training=any(v.training for v in variants),
+        timings={k: sum(v.timings.get(k, 0.0) for v in variants) for k in first.timings},
+        _runtime=VariantRuntime(variants),  # type: ignore[arg-type]
+        variants=variants,
+    )
+
+
 def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
-    """Bundle Inductor's output, Dynamo's bytecode and the final guards into an artifact."""
+    """Bundle Inductor's output, Dynamo's bytecode and the final guards into an artifact.
+
+    Given a list (of Inductor outputs or artifacts), returns one artifact
+    holding each as a variant; see :func:`bundle_variants`.
+    """
+    if isinstance(compiled_or_inductor_output, (list, tuple)):
+        return bundle_variants(
+            [
+                v if isinstance(v, PrecompiledArtifact) else precompile(v)
+                for v in compiled_or_inductor_output
+            ]
+        )
     out = compiled_or_inductor_output
     if not isinstance(out, InductorOutput):
         out = getattr(compiled_or_inductor_output, "_torch_precompile_output", None)
@@ -233,24 +444,46 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
             )
     state = out._state
     capture = state.capture
+    log.info("precompile: building guards and the compiled function")
     start = time.perf_counter()
     dropped: list[str] = []
+    translated: list[Guard] = []
+    scope_module = getattr(capture.traced_fn, "__module__", None)
+    closure_names = capture.traced_fn.__code__.co_freevars
+    guard_filter = serializable_guard_filter(dropped, translated, scope_module, closure_names)
     with torch.set_grad_enabled(state.grad_enabled):
-        guard_manager, guards_state = _compat.build_guard_manager(
-            capture, serializable_guard_filter(dropped)
-        )
+        guard_manager, guards_state = _compat.build_guard_manager(capture, guard_filter)
     compiled_function = _compat.make_compiled_function(capture, out.compiled, guard_manager, guards_state)
     state.timings["precompile"] = time.perf_counter() - start
-    guards = out.guards
+    log.info("precompile: done in %.2f s", state.timings["precompile"])
+    guards = out.guards.extend(translated)
+    # Ranges read after Inductor, so bounds added while lowering are included.
+    guards = guards.extend(
+        range_guards(
+            _compat.shape_env_var_ranges(capture),
+            _compat.shape_env_symbol_sources(capture),
+            capture.size_oblivious,
+        )
+    )
     if dropped:
-        log.debug("guards dropped because they cannot be saved: %s", dropped)
+        by_reason: dict[str, list[str]] = {}
+        for line in dropped:
+            guard, _, reason = line.partition(": ")
+            by_reason.setdefault(reason, []).append(guard)
+        log.warning(
+            "precompile: %d guards cannot be saved and are not checked by the artifact:\n%s",
+            len(dropped),
+            "\n".join(f"  {', '.join(names)}: {reason}" for reason, names in by_reason.items()),
+        )
         guards = guards.extend(
             [
                 Guard(
                     "dynamo",
                     "dropped",
-                    f"{len(dropped)} guards on object identities, module classes and globals are "
-                    "not saved (PyTorch cannot re-check them in another process)",
+                    f"{len(dropped)} guards on module classes, object identities and globals are "
+                    "not saved (see the warning logged at precompile for each and why)",
+                    None,
+                    dropped,
                 )
             ]
         )
@@ -258,6 +491,9 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     from ._signature import describe_graph_outputs
 
     signature["outputs"] = describe_graph_outputs(capture.graph_module)
+    # Where each graph input comes from (L['x'], L['self']._modules[...]...), for views
+    # and to_python after load.
+    signature["graph_inputs"] = list(capture.input_sources)
     bound_self = capture.bound_self
     runtime = Runtime(compiled_function, guards, bound_self, out.training, state.grad_enabled)
     from . import _system

@@ -51,6 +51,7 @@ class Capture:
     guards: list[Any]  # torch._guards.Guard
     local_scope: dict[str, Any]
     input_sources: list[str]
+    size_oblivious: bool = False
     grad_enabled: bool = True  # grad mode at capture; the guards are built under it
 
 
@@ -61,6 +62,78 @@ def _dynamo_errors() -> tuple[type[BaseException], ...]:
     from torch._dynamo.exc import Unsupported, UserError
 
     return (Unsupported, UserError)
+
+
+def wants_size_oblivious(args: Any, kwargs: Any) -> bool:
+    """Whether an example tensor was marked dynamic with ``min`` 0 or 1.
+
+    Dynamo specialises sizes 0 and 1 unless the ShapeEnv reasons about backed
+    sizes "size-obliviously"; honouring ``mark_dynamic(t, d, min=1)`` needs it.
+    """
+    for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+        for rng in getattr(leaf, "_dynamo_dynamic_range", ()) or ():
+            if rng.min is not None and rng.min <= 1:
+                return True
+    return False
+
+
+def size_oblivious_context(enabled: bool) -> Any:
+    """ShapeEnv setting that keeps 0 and 1 inside a dynamic size's range."""
+    if not enabled:
+        return contextlib.nullcontext()
+    import torch.fx.experimental._config as fx_config
+
+    return fx_config.patch(backed_size_oblivious=True)
+
+
+def _argsort_sym_without_guards(
+    shape_env: Any, seq: Sequence[Any], *, reverse: bool = False
+) -> list[int]:
+    """Inductor's ``argsort_sym`` (stride order for layout heuristics), minus its guards.
+
+    PyTorch documents that order as "optimization-only": no correctness
+    decision may rest on it. Yet it decides ``128*s1 > 128`` with a guard,
+    which narrows a sequence range [1, 128] to [2, 128]. Here, what the shape
+    environment knows statically decides, and the example's sizes break ties,
+    without adding a guard.
+    """
+    import sympy
+
+    def as_expr(v: Any) -> Any:
+        return v.node.expr if isinstance(v, torch.SymInt) else sympy.sympify(v)
+
+    def less(a: Any, b: Any) -> bool:
+        known = shape_env._maybe_evaluate_static(sympy.Lt(a, b))
+        if known is not None:
+            return bool(known)
+        return shape_env.optimization_hint(a) < shape_env.optimization_hint(b)
+
+    def cmp(a: tuple[int, Any], b: tuple[int, Any]) -> int:
+        if less(a[1], b[1]):
+            return -1
+        if less(b[1], a[1]):
+            return 1
+        return 1 if a[0] < b[0] else -1 if a[0] > b[0] else 0
+
+    exprs = [(i, as_expr(v)) for i, v in enumerate(seq)]
+    exprs = sorted(exprs, key=functools.cmp_to_key(cmp), reverse=reverse)
+    return [i for i, _ in exprs]
+
+
+@contextlib.contextmanager
+def _stride_order_without_guards(enabled: bool) -> Iterator[None]:
+    """Keep Inductor's stride-order heuristic from narrowing dynamic ranges."""
+    if not enabled:
+        yield
+        return
+    from torch._inductor import ir, utils
+
+    saved = (ir.argsort_sym, utils.argsort_sym)
+    ir.argsort_sym = utils.argsort_sym = _argsort_sym_without_guards  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        ir.argsort_sym, utils.argsort_sym = saved  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
@@ -76,18 +149,30 @@ def _capture_context(dynamic: bool | None) -> Iterator[None]:
         stack.enter_context(torch._functorch.config.patch(strict_autograd_cache=True))
         if dynamic is not None:
             stack.enter_context(set_enable_dynamic(dynamic))
+        # Python floats (dropout p, LayerNorm eps) stay constants: symbolic floats
+        # make AOTAutograd ask Dynamo to restart the trace, which a staged
+        # pipeline cannot do once the capture is handed on.
+        stack.enter_context(torch._dynamo.config.patch(specialize_float=True))
+        if dynamic is None:
+            # Static unless marked: no "automatic dynamic" from earlier captures of
+            # the same code in this process, so a capture does not depend on history.
+            stack.enter_context(torch._dynamo.config.patch(automatic_dynamic_shapes=False))
         stack.enter_context(torch_function_mode_stack_state_mgr)
         yield
 
 
 def fullgraph_capture(
-    model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dynamic: bool | None
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dynamic: bool | None,
+    size_oblivious: bool = False,
 ) -> Capture:
     """Run Dynamo's fullgraph capture; raises Dynamo's own exceptions on failure."""
     from torch._dynamo import convert_frame
     from torch._dynamo.graph_utils import _graph_device_type
 
-    with _capture_context(dynamic):
+    with _capture_context(dynamic), size_oblivious_context(size_oblivious):
         out = convert_frame.fullgraph_capture(model, args, kwargs)
     gco = out.graph_capture_output
     backend_input = out.backend_input
@@ -119,6 +204,7 @@ def fullgraph_capture(
         guards=list(og.guards),
         local_scope=og.local_scope,
         input_sources=sources,
+        size_oblivious=size_oblivious,
         grad_enabled=torch.is_grad_enabled(),
     )
 
@@ -141,11 +227,26 @@ def shape_env_var_ranges(capture: Capture) -> dict[str, tuple[int, int | None]]:
     if shape_env is None:
         return {}
     out = {}
-    for sym, vr in shape_env.var_to_range.items():
-        upper = vr.upper
-        hi = None if not upper.is_finite else int(upper)
-        out[str(sym)] = (int(vr.lower), hi)
+    ranges = shape_env.var_to_range
+    for sym, vr in ranges.items():
+        # A symbol found equal to another (s18 == s72) keeps a stale range of
+        # its own; what holds is the range of what it was replaced by.
+        rep = shape_env.replacements.get(sym)
+        if rep is not None and rep in ranges:
+            vr = ranges[rep]
+        elif rep is not None and getattr(rep, "is_number", False):
+            out[str(sym)] = (int(rep), int(rep))
+            continue
+        out[str(sym)] = (_bound(vr.lower) or 0, _bound(vr.upper))
     return out
+
+
+def _bound(value: Any) -> int | None:
+    """A finite sympy bound as int; None for (int_)oo."""
+    try:
+        return int(value) if bool(value.is_finite) else None
+    except (TypeError, AttributeError, ValueError):
+        return None
 
 
 def shape_env_symbol_sources(capture: Capture) -> dict[str, str]:
@@ -196,7 +297,11 @@ def export_joint(
 
     if decompositions is None:
         decompositions = default_decompositions()
-    with _tracing(capture), contextlib.ExitStack() as stack:
+    with (
+        _tracing(capture),
+        size_oblivious_context(capture.size_oblivious),
+        contextlib.ExitStack() as stack,
+    ):
         gm = run_pre_grad_passes(gm, capture.fake_inputs)
         return aot_export_joint_with_descriptors(
             stack,
@@ -349,6 +454,8 @@ def compile_joint(
         ))
 
     with contextlib.ExitStack() as stack:
+        stack.enter_context(size_oblivious_context(capture.size_oblivious))
+        stack.enter_context(_stride_order_without_guards(capture.size_oblivious))
         stack.enter_context(inductor_config.patch(patches))
         # Read under the patch: it boxes config.triton.cudagraphs (mode="reduce-overhead").
         extra = _compiler_config_extra(cfx, inductor_config, dynamo_gm)
@@ -441,6 +548,17 @@ def guard_filter_entry_fields(entry: Any) -> tuple[str, str, bool, Any]:
     return entry.name, entry.guard_type, entry.is_global, entry.value
 
 
+def guard_filter_entry_derived_kinds(entry: Any) -> tuple[str, ...]:
+    """The guard kinds a Dynamo GuardFilterEntry is built on (BUILTIN_MATCH -> ID_MATCH)."""
+    return tuple(getattr(entry, "derived_guard_types", ()) or ())
+
+
+def guard_filter_entry_source(entry: Any) -> str:
+    """The full source of a GuardFilterEntry (``L['x']``; its ``name`` drops the ``L[...]``)."""
+    orig = getattr(entry, "orig_guard", None)
+    return getattr(orig, "name", None) or entry.name
+
+
 def build_guard_manager(
     capture: Capture, guard_filter: Callable[[Sequence[Any]], Sequence[bool]]
 ) -> tuple[Any, bytes]:
@@ -498,13 +616,128 @@ def make_compiled_function(
     )
 
 
+def findable_by_name(fn: types.FunctionType) -> bool:
+    """Whether pickle can find ``fn`` by module and qualified name (it is that object)."""
+    import sys
+
+    if "<locals>" in fn.__qualname__:
+        return False
+    obj: Any = sys.modules.get(fn.__module__)
+    for part in fn.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+def _rebuild_function(
+    code: types.CodeType,
+    module: str,
+    name: str,
+    qualname: str,
+    defaults: tuple[Any, ...] | None,
+    kwdefaults: dict[str, Any] | None,
+    closure: tuple[Any, ...] | None,
+    attrs: dict[str, Any],
+) -> types.FunctionType:
+    """Inverse of the by-value reduction in :func:`_functions_pickled_by_value`."""
+    import importlib
+
+    try:
+        f_globals = importlib.import_module(module).__dict__
+    except ImportError:
+        # The code runs nowhere (Dynamo traced it into the graph); it is kept
+        # so that guards and closures that hold it can be rebuilt.
+        f_globals = {"__name__": module, "__builtins__": __builtins__}
+    fn = types.FunctionType(code, f_globals, name, defaults, closure)
+    fn.__qualname__ = qualname
+    fn.__kwdefaults__ = kwdefaults
+    fn.__dict__.update(attrs)
+    return fn
+
+
+@contextlib.contextmanager
+def _functions_pickled_by_value() -> Iterator[None]:
+    """Pickle functions that pickle cannot find by qualified name by value.
+
+    A decorated method (``functools.wraps``) keeps the undecorated function in
+    its closure under the same qualified name, which now names the wrapper;
+    pickle by reference fails on it ("not the same object as ..."). PyTorch
+    already saves ``<locals>`` functions by value; this covers the rest.
+    """
+    from torch._dynamo.aot_compile import AOTCompilePickler
+
+    original = AOTCompilePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        by_value = inspect.isfunction(obj) and "<locals>" not in obj.__qualname__
+        if by_value and not findable_by_name(obj):
+            return _rebuild_function, (
+                obj.__code__,
+                obj.__module__,
+                obj.__name__,
+                obj.__qualname__,
+                obj.__defaults__,
+                obj.__kwdefaults__,
+                obj.__closure__,
+                dict(obj.__dict__),
+            )
+        return original(self, obj)
+
+    AOTCompilePickler.reducer_override = reducer_override  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        AOTCompilePickler.reducer_override = original  # type: ignore[method-assign]
+
+
 def serialize_compiled_function(fn: Any) -> bytes:
-    """PyTorch's own AOTCompiledFunction serialization."""
+    """PyTorch's own AOTCompiledFunction serialization (unfindable functions by value)."""
     if isinstance(fn, FastCompiledFunction):
         return fn.serialized  # loaded by the fast path: the bytes it was loaded from
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
-    return AOTCompiledFunction.serialize(fn).serialized_data
+    with _functions_pickled_by_value():
+        return AOTCompiledFunction.serialize(fn).serialized_data
+
+
+def external_global_refs(fn: Any) -> dict[str, list[str]]:
+    """Globals the saved bytecode reads but PyTorch does not save (e.g. an output
+    dataclass), each as ``[module, qualified name]`` to import at load."""
+    env = fn._artifacts.runtime_env
+    scope = fn._extra_globals or {}
+    refs: dict[str, list[str]] = {}
+    provided = {fn._artifacts.backend_id, *env.used_globals, *env.import_sources}
+    for name in sorted(set(env.external_refs) - provided):
+        obj = scope.get(name)
+        if isinstance(obj, types.ModuleType):
+            refs[name] = [obj.__name__, ""]
+            continue
+        module = getattr(obj, "__module__", None)
+        qualname = getattr(obj, "__qualname__", None)
+        if isinstance(module, str) and isinstance(qualname, str) and "<locals>" not in qualname:
+            refs[name] = [module, qualname]
+        elif "__name__" in scope:
+            refs[name] = [scope["__name__"], name]
+    return refs
+
+
+def import_global_refs(refs: dict[str, list[str]]) -> dict[str, Any]:
+    """Inverse of :func:`external_global_refs`: import each referenced object."""
+    import importlib
+
+    out: dict[str, Any] = {}
+    for name, (module, qualname) in refs.items():
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in qualname.split(".") if qualname else ():
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            raise ImportError(
+                f"the artifact's code uses {module}.{qualname} (as {name!r}), which cannot be "
+                f"imported here: {exc}; output types and other globals the model returns or "
+                "calls after its graph must be importable where the artifact is loaded"
+            ) from exc
+        out[name] = obj
+    return out
 
 
 def unresolved_globals(fn: Any) -> list[str]:
@@ -593,6 +826,38 @@ def compiled_function_device_type(fn: Any) -> str:
     return fn._artifacts.device_type
 
 
+def compiled_graph_callable(fn: Any) -> Callable[..., Any]:
+    """The compiled graph of an AOTCompiledFunction: called with the flat graph
+    inputs (in Dynamo's graph-input order), returns the flat graph outputs."""
+    return fn.fn.__globals__[fn._artifacts.backend_id]
+
+
+def compiled_function_globals(fn: Any) -> dict[str, Any]:
+    """The globals Dynamo's bytecode runs with (what a ``G['name']`` source reads)."""
+    return fn.fn.__globals__
+
+
+@contextlib.contextmanager
+def recording_compiled_graph(fn: Any) -> Iterator[list[tuple[tuple[Any, ...], Any]]]:
+    """Record each call of the compiled graph (flat inputs, flat outputs) made
+    through the AOTCompiledFunction's bytecode, to map outputs to graph outputs."""
+    f_globals = fn.fn.__globals__
+    key = fn._artifacts.backend_id
+    original = f_globals[key]
+    calls: list[tuple[tuple[Any, ...], Any]] = []
+
+    def record(*args: Any) -> Any:
+        out = original(*args)
+        calls.append((args, out))
+        return out
+
+    f_globals[key] = record
+    try:
+        yield calls
+    finally:
+        f_globals[key] = original
+
+
 def global_state_snapshot() -> dict[str, Any]:
     """The global state Dynamo guards on, in words, for diagnosing guard failures."""
     return {
@@ -622,6 +887,7 @@ class FastCompiledFunction:
     serialized: bytes
     fastload: bytes
     kernels: bytes
+    _extra_globals: dict[str, Any] | None = None  # the globals imported at load
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from torch._dynamo.aot_compile import bind_locals
@@ -843,7 +1109,7 @@ def load_fast_compiled_function(
         device_type="cpu",
         original_code=original_code,
     )
-    return FastCompiledFunction(artifacts, fn, serialized, fastload, kernels)
+    return FastCompiledFunction(artifacts, fn, serialized, fastload, kernels, module_globals)
 
 
 # Light guards: Dynamo's guard tree, translated at save time into a plain-Python

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import re
 import time
 import types
@@ -16,6 +17,8 @@ from . import _capture_registry, _compat
 from ._errors import CaptureError
 from ._guards import Guards, describe_source, dynamo_guards
 from ._signature import describe_inputs
+
+log = logging.getLogger("torch_precompile")
 
 
 @dataclasses.dataclass
@@ -112,23 +115,42 @@ def _user_line(message: str) -> str:
     return f" (at {path}:{line}, in {fn})"
 
 
+def _callable_name(model: Any) -> str:
+    if isinstance(model, torch.nn.Module):
+        return f"{type(model).__name__}.forward"
+    return getattr(model, "__qualname__", type(model).__name__)
+
+
 def dynamo(
     model: Any,
     example_inputs: Any,
     example_kwargs: dict[str, Any] | None = None,
     *,
     dynamic: bool | None = None,
+    size_oblivious: bool | None = None,
 ) -> DynamoOutput:
-    """Capture ``model`` (an nn.Module or any callable) with Dynamo, as one graph."""
+    """Capture ``model`` (an nn.Module or any callable) with Dynamo, as one graph.
+
+    With ``dynamic=True`` Dynamo specialises sizes 0 and 1 (the artifact then
+    serves sizes >= 2). ``size_oblivious=True`` keeps 0 and 1 inside the
+    dynamic ranges (PyTorch's ``backed_size_oblivious``); it is turned on by
+    itself when an example tensor is marked with
+    ``torch._dynamo.mark_dynamic(t, dim, min=1, ...)``.
+    """
     if not callable(model):
         raise TypeError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
     if example_kwargs is not None and not isinstance(example_kwargs, dict):
         raise TypeError(f"example_kwargs must be a dict or None, got {type(example_kwargs).__name__}")
     args = normalize_inputs(example_inputs)
     kwargs = dict(example_kwargs or {})
+    log.info("dynamo: capturing %s", _callable_name(model))
     start = time.perf_counter()
     try:
-        capture = _compat.fullgraph_capture(_traceable(model), args, kwargs, dynamic)
+        if size_oblivious is None:
+            size_oblivious = _compat.wants_size_oblivious(args, kwargs)
+        capture = _compat.fullgraph_capture(
+            _traceable(model), args, kwargs, dynamic, bool(size_oblivious)
+        )
     except Exception as exc:
         if _compat.is_capture_error(exc):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -141,6 +163,7 @@ def dynamo(
             raise TypeError(f"example inputs do not match the model's signature: {exc}") from exc
         raise
     elapsed = time.perf_counter() - start
+    log.info("dynamo: done in %.2f s (%d graph inputs)", elapsed, len(capture.input_sources))
     state = CaptureState(
         capture=capture,
         model=model,

@@ -9,7 +9,11 @@ expected, what was found, and which stage added it.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import re
+import sys
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -298,12 +302,30 @@ def diagnose(guards: Guards, f_locals: dict[str, Any], fallback: str) -> GuardEr
     """Explain which guard the given call breaks, as a GuardError."""
     scope = {"L": f_locals}
     grad_enabled = torch.is_grad_enabled()
-    order = sorted(guards, key=lambda g: 0 if g.kind == "autograd" else 1)
+    # Grad mode first, then the recorded ranges (they say what sizes are served),
+    # then everything else in stage order.
+    order = sorted(guards, key=_diagnosis_rank)
+    values: dict[str, int] | None = None
     for g in order:
-        problem = _check_one(g, scope, grad_enabled)
+        if g.kind == "shape" and isinstance(g.expected, dict):
+            problem = _check_range(g, scope)
+        elif g.kind == "shape":
+            if values is None:
+                values = _symbol_values(guards, scope)
+            problem = _check_shape_expr(g, values)
+        else:
+            problem = _check_one(g, scope, grad_enabled)
         if problem:
             return GuardError(f"{problem} [{g.phase}]")
     return GuardError(f"a guard failed: {fallback} [dynamo]")
+
+
+def _diagnosis_rank(g: Guard) -> int:
+    if g.kind == "autograd":
+        return 0
+    if g.kind == "shape" and isinstance(g.expected, dict):
+        return 1
+    return 2
 
 
 def _check_one(g: Guard, scope: dict[str, Any], grad_enabled: bool) -> str | None:
@@ -346,6 +368,9 @@ def _check_one(g: Guard, scope: dict[str, Any], grad_enabled: bool) -> str | Non
         if value != expected:
             return f"{describe_source(g.subject)}: expected {g.expected!r}, got {value!r}; Python values are baked into the compiled code, capture again with the new value"
         return None
+    if g.kind == "identity" and g.subject:
+        scope_module = (g.expected or {}).get("scope")
+        return check_identity(g, resolve_source(g.subject, scope["L"], {}, scope_module))
     if g.kind == "global" and g.subject:
         from ._compat import global_state_snapshot
 
@@ -363,9 +388,322 @@ def _check_autograd(g: Guard, grad_enabled: bool) -> str | None:
             "grad mode: captured with grad enabled (a training artifact), called under "
             "torch.no_grad(); capture again under torch.no_grad() for an inference artifact"
         )
-    if not training and grad_enabled:
+    # An inference artifact runs in the grad mode it was captured in (the runtime
+    # switches to it, or refuses first when something requires grad), so the
+    # caller's grad mode is not what broke it: it may be captured with grad enabled.
+    return None
+
+
+# ------------------------------------------- identity guards, made savable
+#
+# Dynamo guards functions, classes and modules by ``id()``, which means
+# nothing in another process, so PyTorch refuses to save those guards. We
+# replace each with a check that can be saved: a function by its qualified
+# name, file and a hash of its bytecode; a class or builtin by module and
+# qualified name; a module by name.
+
+_ROOT = re.compile(r"([LG])\['([^']+)'\]")
+_STEP = re.compile(r"\.(\w+)|\['([^']*)'\]|\[(-?\d+)\]")
+
+
+def parse_source(source: str) -> tuple[str, str, list[tuple[str, Any]]] | None:
+    """``L['self'].config.x`` -> ("L", "self", [("attr", "config"), ("attr", "x")])."""
+    m = _ROOT.match(source)
+    if not m:
+        return None
+    steps: list[tuple[str, Any]] = []
+    pos = m.end()
+    while pos < len(source):
+        mm = _STEP.match(source, pos)
+        if not mm:
+            return None
+        if mm.group(1) is not None:
+            steps.append(("attr", mm.group(1)))
+        elif mm.group(2) is not None:
+            steps.append(("item", mm.group(2)))
+        else:
+            steps.append(("item", int(mm.group(3))))
+        pos = mm.end()
+    return m.group(1), m.group(2), steps
+
+
+def code_hash(code: types.CodeType) -> str:
+    """SHA-256 of a code object's bytecode, names and constants (nested code included)."""
+    h = hashlib.sha256()
+
+    def feed(c: types.CodeType) -> None:
+        h.update(c.co_code)
+        h.update(repr((c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars)).encode())
+        for const in c.co_consts:
+            if isinstance(const, types.CodeType):
+                feed(const)
+            else:
+                h.update(repr(const).encode())
+
+    feed(code)
+    return h.hexdigest()
+
+
+def identity_of(value: Any) -> dict[str, Any] | None:
+    """What identifies ``value`` across processes, or None if nothing does."""
+    fn = value
+    if isinstance(fn, functools.partial):
+        return None
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    if isinstance(fn, types.FunctionType):
+        code = fn.__code__
+        return {
+            "what": "function",
+            "module": getattr(fn, "__module__", None),
+            "qualname": fn.__qualname__,
+            "file": code.co_filename,
+            "code_hash": code_hash(code),
+        }
+    if isinstance(fn, types.CodeType):
+        return {
+            "what": "code",
+            "qualname": fn.co_qualname,
+            "file": fn.co_filename,
+            "code_hash": code_hash(fn),
+        }
+    if isinstance(fn, types.ModuleType):
+        return {"what": "module", "name": fn.__name__}
+    if isinstance(fn, (type, types.BuiltinFunctionType)):
+        module = getattr(fn, "__module__", None)
+        qualname = getattr(fn, "__qualname__", None)
+        if module is None or qualname is None:
+            return None
+        what = "class" if isinstance(fn, type) else "builtin"
+        return {"what": what, "module": module, "qualname": qualname}
+    return None
+
+
+def _identity_text(ident: dict[str, Any]) -> str:
+    what = ident["what"]
+    if what == "module":
+        return f"module {ident['name']}"
+    if what in ("function", "code"):
+        where = f"{ident['module']}." if ident.get("module") else ""
+        digest = ident["code_hash"][:12]
+        return f"{what} {where}{ident['qualname']} ({ident['file']}, bytecode sha256 {digest})"
+    return f"{what} {ident['module']}.{ident['qualname']}"
+
+
+def identity_guard(
+    source: str, value: Any, scope_module: str | None, closure_names: Sequence[str] = ()
+) -> Guard | None:
+    """A savable replacement for an ID_MATCH-style Dynamo guard, or None."""
+    parsed = parse_source(source)
+    if parsed is None:
+        return None
+    ident = identity_of(value)
+    if ident is None:
+        return None
+    expected = dict(ident, scope=scope_module)
+    where = _where(source)
+    if parsed[0] == "L" and parsed[1] in closure_names:
+        where = where.replace("input '", "closure variable '", 1)
+    return Guard("dynamo", "identity", f"{where} is {_identity_text(ident)}", source, expected)
+
+
+def _where(source: str) -> str:
+    return describe_source(source) if source.startswith("L[") else f"global {_global_name(source)}"
+
+
+def _global_name(source: str) -> str:
+    parsed = parse_source(source)
+    if parsed is None:
+        return source
+    _, root, steps = parsed
+    if root.startswith("__import_"):
+        root = root[len("__import_") :].replace("_dot_", ".")
+    elif root.startswith("__builtins_dict__"):
+        root = "builtins"
+        if steps and steps[0][0] == "item":
+            root, steps = str(steps[0][1]), steps[1:]
+    return root + "".join(f".{s}" if kind == "attr" else f"[{s!r}]" for kind, s in steps)
+
+
+class _Unresolved:
+    """The source names something absent from this process (not read by the artifact)."""
+
+
+_UNRESOLVED = _Unresolved()
+
+
+def resolve_source(
+    source: str, f_locals: dict[str, Any], f_globals: dict[str, Any], scope_module: str | None
+) -> Any:
+    """Evaluate a Dynamo source path without eval(); globals resolve in this process."""
+    parsed = parse_source(source)
+    if parsed is None:
+        return _UNRESOLVED
+    scope, root, steps = parsed
+    if scope == "L":
+        if root not in f_locals:
+            return _MISSING
+        obj = f_locals[root]
+    elif root in f_globals:
+        obj = f_globals[root]
+    elif root.startswith("__import_"):
+        import importlib
+
+        try:
+            obj = importlib.import_module(root[len("__import_") :].replace("_dot_", "."))
+        except ImportError:
+            return _UNRESOLVED
+    elif root.startswith("__builtins_dict__"):
+        import builtins
+
+        obj = builtins.__dict__
+    else:
+        # A global of the traced module: check it only where that module is
+        # loaded; elsewhere the artifact carries its own copy of what it used.
+        module = sys.modules.get(scope_module or "")
+        if module is None or not hasattr(module, root):
+            return _UNRESOLVED
+        obj = getattr(module, root)
+    for kind, key in steps:
+        try:
+            obj = getattr(obj, key) if kind == "attr" else obj[key]
+        except Exception:
+            return _MISSING
+    return obj
+
+
+def check_identity(g: Guard, value: Any) -> str | None:
+    """Why ``value`` is not what the identity guard ``g`` expects, or None."""
+    if value is _UNRESOLVED:
+        return None
+    where = g.expr.split(" is ", 1)[0]
+    expected = {k: v for k, v in (g.expected or {}).items() if k != "scope"}
+    if value is _MISSING:
+        return f"{where}: missing, expected {_identity_text(expected)}"
+    found = identity_of(value)
+    if found != expected:
+        got = _identity_text(found) if found else f"a {type(value).__name__}"
         return (
-            "grad mode: captured under torch.no_grad(), called with grad enabled; call it under "
-            "torch.no_grad(), or capture again with grad enabled for a training artifact"
+            f"{where}: expected {_identity_text(expected)}, got {got}; the code Dynamo traced has "
+            "changed, capture again"
         )
+    return None
+
+
+class IdentityChecks:
+    """The identity guards of an artifact, checked cheaply.
+
+    Globals are checked once (when the artifact is built or loaded); locals
+    (closure variables, arguments) on each call, by full comparison only when
+    the object differs from the last one that passed.
+    """
+
+    def __init__(self, guards: Sequence[Guard], f_globals: dict[str, Any]) -> None:
+        entries = [g for g in guards if g.kind == "identity" and g.subject]
+        self.local = [g for g in entries if g.subject.startswith("L[")]  # type: ignore[union-attr]
+        self.global_failure: tuple[Guard, str] | None = None
+        for g in entries:
+            if g.subject.startswith("G["):  # type: ignore[union-attr]
+                scope = (g.expected or {}).get("scope")
+                value = resolve_source(g.subject, {}, f_globals, scope)  # type: ignore[arg-type]
+                problem = check_identity(g, value)
+                if problem:
+                    self.global_failure = (g, problem)
+                    break
+        self._passed: dict[int, Any] = {}
+
+    def check(self, f_locals: dict[str, Any]) -> GuardError | None:
+        if self.global_failure is not None:
+            g, problem = self.global_failure
+            return GuardError(f"{problem} [{g.phase}]")
+        for i, g in enumerate(self.local):
+            value = resolve_source(g.subject, f_locals, {}, None)  # type: ignore[arg-type]
+            if value is not _MISSING and self._passed.get(i) is value:
+                continue
+            problem = check_identity(g, value)
+            if problem:
+                return GuardError(f"{problem} [{g.phase}]")
+            self._passed[i] = value
+        return None
+
+
+# ------------------------------------------------ dynamic-shape ranges
+
+
+def range_guards(
+    ranges: dict[str, tuple[int, int | None]], sources: dict[str, str], size_oblivious: bool
+) -> list[Guard]:
+    """One ``shape`` entry per dynamic input dimension: the sizes the artifact serves."""
+    out = []
+    for sym, src in sorted(sources.items(), key=lambda kv: kv[1]):
+        m = re.fullmatch(r"(.*)\.size\(\)\[(\d+)\]", src)
+        if not m or sym not in ranges:
+            continue
+        lo, hi = ranges[sym]
+        tensor, dim = m.group(1), int(m.group(2))
+        note = ""
+        if lo >= 2 and not size_oblivious:
+            note = (
+                " (0/1 are specialised: capture with size_oblivious=True, or with "
+                "torch._dynamo.mark_dynamic(t, dim, min=1), to serve them)"
+            )
+        elif lo >= 2:
+            note = (
+                f" (sizes below {lo} were excluded while capturing or compiling: "
+                "see the shape guards)"
+            )
+        hi_text = "inf" if hi is None else str(hi)
+        expr = f"{describe_source(tensor)}: dimension {dim} ({sym}) in [{lo}, {hi_text}]{note}"
+        expected = {"symbol": sym, "dim": dim, "min": lo, "max": hi, "note": note}
+        out.append(Guard("dynamo", "shape", expr, tensor, expected))
+    return out
+
+
+def _symbol_values(guards: Sequence[Guard], scope: dict[str, Any]) -> dict[str, int]:
+    values = {}
+    for g in guards:
+        if g.kind == "shape" and isinstance(g.expected, dict) and g.subject:
+            t = _eval_source(g.subject, scope)
+            if isinstance(t, torch.Tensor) and g.expected["dim"] < t.dim():
+                values[g.expected["symbol"]] = int(t.shape[g.expected["dim"]])
+    return values
+
+
+def _check_range(g: Guard, scope: dict[str, Any]) -> str | None:
+    t = _eval_source(g.subject or "", scope)
+    exp = g.expected
+    if not isinstance(t, torch.Tensor) or exp["dim"] >= t.dim():
+        return None
+    size = int(t.shape[exp["dim"]])
+    lo, hi = exp["min"], exp["max"]
+    if size < lo or (hi is not None and size > hi):
+        hi_text = "inf" if hi is None else str(hi)
+        return (
+            f"{describe_source(g.subject or '')}: dimension {exp['dim']} "
+            f"must be in [{lo}, {hi_text}] "
+            f"(the range recorded at capture), got {size}{exp.get('note', '')}; shape "
+            f"{_shape_str(tuple(t.shape))}"
+        )
+    return None
+
+
+def _check_shape_expr(g: Guard, values: dict[str, int]) -> str | None:
+    """Evaluate a symbolic-shape guard (``Ne(s27, 128)``) with the call's sizes."""
+    if not isinstance(g.expected, str) or not values:
+        return None
+    try:
+        import sympy
+
+        syms = set(re.findall(r"\b[a-z]+\d+\b", g.expected))
+        if not syms or not syms <= set(values):
+            return None
+        expr = sympy.sympify(g.expected, locals={s: sympy.Symbol(s, integer=True) for s in syms})
+        ok = expr.subs({sympy.Symbol(s, integer=True): v for s, v in values.items() if s in syms})
+        if ok in (sympy.true, True):
+            return None
+        if ok in (sympy.false, False):
+            sizes = ", ".join(f"{s}={values[s]}" for s in sorted(syms))
+            return f"shape guard {g.expr} does not hold for this call ({sizes})"
+    except Exception:
+        return None
     return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,8 @@ from . import _compat, _system
 from ._aot_stage import AOTAutogradOutput, check_calling_convention, resolve_capture
 from ._dynamo_stage import CaptureState
 from ._guards import Guard, Guards
+
+log = logging.getLogger("torch_precompile")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +68,12 @@ def inductor(
         _compat.set_joint_graph_module(jd, joint_gm)
     capture = state.capture
     shape_before = len(_compat.shape_env_guard_exprs(capture))
+    log.info("inductor: compiling %s", "forward and backward" if aot.training else "forward")
     start = time.perf_counter()
     with torch.set_grad_enabled(state.grad_enabled):
         compiled, sources = _compat.compile_joint(capture, jd, aot._dynamo_graph, mode, options)
     state.timings["inductor"] = time.perf_counter() - start
+    log.info("inductor: done in %.2f s", state.timings["inductor"])
     added = [
         Guard("inductor", "shape", expr, None, expr)
         for expr in _compat.shape_env_guard_exprs(capture)[shape_before:]

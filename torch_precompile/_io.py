@@ -81,6 +81,7 @@ def save(
         "guards_text": str(artifact.guards),
         "sizes": sizes,
         "timings": artifact.timings,
+        "external_refs": _compat.external_global_refs(artifact.compiled_function),
         # Names the compiled code reads from the model's module (e.g. an output
         # dataclass): that module is imported at load, as pickle would.
         "globals": {"module": artifact.globals_module, "names": needs_globals}
@@ -88,8 +89,31 @@ def save(
         else None,
         "cudagraphs": _compat.compiled_function_uses_cudagraphs(artifact.compiled_function),
     }
+    if artifact.variants:
+        # Layout: "compiled" is variant 0, "compiled.<i>" variant i; weights are shared.
+        meta["variants"] = []
+        for i, variant in enumerate(artifact.variants):
+            if i:
+                data = _compat.serialize_compiled_function(variant.compiled_function)
+                sections[f"compiled.{i}"] = data
+                sizes[f"compiled.{i}"] = len(sections[f"compiled.{i}"])
+            meta["variants"].append(
+                {
+                    "training": variant.training,
+                    "grad_enabled": variant._runtime.grad_enabled,
+                    "signature": variant.signature,
+                    "guards": variant.guards.to_json(),
+                    "timings": variant.timings,
+                    "external_refs": _compat.external_global_refs(variant.compiled_function),
+                }
+            )
+        meta["guards_text"] = "\n".join(
+            f"variant {i}:\n{v.guards}" for i, v in enumerate(artifact.variants)
+        )
     _format.write_artifact(path, meta, sections, sign_key=sign_key)
+    artifact._sizes.clear()
     artifact._sizes.update(sizes)
+    artifact._origin.update(path=os.path.abspath(path), created=meta["created"])
 
 
 def load(
@@ -109,19 +133,23 @@ def load(
     _system.check_compatible(meta.get("system", {}), meta.get("device_type", "cpu"), path=path)
     if "compiled" not in sections:
         raise ArtifactCorruptedError(f"{path}: the artifact has no compiled section; re-save it")
-    module_globals = _module_globals(meta.get("globals"), path)
-    compiled_function = _load_fast(sections, path, module_globals)
+    external_refs = meta.get("external_refs")
+    if external_refs is not None:
+        f_globals = _compat.import_global_refs(external_refs) or None
+    else:  # files written before external_refs: the model's whole module
+        f_globals = _module_globals(meta.get("globals"), path)
+    compiled_function = _load_fast(sections, path, f_globals)
     if compiled_function is None:
         compiled_function = _compat.deserialize_compiled_function(
-            sections["compiled"],
-            module_globals,
-            cudagraphs=bool(meta.get("cudagraphs")),
+            sections["compiled"], f_globals, cudagraphs=bool(meta.get("cudagraphs"))
         )
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
     runtime = Runtime(compiled_function, guards, bound, training, meta.get("grad_enabled"))
     timings = dict(meta.get("timings", {}))
+    if meta.get("variants"):
+        return _load_variants(meta, sections, compiled_function, bound, path, start)
     timings["load"] = time.perf_counter() - start
     return PrecompiledArtifact(
         guards=guards,
@@ -135,12 +163,13 @@ def load(
         _runtime=runtime,
         _sizes=dict(meta.get("sizes", {})),
         globals_module=(meta.get("globals") or {}).get("module", ""),
+        _origin={"path": os.path.abspath(path), "created": meta.get("created")},
     )
 
 
 def _fast_sections(artifact: PrecompiledArtifact) -> tuple[bytes, bytes] | None:
     """The shipped-kernel sections that let a CPU inference artifact load without a compiler."""
-    if artifact.training or artifact.device_type != "cpu":
+    if artifact.training or artifact.device_type != "cpu" or artifact.variants:
         return None
     try:
         return _compat.cpu_kernel_binaries(artifact.compiled_function, artifact.module)
@@ -170,6 +199,56 @@ def _load_fast(
             "%s: fast load failed, loading through PyTorch (%s: %s)", path, type(exc).__name__, exc
         )
         return None
+
+
+def _load_variants(
+    meta: dict[str, Any],
+    sections: dict[str, bytes],
+    first: Any,
+    bound: Any,
+    path: str,
+    start: float,
+) -> PrecompiledArtifact:
+    """A bundle of variants (see ``Precompile.precompile([...])``), sharing one model."""
+    from ._artifact import bundle_variants
+
+    variants = []
+    for i, vmeta in enumerate(meta["variants"]):
+        if i == 0:
+            compiled_function = first
+        else:
+            if f"compiled.{i}" not in sections:
+                raise ArtifactCorruptedError(
+                    f"{path}: variant {i} has no compiled section; re-save it"
+                )
+            f_globals = _compat.import_global_refs(vmeta.get("external_refs") or {})
+            compiled_function = _compat.deserialize_compiled_function(
+                sections[f"compiled.{i}"],
+                f_globals or None,
+                cudagraphs=bool(meta.get("cudagraphs")),
+            )
+        guards = Guards.from_json(vmeta.get("guards", []))
+        training = bool(vmeta.get("training"))
+        variants.append(
+            PrecompiledArtifact(
+                guards=guards,
+                signature=vmeta.get("signature", {}),
+                system=meta.get("system", {}),
+                training=training,
+                device_type=meta.get("device_type", "cpu"),
+                timings=dict(vmeta.get("timings", {})),
+                bytecode=_compat.compiled_function_bytecode(compiled_function),
+                compiled_function=compiled_function,
+                _runtime=Runtime(
+                    compiled_function, guards, bound, training, vmeta.get("grad_enabled")
+                ),
+                _sizes=dict(meta.get("sizes", {})),
+            )
+        )
+    bundle = bundle_variants(variants)
+    bundle.timings["load"] = time.perf_counter() - start
+    bundle._origin.update(path=os.path.abspath(path), created=meta.get("created"))
+    return bundle
 
 
 def _module_globals(spec: dict[str, Any] | None, path: str) -> dict[str, Any] | None:

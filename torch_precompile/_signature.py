@@ -51,9 +51,71 @@ def describe_graph_outputs(gm: torch.fx.GraphModule) -> list[Any]:
         if node.op != "output":
             continue
         for arg in torch.utils._pytree.tree_leaves(node.args[0]):
-            val = getattr(arg, "meta", {}).get("val") if hasattr(arg, "meta") else None
+            meta = getattr(arg, "meta", {})
+            # Dynamo's graphs keep fake values under "example_value", ATen graphs under "val".
+            val = meta.get("val", meta.get("example_value"))
             if isinstance(val, torch.Tensor):
                 out.append({"dtype": str(val.dtype).replace("torch.", ""), "shape": [str(s) for s in val.shape]})
             else:
                 out.append({"value": repr(val)})
     return out
+
+
+def example_from_description(desc: Any, generator: torch.Generator | None = None) -> Any:
+    """A value matching a :func:`describe_value` description, with random tensor data.
+
+    Floating tensors are standard normal; integer tensors hold 0s and 1s (valid
+    as indices into any embedding); Python values are the recorded ones.
+    Raises ``ValueError`` for objects a description cannot rebuild.
+    """
+    if "tensor" in desc:
+        t = desc["tensor"]
+        dtype = getattr(torch, t["dtype"])
+        shape = [int(s) for s in t["shape"]]
+        # Drawn on the CPU (where the generator lives), then moved.
+        if dtype.is_floating_point or dtype.is_complex:
+            value = torch.randn(shape, dtype=dtype, generator=generator).to(t["device"])
+            return value.requires_grad_(bool(t.get("requires_grad")))
+        if dtype == torch.bool:
+            return torch.randint(0, 2, shape, generator=generator).bool().to(t["device"])
+        return torch.randint(0, 2, shape, dtype=dtype, generator=generator).to(t["device"])
+    if "value" in desc:
+        return desc["value"]
+    for key, kind in (("tuple", tuple), ("list", list)):
+        if key in desc:
+            return kind(example_from_description(d, generator) for d in desc[key])
+    if "dict" in desc:
+        return {k: example_from_description(v, generator) for k, v in desc["dict"].items()}
+    what = desc.get("dataclass") or desc.get("object") or desc
+    raise ValueError(f"cannot build an example of {what}")
+
+
+def example_call(
+    signature: inspect.Signature, described: dict[str, Any], skip_first: bool, seed: int = 0
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Positional and keyword arguments built from a recorded input signature.
+
+    ``described`` maps parameter names to :func:`describe_value` descriptions
+    (the ``parameters`` entry of an artifact's signature); ``skip_first``
+    leaves out ``self``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    params = list(signature.parameters.values())[1 if skip_first else 0 :]
+    P = inspect.Parameter
+    skipped = False
+    for p in params:
+        if p.name not in described:
+            skipped = True  # not given in the example call: its default applies
+            continue
+        value = example_from_description(described[p.name], gen)
+        if p.kind == P.VAR_POSITIONAL:
+            args.extend(value)
+        elif p.kind == P.VAR_KEYWORD:
+            kwargs.update(value)
+        elif p.kind == P.KEYWORD_ONLY or (skipped and p.kind == P.POSITIONAL_OR_KEYWORD):
+            kwargs[p.name] = value
+        else:
+            args.append(value)
+    return tuple(args), kwargs

@@ -48,6 +48,8 @@ def describe_module(module: torch.nn.Module) -> dict[str, Any]:
                 continue
             if _is_plain(value):
                 attrs[key] = [type(value).__name__, value]
+            elif _is_config(value):
+                attrs[key] = ["config", _describe_config(value)]
         params = {}
         for name, p in mod._parameters.items():
             if p is None:
@@ -99,6 +101,8 @@ def build_standin(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) ->
         for key, (type_name, value) in entry["attrs"].items():
             if type_name == "tuple":
                 value = _to_tuple(value)
+            elif type_name == "config":
+                value = _build_config(value)
             object.__setattr__(mod, key, value)
         for name, spec in entry["params"].items():
             if spec is None:
@@ -122,6 +126,50 @@ def build_standin(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) ->
             child_path = f"{path}.{child}" if path else child
             mod._modules[child] = mods[child_path]
     return mods[""]
+
+
+def _is_config(value: Any) -> bool:
+    """A configuration object (HF's ``self.config``): plain attributes, importable class."""
+    cls = type(value)
+    if isinstance(value, torch.nn.Module) or not hasattr(value, "__dict__"):
+        return False
+    if cls.__module__ in ("builtins", "__main__") or "<locals>" in cls.__qualname__:
+        return False
+    if cls.__module__.split(".")[0] == "torch":
+        return False
+    if _find_class(cls.__module__, cls.__qualname__, import_missing=False) is not cls:
+        return False
+    return all(_is_plain(v) for v in vars(value).values())
+
+
+def _describe_config(value: Any) -> dict[str, Any]:
+    cls = type(value)
+    state = {k: [type(v).__name__, v] for k, v in vars(value).items()}
+    return {"module": cls.__module__, "qualname": cls.__qualname__, "state": state}
+
+
+def _find_class(module: str, qualname: str, import_missing: bool = True) -> Any:
+    import importlib
+    import sys
+
+    obj: Any = sys.modules.get(module)
+    if obj is None and import_missing:
+        obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _build_config(desc: dict[str, Any]) -> Any:
+    """Rebuild a config object; its class must be importable, as output types must be."""
+    cls = _find_class(desc["module"], desc["qualname"])
+    if not isinstance(cls, type):
+        name = f"{desc['module']}.{desc['qualname']}"
+        raise ImportError(f"the model's config class {name} cannot be imported")
+    obj = cls.__new__(cls)
+    for key, (type_name, value) in desc["state"].items():
+        obj.__dict__[key] = _to_tuple(value) if type_name == "tuple" else value
+    return obj
 
 
 def _to_tuple(value: Any) -> Any:

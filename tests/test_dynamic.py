@@ -1,0 +1,214 @@
+"""Dynamic shapes: one artifact serves many batch sizes and sequence lengths.
+
+The GPT decoder is captured once with ``torch._dynamo.mark_dynamic(ids, 0,
+min=1, max=8)`` and ``mark_dynamic(ids, 1, min=1, max=128)``; a fresh process
+loads it and serves every batch 1..8 x sequence 1..128 with no compilation.
+Sizes outside the recorded ranges raise a GuardError stating the range.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from examples.models import build_dropout_mlp, build_gpt
+from torch_precompile import GuardError, Precompile
+
+REPO = Path(__file__).resolve().parents[1]
+# Every batch 1..8 with these lengths (the boundaries, powers of two and their
+# neighbours); set TORCH_PRECOMPILE_FULL_GRID=1 to serve all 128 lengths.
+SEQS = (
+    list(range(1, 129))
+    if os.environ.get("TORCH_PRECOMPILE_FULL_GRID")
+    else [1, 2, 3, 7, 8, 9, 16, 31, 32, 33, 64, 65, 100, 127, 128]
+)
+
+
+@pytest.fixture(scope="module")
+def gpt_dynamic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Path]:
+    model, (ids,), _ = build_gpt()
+    ids = ids.clone()
+    torch._dynamo.mark_dynamic(ids, 0, min=1, max=8)
+    torch._dynamo.mark_dynamic(ids, 1, min=1, max=128)
+    with torch.no_grad():
+        gm, bytecode, guards = Precompile.dynamo(model, ids)
+        joint, guards = Precompile.aot_autograd(gm, guards)
+        compiled, guards = Precompile.inductor(joint, guards)
+        artifact = Precompile.precompile(compiled)
+    path = tmp_path_factory.mktemp("dyn") / "gpt_dynamic.pt2"
+    Precompile.save(path, artifact, bytecode, guards)
+    return artifact, model, path
+
+
+@pytest.fixture(scope="module")
+def mlp_dynamic_true() -> tuple[Any, Any]:
+    """``dynamic=True`` without size-oblivious reasoning: Dynamo specialises 0/1."""
+    model, (x,), _ = build_dropout_mlp()
+    with torch.no_grad():
+        artifact = Precompile.compile(model, x, dynamic=True)
+    return artifact, model
+
+
+@pytest.fixture(scope="module")
+def mlp_size_oblivious() -> tuple[Any, Any]:
+    """``dynamic=True, size_oblivious=True``: 1 stays inside the batch range."""
+    model, (x,), _ = build_dropout_mlp()
+    with torch.no_grad():
+        artifact = Precompile.compile(model, x, dynamic=True, size_oblivious=True)
+    return artifact, model
+
+
+def _ids(batch: int, seq: int) -> torch.Tensor:
+    return torch.randint(
+        0, 512, (batch, seq), generator=torch.Generator().manual_seed(batch * 1000 + seq)
+    )
+
+
+def test_ranges_are_recorded_as_shape_guards(gpt_dynamic: tuple[Any, Any, Path]) -> None:
+    artifact = gpt_dynamic[0]
+    ranges = [g for g in artifact.guards if g.kind == "shape" and isinstance(g.expected, dict)]
+    got = {(g.expected["dim"], g.expected["min"], g.expected["max"]) for g in ranges}
+    assert got == {(0, 1, 8), (1, 1, 128)}, [g.expr for g in ranges]
+    assert all(g.subject == "L['ids']" for g in ranges)
+    assert "input 'ids': dimension 0" in str(artifact.guards)
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 1), (1, 128), (8, 1), (8, 128), (3, 17), (2, 16)])
+def test_in_process_sizes_match_eager(
+    gpt_dynamic: tuple[Any, Any, Path], batch: int, seq: int
+) -> None:
+    artifact, model, _ = gpt_dynamic
+    ids = _ids(batch, seq)
+    with torch.no_grad():
+        torch.testing.assert_close(artifact(ids), model(ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "shape,dim,allowed",
+    [((9, 16), 0, "[1, 8]"), ((2, 129), 1, "[1, 128]"), ((0, 16), 0, "[1, 8]")],
+)
+def test_out_of_range_states_the_range(
+    gpt_dynamic: tuple[Any, Any, Path], shape: tuple[int, int], dim: int, allowed: str
+) -> None:
+    artifact = gpt_dynamic[0]
+    with torch.no_grad(), pytest.raises(GuardError) as info:
+        artifact(torch.zeros(shape, dtype=torch.long))
+    msg = str(info.value)
+    assert f"input 'ids': dimension {dim} must be in {allowed}" in msg, msg
+    assert f"got {shape[dim]}" in msg
+
+
+def test_dynamic_true_specialises_zero_one(mlp_dynamic_true: tuple[Any, Any]) -> None:
+    artifact, model = mlp_dynamic_true
+    for batch in (2, 5, 64):
+        x = torch.randn(batch, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(artifact(x), model(x))
+    with torch.no_grad(), pytest.raises(GuardError) as info:
+        artifact(torch.randn(1, 32))
+    msg = str(info.value)
+    assert "dimension 0 must be in [2, inf]" in msg and "got 1" in msg, msg
+    assert "0/1 are specialised" in msg and "size_oblivious=True" in msg, msg
+
+
+def test_fresh_process_serves_all_sizes_without_compiling(
+    gpt_dynamic: tuple[Any, Any, Path], tmp_path: Path
+) -> None:
+    """batch 1..8 x seq 1..128 from one file, compared with eager; nothing compiles while serving.
+
+    Counted three ways: C++ builds (Inductor's CppBuilder), Dynamo's counters
+    (frames, graphs, Inductor events), and a C++ compiler set to /bin/false
+    once loaded, so any compile attempt would fail the run.
+    """
+    path = gpt_dynamic[2]
+    script = tmp_path / "serve.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, time
+            import torch
+            from torch._dynamo.utils import counters
+            import torch._inductor.cpp_builder as cpp_builder
+            from torch_precompile import GuardError, Precompile
+
+            SEQS = {SEQS!r}
+            builds = []
+            original_build = cpp_builder.CppBuilder.build
+            def counting_build(self, *a, **k):
+                builds.append(self.get_target_file_path())
+                return original_build(self, *a, **k)
+            cpp_builder.CppBuilder.build = counting_build
+
+            start = time.perf_counter()
+            art = Precompile.load({str(path)!r})
+            load_s = time.perf_counter() - start
+            builds_at_load = len(builds)
+            # From here on nothing may compile: make any attempt fail loudly.
+            torch._inductor.config.cpp.cxx = ("/bin/false",)
+            before = {{k: dict(v) for k, v in counters.items()}}
+            outputs = {{}}
+            start = time.perf_counter()
+            with torch.no_grad():
+                for b in range(1, 9):
+                    for s in SEQS:
+                        gen = torch.Generator().manual_seed(b * 1000 + s)
+                        ids = torch.randint(0, 512, (b, s), generator=gen)
+                        outputs[(b, s)] = (ids, art(ids))
+            serve_s = time.perf_counter() - start
+            after = {{k: dict(v) for k, v in counters.items()}}
+            errors = {{}}
+            for shape in [(9, 4), (2, 129)]:
+                try:
+                    with torch.no_grad():
+                        art(torch.zeros(shape, dtype=torch.long))
+                except GuardError as exc:
+                    errors[str(shape)] = str(exc)
+            # Eager reference, built only now (same seed, same weights).
+            from examples.models import build_gpt
+            model = build_gpt()[0]
+            with torch.no_grad():
+                for (b, s), (ids, got) in outputs.items():
+                    torch.testing.assert_close(got, model(ids), rtol=1e-4, atol=1e-4)
+            print(json.dumps({{
+                "calls": len(outputs), "load_s": load_s, "serve_s": serve_s,
+                "builds_at_load": builds_at_load, "builds_serving": len(builds) - builds_at_load,
+                "counters_before": before, "counters_after": after, "errors": errors,
+            }}))
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(json.dumps({k: v for k, v in res.items() if not k.startswith("counters")}))
+    assert res["calls"] == 8 * len(SEQS)
+    assert res["builds_serving"] == 0
+    assert res["counters_after"] == res["counters_before"], (
+        "serving must not compile or trace anything"
+    )
+    assert not res["counters_after"].get("frames"), res["counters_after"]
+    assert "must be in [1, 8]" in res["errors"]["(9, 4)"]
+    assert "must be in [1, 128]" in res["errors"]["(2, 129)"]
+
+
+def test_size_oblivious_serves_batch_one(mlp_size_oblivious: tuple[Any, Any]) -> None:
+    artifact, model = mlp_size_oblivious
+    ranges = [g for g in artifact.guards if g.kind == "shape" and isinstance(g.expected, dict)]
+    batch_range = [g for g in ranges if g.expected["dim"] == 0]
+    assert len(batch_range) == 1, [g.expr for g in ranges]
+    assert batch_range[0].expected["min"] <= 1 and not batch_range[0].expected["note"]
+    for batch in (1, 3, 64):
+        x = torch.randn(batch, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(artifact(x), model(x))

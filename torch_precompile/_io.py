@@ -171,6 +171,8 @@ def _fast_sections(artifact: PrecompiledArtifact) -> tuple[bytes, bytes] | None:
     """The shipped-kernel sections that let a CPU inference artifact load without a compiler."""
     if artifact.training or artifact.device_type != "cpu" or artifact.variants:
         return None
+    if _compat.compiled_function_uses_cudagraphs(artifact.compiled_function):
+        return None  # mode="reduce-overhead": its runtime steps CUDA-graph generations
     try:
         return _compat.cpu_kernel_binaries(artifact.compiled_function, artifact.module)
     except Exception as exc:  # never fail a save over the optional fast path

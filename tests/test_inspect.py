@@ -218,7 +218,13 @@ def test_inspect_json(art: dict) -> None:
     assert data["format_version"] == _format.FORMAT_VERSION
     assert data["signed"] is False
     assert data["file_size"] == os.path.getsize(art["path"])
-    assert [s["name"] for s in data["sections"]] == ["compiled", "skeleton", "weights"]
+    assert [s["name"] for s in data["sections"]] == [
+        "compiled",
+        "skeleton",
+        "weights",
+        "fastload",  # CPU inference: what loads without a compiler (test_coldstart.py)
+        "kernels",
+    ]
     meta = data["meta"]
     assert meta["system"]["torch"] == torch.__version__
     assert meta["signature"]["graph_inputs"] == art["dynamo"].input_sources

@@ -63,12 +63,16 @@ def main(fresh: bool = False) -> int:
     with torch.no_grad():
         t = time.perf_counter()
         gm, bytecode, guards = torch.Precompile.dynamo(model, example_input)
-        print(f"[beautiful] dynamo:       {time.perf_counter() - t:6.2f} s  "
-              f"({sum(n.op == 'call_function' for n in gm.graph.nodes)} ops, {len(guards)} guards)")
+        print(
+            f"[beautiful] dynamo:       {time.perf_counter() - t:6.2f} s  "
+            f"({sum(n.op == 'call_function' for n in gm.graph.nodes)} ops, {len(guards)} guards)"
+        )
         t = time.perf_counter()
         joint_gm, guards = torch.Precompile.aot_autograd(gm, guards)
-        print(f"[beautiful] aot_autograd: {time.perf_counter() - t:6.2f} s  "
-              f"({len(joint_gm.graph.nodes)} ATen nodes)")
+        print(
+            f"[beautiful] aot_autograd: {time.perf_counter() - t:6.2f} s  "
+            f"({len(joint_gm.graph.nodes)} ATen nodes)"
+        )
         t = time.perf_counter()
         compiled_joint_gm, guards = torch.Precompile.inductor(joint_gm, guards)
         print(f"[beautiful] inductor:     {time.perf_counter() - t:6.2f} s")
@@ -80,8 +84,10 @@ def main(fresh: bool = False) -> int:
         path = os.path.join(tmp, "model.pt")
         t = time.perf_counter()
         torch.Precompile.save(path, precompiled_artifact, bytecode, guards)
-        print(f"[beautiful] save:         {time.perf_counter() - t:6.2f} s  "
-              f"({os.path.getsize(path) / 1024:.0f} KiB, weights included)")
+        print(
+            f"[beautiful] save:         {time.perf_counter() - t:6.2f} s  "
+            f"({os.path.getsize(path) / 1024:.0f} KiB, weights included)"
+        )
 
         t = time.perf_counter()
         loaded = torch.Precompile.load(path)
@@ -90,8 +96,12 @@ def main(fresh: bool = False) -> int:
             out = loaded(example_input)
         diff = (out - expected).abs().max().item()
         status = 0 if diff <= TOLERANCE else 1
-        print("[beautiful] guards by stage: "
-              + ", ".join(f"{p} {len(guards.by_phase(p))}" for p in ("dynamo", "aot_autograd", "inductor")))
+        print(
+            "[beautiful] guards by stage: "
+            + ", ".join(
+                f"{p} {len(guards.by_phase(p))}" for p in ("dynamo", "aot_autograd", "inductor")
+            )
+        )
 
         if fresh:
             io_path = os.path.join(tmp, "io.pt")
@@ -102,7 +112,9 @@ def main(fresh: bool = False) -> int:
             )
             status = status or run.returncode
 
-    print(f"beautiful.py: max |loaded - eager| = {diff:.1e} ({'OK' if status == 0 else 'MISMATCH'})")
+    print(
+        f"beautiful.py: max |loaded - eager| = {diff:.1e} ({'OK' if status == 0 else 'MISMATCH'})"
+    )
     return status
 
 

@@ -57,9 +57,7 @@ def main(fresh: bool = False) -> int:
 
     from examples.models import build_transformer
 
-    print(
-        f"[ugly] import torch: {time.perf_counter() - t0:.2f} s (torch {torch.__version__})"
-    )
+    print(f"[ugly] import torch: {time.perf_counter() - t0:.2f} s (torch {torch.__version__})")
 
     t = time.perf_counter()
     model, (ids,), _ = build_transformer()  # eval mode, torch.manual_seed(0)
@@ -89,7 +87,8 @@ def main(fresh: bool = False) -> int:
         fn.save_compiled_function(path)
         size = os.path.getsize(path)
         print(
-            f"[ugly] save_compiled_function: {time.perf_counter() - t:.2f} s ({size / 1024:.1f} KiB)"
+            f"[ugly] save_compiled_function: {time.perf_counter() - t:.2f} s "
+            f"({size / 1024:.1f} KiB)"
         )
 
         t = time.perf_counter()
@@ -99,21 +98,15 @@ def main(fresh: bool = False) -> int:
 
         t = time.perf_counter()
         out = loaded(model, ids)  # the compiled forward takes the module first
-        print(
-            f"[ugly] first call of the loaded function: {time.perf_counter() - t:.2f} s"
-        )
+        print(f"[ugly] first call of the loaded function: {time.perf_counter() - t:.2f} s")
 
         t = time.perf_counter()
         loaded(model, ids)
-        print(
-            f"[ugly] second call of the loaded function: {time.perf_counter() - t:.4f} s"
-        )
+        print(f"[ugly] second call of the loaded function: {time.perf_counter() - t:.4f} s")
 
         if fresh:
             repo_root = os.path.dirname(os.path.abspath(__file__))
-            subprocess.run(
-                [sys.executable, "-c", _FRESH_LOAD, path], check=True, cwd=repo_root
-            )
+            subprocess.run([sys.executable, "-c", _FRESH_LOAD, path], check=True, cwd=repo_root)
 
     diff = (out - eager).abs().max().item()
     ok = diff <= TOLERANCE

@@ -64,13 +64,17 @@ def main() -> int:
             times[tool].append(measure(tool, opts.model))
     med = {t: statistics.median(v) for t, v in times.items()}
     ratio = med["torch_precompile"] / med["torch_aot_compile"]
-    print(f"compile time, {opts.model}, empty Inductor cache, median of {opts.runs} fresh processes")
+    print(
+        f"compile time, {opts.model}, empty Inductor cache, median of {opts.runs} fresh processes"
+    )
     print("| tool | median (s) | runs (s) |\n|---|---|---|")
     for t in tools:
         print(f"| {t} | {med[t]:.2f} | {', '.join(f'{x:.2f}' for x in times[t])} |")
     print(f"Precompile.compile / aot_compile = {ratio:.3f}")
     if opts.json:
-        opts.json.write_text(json.dumps({"model": opts.model, "times": times, "median": med, "ratio": ratio}))
+        opts.json.write_text(
+            json.dumps({"model": opts.model, "times": times, "median": med, "ratio": ratio})
+        )
     return 0
 
 

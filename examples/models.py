@@ -189,9 +189,7 @@ class TinyTransformer(nn.Module):
         self.tok_emb = nn.Embedding(vocab, d_model)
         self.pos_emb = nn.Embedding(max_len, d_model)
         self.register_buffer("pos_ids", torch.arange(max_len), persistent=True)
-        self.blocks = nn.ModuleList(
-            PreLNBlock(d_model, n_heads) for _ in range(n_layers)
-        )
+        self.blocks = nn.ModuleList(PreLNBlock(d_model, n_heads) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
 
@@ -283,9 +281,7 @@ class GPTDecoder(nn.Module):
             torch.tril(torch.ones(max_len, max_len, dtype=torch.bool)),
             persistent=False,
         )
-        self.blocks = nn.ModuleList(
-            PreLNBlock(d_model, n_heads, dropout) for _ in range(n_layers)
-        )
+        self.blocks = nn.ModuleList(PreLNBlock(d_model, n_heads, dropout) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # weight tying, as in GPT-2
@@ -474,9 +470,7 @@ def build_resnet() -> Built:
 class MixerLayer(nn.Module):
     """One Mixer layer: token-mixing MLP across patches, then channel-mixing MLP."""
 
-    def __init__(
-        self, num_patches: int, dim: int, token_hidden: int, channel_hidden: int
-    ) -> None:
+    def __init__(self, num_patches: int, dim: int, token_hidden: int, channel_hidden: int) -> None:
         super().__init__()
         self.ln_token = nn.LayerNorm(dim)
         self.token_mlp = MLP(num_patches, token_hidden)
@@ -589,9 +583,7 @@ def handle_return_dict(forward: Callable[..., ModelOutput]) -> Callable[..., Any
 class DecoratedModel(nn.Module):
     """Two-layer classifier whose decorated ``forward`` reads ``self.config``."""
 
-    def __init__(
-        self, config: ModelConfig | None = None, in_features: int = 32
-    ) -> None:
+    def __init__(self, config: ModelConfig | None = None, in_features: int = 32) -> None:
         super().__init__()
         self.config = config if config is not None else ModelConfig()
         hidden = self.config.hidden_size

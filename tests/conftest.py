@@ -61,6 +61,7 @@ def run_script(source: str, *args: str, timeout: int = 600) -> subprocess.Comple
     )
     if proc.returncode != 0:
         raise AssertionError(
-            f"fresh process failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+            f"fresh process failed ({proc.returncode}):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return proc

@@ -12,8 +12,8 @@ import pickle
 
 import pytest
 import torch
-
 from conftest import run_script
+
 from torch_precompile import (
     ArtifactCorruptedError,
     IncompatibleSystemError,
@@ -96,7 +96,7 @@ def test_artifact_from_another_system_is_refused_before_unpickling(
     staged, tmp_path, field, value, needle
 ) -> None:
     marker = tmp_path / "executed"
-    meta, sections = _format.read_artifact(staged.path)
+    meta, _ = _format.read_artifact(staged.path)
     system = dict(meta["system"], **{field: value})
     path = tmp_path / f"foreign_{field}.pt"
     _rewrite(

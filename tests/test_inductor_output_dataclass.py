@@ -26,7 +26,7 @@ def test_as_text_shows_generated_code(staged) -> None:
     text = staged.inductor.as_text()
     assert "===== Inductor forward =====" in text
     # CPU kernels are C++ emitted by Inductor's cpp backend.
-    assert "extern \"C\"" in text or "cpp_fused" in text
+    assert 'extern "C"' in text or "cpp_fused" in text
     assert "backward" not in staged.inductor.source_code
 
 

@@ -78,5 +78,5 @@ def test_a_pass_that_adds_an_input_is_rejected_with_a_clear_error() -> None:
 
 def test_a_graph_from_elsewhere_is_rejected() -> None:
     gm = torch.fx.symbolic_trace(_Small())
-    with pytest.raises(ValueError, match="does not come from Precompile.dynamo"):
+    with pytest.raises(ValueError, match=r"does not come from Precompile\.dynamo"):
         Precompile.aot_autograd(gm)

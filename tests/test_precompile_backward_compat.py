@@ -13,7 +13,11 @@ from torch_precompile import Precompile
 
 def test_ugly_py_runs_unchanged() -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "ugly.py")], capture_output=True, text=True, cwd=ROOT, timeout=600
+        [sys.executable, str(ROOT / "ugly.py")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ugly.py: max |loaded - eager|" in proc.stdout and "(OK)" in proc.stdout

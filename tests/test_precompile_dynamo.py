@@ -74,5 +74,8 @@ def test_guard_error_names_input_expected_and_actual(staged) -> None:
     with torch.no_grad(), pytest.raises(GuardError) as info:
         staged.artifact(torch.randint(0, 1000, (3, 32)))
     assert str(info.value) == "input 'ids': expected shape (2, 32), got (3, 32) [dynamo]"
-    with torch.no_grad(), pytest.raises(GuardError, match=r"input 'ids': expected dtype int64, got int32 \[dynamo\]"):
+    with (
+        torch.no_grad(),
+        pytest.raises(GuardError, match=r"input 'ids': expected dtype int64, got int32 \[dynamo\]"),
+    ):
         staged.artifact(staged.example.to(torch.int32))

@@ -21,7 +21,7 @@ def test_accepts_the_unpacked_compiled_object(staged) -> None:
 
 
 def test_rejects_something_else() -> None:
-    with pytest.raises(TypeError, match="takes the output of Precompile.inductor"):
+    with pytest.raises(TypeError, match=r"takes the output of Precompile\.inductor"):
         Precompile.precompile(torch.nn.Linear(2, 2))
 
 
@@ -39,7 +39,12 @@ def test_changed_python_attribute_is_a_guard_error(staged) -> None:
     old = block.n_heads
     block.n_heads = old * 2
     try:
-        with torch.no_grad(), pytest.raises(GuardError, match=r"attribute 'blocks.0.attn.n_heads': expected 4, got 8"):
+        with (
+            torch.no_grad(),
+            pytest.raises(
+                GuardError, match=r"attribute 'blocks.0.attn.n_heads': expected 4, got 8"
+            ),
+        ):
             staged.artifact(staged.example)
     finally:
         block.n_heads = old
@@ -52,7 +57,12 @@ def test_changed_parameter_shape_is_a_guard_error(staged) -> None:
     old = head.bias
     head.bias = torch.nn.Parameter(torch.zeros(7))
     try:
-        with torch.no_grad(), pytest.raises(GuardError, match=r"parameter 'head.bias': expected shape \(1000,\), got \(7,\)"):
+        with (
+            torch.no_grad(),
+            pytest.raises(
+                GuardError, match=r"parameter 'head.bias': expected shape \(1000,\), got \(7,\)"
+            ),
+        ):
             staged.artifact(staged.example)
     finally:
         head.bias = old
@@ -61,7 +71,10 @@ def test_changed_parameter_shape_is_a_guard_error(staged) -> None:
 def test_default_dtype_change_is_a_guard_error(staged) -> None:
     torch.set_default_dtype(torch.float64)
     try:
-        with torch.no_grad(), pytest.raises(GuardError, match="default dtype: expected float32, got float64"):
+        with (
+            torch.no_grad(),
+            pytest.raises(GuardError, match="default dtype: expected float32, got float64"),
+        ):
             staged.artifact(staged.example)
     finally:
         torch.set_default_dtype(torch.float32)
@@ -71,6 +84,8 @@ def test_in_process_artifact_uses_the_live_weights(staged) -> None:
     with torch.no_grad():
         staged.model.head.bias.add_(1.0)
         try:
-            torch.testing.assert_close(staged.artifact(staged.example), staged.model(staged.example))
+            torch.testing.assert_close(
+                staged.artifact(staged.example), staged.model(staged.example)
+            )
         finally:
             staged.model.head.bias.sub_(1.0)

@@ -24,7 +24,7 @@ def test_save_writes_one_file_with_a_readable_header(staged) -> None:
 
 
 def test_weights_travel_in_the_file(staged) -> None:
-    meta, sections = _format.read_artifact(staged.path)
+    _, sections = _format.read_artifact(staged.path)
     assert {"compiled", "weights", "skeleton"} <= set(sections)
 
 
@@ -37,13 +37,17 @@ def test_bytecode_from_another_capture_is_rejected(staged, tmp_path) -> None:
 
 def test_guards_from_another_capture_are_rejected(staged, tmp_path) -> None:
     other = Precompile.dynamo(lambda x: x.cos(), torch.randn(2)).guards
-    with pytest.raises(ValueError, match="guards given to save\\(\\) do not belong.*another capture"):
+    with pytest.raises(
+        ValueError, match=r"guards given to save\(\) do not belong.*another capture"
+    ):
         Precompile.save(tmp_path / "x.pt", staged.artifact, staged.dynamo.bytecode, other)
 
 
 def test_earlier_stage_guards_are_accepted(staged, tmp_path) -> None:
     # Guards of an earlier stage are a prefix of the artifact's: they belong to it.
-    Precompile.save(tmp_path / "ok.pt", staged.artifact, staged.dynamo.bytecode, staged.dynamo.guards)
+    Precompile.save(
+        tmp_path / "ok.pt", staged.artifact, staged.dynamo.bytecode, staged.dynamo.guards
+    )
     assert (tmp_path / "ok.pt").exists()
 
 

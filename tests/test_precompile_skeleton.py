@@ -22,14 +22,29 @@ def test_every_stage_is_a_callable_static_method() -> None:
 def test_stage_signatures_match_the_spec() -> None:
     dynamo_params = inspect.signature(Precompile.dynamo).parameters
     assert list(dynamo_params)[:4] == [
-        "model", "example_inputs", "example_kwargs", "dynamic",
+        "model",
+        "example_inputs",
+        "example_kwargs",
+        "dynamic",
     ]
     # Extensions (size_oblivious) are keyword-only with defaults: the SPEC's calls still work.
     for extra in list(dynamo_params.values())[4:]:
-        assert extra.kind is inspect.Parameter.KEYWORD_ONLY and extra.default is not inspect.Parameter.empty
-    assert inspect.signature(Precompile.dynamo).parameters["dynamic"].kind is inspect.Parameter.KEYWORD_ONLY
-    assert list(inspect.signature(Precompile.aot_autograd).parameters)[:2] == ["gm_or_dynamo_output", "guards"]
-    assert list(inspect.signature(Precompile.inductor).parameters)[:2] == ["joint_or_aot_output", "guards"]
+        assert (
+            extra.kind is inspect.Parameter.KEYWORD_ONLY
+            and extra.default is not inspect.Parameter.empty
+        )
+    assert (
+        inspect.signature(Precompile.dynamo).parameters["dynamic"].kind
+        is inspect.Parameter.KEYWORD_ONLY
+    )
+    assert list(inspect.signature(Precompile.aot_autograd).parameters)[:2] == [
+        "gm_or_dynamo_output",
+        "guards",
+    ]
+    assert list(inspect.signature(Precompile.inductor).parameters)[:2] == [
+        "joint_or_aot_output",
+        "guards",
+    ]
     save = inspect.signature(Precompile.save).parameters
     assert list(save) == ["path", "artifact", "bytecode", "guards", "sign_key"]
     load = inspect.signature(Precompile.load).parameters
@@ -53,7 +68,7 @@ def test_every_public_name_has_a_docstring() -> None:
 def test_wrong_model_type_is_a_clear_error() -> None:
     import pytest
 
-    with pytest.raises(TypeError, match="model must be an nn.Module or a callable"):
+    with pytest.raises(TypeError, match=r"model must be an nn\.Module or a callable"):
         Precompile.dynamo(42, torch.randn(2))
     with pytest.raises(TypeError, match="example_kwargs must be a dict"):
         Precompile.dynamo(torch.sin, torch.randn(2), [1])

@@ -22,7 +22,10 @@ def test_is_a_frozen_callable_dataclass(staged) -> None:
 def test_records_signature_system_and_timings(staged) -> None:
     art = staged.artifact
     assert art.signature["parameters"]["ids"]["tensor"] == {
-        "dtype": "int64", "shape": [2, 32], "device": "cpu", "requires_grad": False,
+        "dtype": "int64",
+        "shape": [2, 32],
+        "device": "cpu",
+        "requires_grad": False,
     }
     assert art.system["torch"] == torch.__version__
     assert art.system["python"] == platform.python_version()

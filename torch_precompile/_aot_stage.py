@@ -51,7 +51,9 @@ def resolve_capture(obj: Any, guards: Guards | None, what: str) -> CaptureState:
     return state
 
 
-def check_calling_convention(gm: torch.fx.GraphModule, n_inputs: int, n_outputs: int | None, stage: str) -> None:
+def check_calling_convention(
+    gm: torch.fx.GraphModule, n_inputs: int, n_outputs: int | None, stage: str
+) -> None:
     """A pass may rewrite a graph's body, not the inputs or outputs the runtime passes."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != n_inputs:
@@ -70,7 +72,7 @@ def check_calling_convention(gm: torch.fx.GraphModule, n_inputs: int, n_outputs:
 
 
 def count_outputs(gm: torch.fx.GraphModule) -> int:
-    out = [n for n in gm.graph.nodes if n.op == "output"][0]
+    out = next(n for n in gm.graph.nodes if n.op == "output")
     return len(torch.utils._pytree.tree_leaves(out.args[0]))
 
 
@@ -87,11 +89,15 @@ def aot_autograd(
     else:
         gm = gm_or_dynamo_output
         if not isinstance(gm, torch.fx.GraphModule):
-            raise TypeError(f"expected a DynamoOutput or torch.fx.GraphModule, got {type(gm).__name__}")
+            raise TypeError(
+                f"expected a DynamoOutput or torch.fx.GraphModule, got {type(gm).__name__}"
+            )
         state = resolve_capture(gm, guards, "this graph module")
         guards = guards if guards is not None else Guards(capture_id=state.capture_id)
     capture = state.capture
-    check_calling_convention(gm, len(capture.fake_inputs), count_outputs(capture.graph_module), "aot_autograd")
+    check_calling_convention(
+        gm, len(capture.fake_inputs), count_outputs(capture.graph_module), "aot_autograd"
+    )
     shape_before = len(_compat.shape_env_guard_exprs(capture))
     log.info("aot_autograd: tracing the ATen graph")
     start = time.perf_counter()
@@ -120,7 +126,10 @@ def _grad_mode_guard(training: bool) -> Guard:
     if training:
         expr = "training artifact: call with grad enabled (outputs carry grad_fn)"
     else:
-        expr = "inference artifact: runs without autograd; with grad enabled, nothing it reads may require grad"
+        expr = (
+            "inference artifact: runs without autograd; "
+            "with grad enabled, nothing it reads may require grad"
+        )
     return Guard("aot_autograd", "autograd", expr, "grad mode", training)
 
 

@@ -99,9 +99,13 @@ class Runtime:
         try:
             bound = self.signature.bind(*full, **kwargs)
         except TypeError as exc:
-            raise TypeError(f"arguments do not match the captured signature {self.signature}: {exc}") from None
+            raise TypeError(
+                f"arguments do not match the captured signature {self.signature}: {exc}"
+            ) from None
         bound.apply_defaults()
-        f_locals = {**self.closure_locals, **bound.arguments} if self.closure_locals else bound.arguments
+        f_locals = (
+            {**self.closure_locals, **bound.arguments} if self.closure_locals else bound.arguments
+        )
         if not self.guard_manager.check(f_locals):
             reason = _compat.guard_failure_reason(self.guard_manager, f_locals)
             return diagnose(self.guards, f_locals, reason)
@@ -228,17 +232,24 @@ class PrecompiledArtifact:
 
     def as_text(self) -> str:
         """Guards by stage, signature, system, sizes and stage timings, for reading."""
-        lines = [f"PrecompiledArtifact ({'training' if self.training else 'inference'}, {self.device_type})"]
+        lines = [
+            f"PrecompiledArtifact ({'training' if self.training else 'inference'}, "
+            f"{self.device_type})"
+        ]
         if self._origin.get("path"):
             lines.append(f"file: {self._origin['path']}")
         lines.append("signature:")
         lines.extend(f"  {line}" for line in _signature_lines(self.signature))
-        lines.append("system: " + ", ".join(f"{k}={v}" for k, v in self.system.items() if v is not None))
+        lines.append(
+            "system: " + ", ".join(f"{k}={v}" for k, v in self.system.items() if v is not None)
+        )
         sizes = self.sizes
         if sizes:
             lines.append("sizes: " + ", ".join(f"{k}={_human(v)}" for k, v in sizes.items()))
         if self.timings:
-            lines.append("stage timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
+            lines.append(
+                "stage timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items())
+            )
         if self.variants:
             for i, variant in enumerate(self.variants):
                 lines.append(f"variant {i} ({variant_label(variant)}) guards:")
@@ -300,7 +311,12 @@ def _signature_lines(sig: dict[str, Any]) -> list[str]:
         lines.append(f"graph inputs: {len(sources)} ({counts})")
     outs = sig.get("outputs")
     if outs:
-        lines.append("graph outputs: " + ", ".join(_short({"tensor": o}) if "dtype" in o else o.get("value", "?") for o in outs))
+        lines.append(
+            "graph outputs: "
+            + ", ".join(
+                _short({"tensor": o}) if "dtype" in o else o.get("value", "?") for o in outs
+            )
+        )
     return lines
 
 
@@ -453,7 +469,9 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     guard_filter = serializable_guard_filter(dropped, translated, scope_module, closure_names)
     with torch.set_grad_enabled(state.grad_enabled):
         guard_manager, guards_state = _compat.build_guard_manager(capture, guard_filter)
-    compiled_function = _compat.make_compiled_function(capture, out.compiled, guard_manager, guards_state)
+    compiled_function = _compat.make_compiled_function(
+        capture, out.compiled, guard_manager, guards_state
+    )
     state.timings["precompile"] = time.perf_counter() - start
     log.info("precompile: done in %.2f s", state.timings["precompile"])
     guards = out.guards.extend(translated)

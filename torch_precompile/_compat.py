@@ -177,18 +177,14 @@ def fullgraph_capture(
     gco = out.graph_capture_output
     backend_input = out.backend_input
     if backend_input is None:
-        raise ValueError(
-            "the model computes nothing with tensors, so there is no graph to compile"
-        )
+        raise ValueError("the model computes nothing with tensors, so there is no graph to compile")
     fn, bound_self = convert_frame.get_traced_fn(model)
     gm = backend_input.graph_module
     gm._backend_id = backend_input.backend_id  # type: ignore[assignment]
     og = gco.output_graph
     sources = [
         source.name
-        for _, source in sorted(
-            og.export_metadata.graph_input_idx_to_local_source.items()
-        )
+        for _, source in sorted(og.export_metadata.graph_input_idx_to_local_source.items())
     ]
     return Capture(
         graph_capture_output=gco,
@@ -255,9 +251,7 @@ def shape_env_symbol_sources(capture: Capture) -> dict[str, str]:
     if shape_env is None:
         return {}
     return {
-        str(sym): sources[0].name
-        for sym, sources in shape_env.var_to_sources.items()
-        if sources
+        str(sym): sources[0].name for sym, sources in shape_env.var_to_sources.items() if sources
     }
 
 
@@ -349,9 +343,7 @@ def _aot_stage2_context(fake_mode: Any) -> Iterator[None]:
         yield
 
 
-def inductor_config_patches(
-    mode: str | None, options: dict[str, Any] | None
-) -> dict[str, Any]:
+def inductor_config_patches(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
     from torch._inductor import list_mode_options
 
     patches: dict[str, Any] = dict(list_mode_options(mode) if mode else {})
@@ -439,19 +431,22 @@ def compile_joint(
         return output_code
 
     def fw_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        return keep_source("forward", cfx.compile_fx_forward(
-            gm,
-            example_inputs,
-            num_orig_model_outputs=num_outputs,
-            num_example_inputs=num_inputs,
-            compiler_config_extra=extra,
-            is_inference=not joint_needs_autograd(jd),
-        ))
+        return keep_source(
+            "forward",
+            cfx.compile_fx_forward(
+                gm,
+                example_inputs,
+                num_orig_model_outputs=num_outputs,
+                num_example_inputs=num_inputs,
+                compiler_config_extra=extra,
+                is_inference=not joint_needs_autograd(jd),
+            ),
+        )
 
     def bw_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        return keep_source("backward", cfx.compile_fx_backward(
-            gm, example_inputs, compiler_config_extra=extra
-        ))
+        return keep_source(
+            "backward", cfx.compile_fx_backward(gm, example_inputs, compiler_config_extra=extra)
+        )
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(size_oblivious_context(capture.size_oblivious))
@@ -611,9 +606,7 @@ def make_compiled_function(
         device_type=capture.device_type,
         backend_name="inductor",
     )
-    return AOTCompiledFunction(
-        _artifacts=artifacts, _extra_globals=capture.traced_fn.__globals__
-    )
+    return AOTCompiledFunction(_artifacts=artifacts, _extra_globals=capture.traced_fn.__globals__)
 
 
 def findable_by_name(fn: types.FunctionType) -> bool:
@@ -801,10 +794,7 @@ def compiled_function_closure_locals(fn: Any) -> dict[str, Any]:
     env = fn._artifacts.runtime_env
     if not env.closure:
         return {}
-    return {
-        name: cell.cell_contents
-        for name, cell in zip(env.bytecode.co_freevars, env.closure)
-    }
+    return {name: cell.cell_contents for name, cell in zip(env.bytecode.co_freevars, env.closure)}
 
 
 def guard_failure_reason(guard_manager: Any, f_locals: dict[str, Any]) -> str:

@@ -85,13 +85,14 @@ def _traceable(model: Any) -> Any:
     """What Dynamo can trace: modules, Python functions and bound methods as they are."""
     if isinstance(model, torch.nn.Module) or inspect.isfunction(model) or inspect.ismethod(model):
         return model
-    if inspect.isbuiltin(model) or not hasattr(type(model), "__call__"):
+    if inspect.isfunction(getattr(type(model), "__call__", None)):  # noqa: B004
+        return model.__call__  # an object whose class defines __call__ in Python
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return model(*args, **kwargs)
+    # Builtins, functools.partial and other C callables: trace a Python shim.
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return model(*args, **kwargs)
 
-        return call
-    return model.__call__  # a callable object: trace its bound __call__
+    return call
 
 
 def _wants_grad(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -140,7 +141,9 @@ def dynamo(
     if not callable(model):
         raise TypeError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
     if example_kwargs is not None and not isinstance(example_kwargs, dict):
-        raise TypeError(f"example_kwargs must be a dict or None, got {type(example_kwargs).__name__}")
+        raise TypeError(
+            f"example_kwargs must be a dict or None, got {type(example_kwargs).__name__}"
+        )
     args = normalize_inputs(example_inputs)
     kwargs = dict(example_kwargs or {})
     log.info("dynamo: capturing %s", _callable_name(model))
@@ -185,5 +188,3 @@ def dynamo(
     )
     guards = Guards(entries, capture_id=state.capture_id)
     return DynamoOutput(capture.graph_module, capture.graph_capture_output.bytecode, guards, state)
-
-

@@ -159,9 +159,7 @@ class Guards(Sequence[Guard]):
         return "\n".join(lines) if lines else "(no guards)"
 
     def __repr__(self) -> str:
-        counts = ", ".join(
-            f"{p}={sum(g.phase == p for g in self._entries)}" for p in PHASES
-        )
+        counts = ", ".join(f"{p}={sum(g.phase == p for g in self._entries)}" for p in PHASES)
         return f"Guards({len(self)} entries: {counts})"
 
 
@@ -187,7 +185,9 @@ def describe_source(source: str) -> str:
             kind = "module"
         path = path.lstrip(".")
         return f"{kind} '{path}'" if path else "the model"
-    suffix = _ITEM.sub(lambda mm: f"[{mm.group(1)!r}]" if mm.group(1) is not None else f"[{mm.group(2)}]", rest)
+    suffix = _ITEM.sub(
+        lambda mm: f"[{mm.group(1)!r}]" if mm.group(1) is not None else f"[{mm.group(2)}]", rest
+    )
     return f"input '{root}{suffix}'"
 
 
@@ -195,9 +195,14 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def tensor_expectation(value: torch.Tensor, dynamic_dims: dict[int, str] | None = None) -> dict[str, Any]:
+def tensor_expectation(
+    value: torch.Tensor, dynamic_dims: dict[int, str] | None = None
+) -> dict[str, Any]:
     dynamic_dims = dynamic_dims or {}
-    shape = [dynamic_dims.get(i, int(s)) if not dynamic_dims.get(i) else dynamic_dims[i] for i, s in enumerate(value.shape)]
+    shape = [
+        dynamic_dims.get(i, int(s)) if not dynamic_dims.get(i) else dynamic_dims[i]
+        for i, s in enumerate(value.shape)
+    ]
     return {
         "dtype": _dtype_name(value.dtype),
         "shape": shape,
@@ -213,13 +218,20 @@ def _shape_str(shape: Sequence[Any]) -> str:
 
 def _tensor_expr(subject: str, exp: dict[str, Any]) -> str:
     grad = ", requires_grad" if exp["requires_grad"] else ""
-    return f"{describe_source(subject)}: {exp['dtype']} {_shape_str(exp['shape'])} on {exp['device']}{grad}"
+    shape = _shape_str(exp["shape"])
+    return f"{describe_source(subject)}: {exp['dtype']} {shape} on {exp['device']}{grad}"
 
 
 # ---------------------------------------------------- guards from a capture
 
 
-def dynamo_guards(dynamo_guard_list: Sequence[Any], local_scope: dict[str, Any], shape_symbols: dict[str, str], shape_exprs: Sequence[str], global_state: dict[str, Any]) -> list[Guard]:
+def dynamo_guards(
+    dynamo_guard_list: Sequence[Any],
+    local_scope: dict[str, Any],
+    shape_symbols: dict[str, str],
+    shape_exprs: Sequence[str],
+    global_state: dict[str, Any],
+) -> list[Guard]:
     """Translate Dynamo's guards into readable entries."""
     entries: list[Guard] = []
     structural: dict[str, int] = {}
@@ -240,10 +252,14 @@ def dynamo_guards(dynamo_guard_list: Sequence[Any], local_scope: dict[str, Any],
                 entries.append(Guard("dynamo", "tensor", _tensor_expr(name, exp), name, exp))
         elif kind in ("CONSTANT_MATCH", "EQUALS_MATCH") and name.startswith("L["):
             value = _eval_source(name, scope)
-            if isinstance(value, (bool, int, float, str, type(None), tuple, torch.dtype, torch.device)):
+            if isinstance(
+                value, (bool, int, float, str, type(None), tuple, torch.dtype, torch.device)
+            ):
                 if isinstance(value, (torch.dtype, torch.device)):
                     value = str(value)
-                entries.append(Guard("dynamo", "value", f"{describe_source(name)} == {value!r}", name, value))
+                entries.append(
+                    Guard("dynamo", "value", f"{describe_source(name)} == {value!r}", name, value)
+                )
         elif kind in _GLOBAL_STATE_KINDS or kind == "GLOBAL_STATE":
             structural_name = "global:" + kind
             structural[structural_name] = 1
@@ -254,12 +270,20 @@ def dynamo_guards(dynamo_guard_list: Sequence[Any], local_scope: dict[str, Any],
     for key, value in global_state.items():
         entries.append(Guard("dynamo", "global", f"{key} == {value}", key, value))
     for expr in shape_exprs:
-        entries.append(Guard("dynamo", "shape", _readable_shape_expr(expr, shape_symbols), None, expr))
+        entries.append(
+            Guard("dynamo", "shape", _readable_shape_expr(expr, shape_symbols), None, expr)
+        )
     plumbing = {k: v for k, v in structural.items() if not k.startswith("global:")}
     if plumbing:
         total = sum(plumbing.values())
         detail = ", ".join(f"{v} {k}" for k, v in sorted(plumbing.items(), key=lambda kv: -kv[1]))
-        entries.append(Guard("dynamo", "structure", f"{total} checks of module structure and Python objects ({detail})"))
+        entries.append(
+            Guard(
+                "dynamo",
+                "structure",
+                f"{total} checks of module structure and Python objects ({detail})",
+            )
+        )
     return entries
 
 
@@ -345,14 +369,19 @@ def _check_one(g: Guard, scope: dict[str, Any], grad_enabled: bool) -> str | Non
             return f"{what}: expected device {exp['device']}, got {value.device.type}"
         shape = exp["shape"]
         if len(shape) != value.dim():
-            return f"{what}: expected {len(shape)} dimensions {_shape_str(shape)}, got {value.dim()} {_shape_str(tuple(value.shape))}"
+            return (
+                f"{what}: expected {len(shape)} dimensions {_shape_str(shape)}, "
+                f"got {value.dim()} {_shape_str(tuple(value.shape))}"
+            )
         for want, got in zip(shape, value.shape):
             if isinstance(want, int) and want != got:
-                return f"{what}: expected shape {_shape_str(shape)}, got {_shape_str(tuple(value.shape))}"
+                got_shape = _shape_str(tuple(value.shape))
+                return f"{what}: expected shape {_shape_str(shape)}, got {got_shape}"
         if bool(value.requires_grad) != exp["requires_grad"]:
             said = "requires grad" if value.requires_grad else "does not require grad"
             return (
-                f"{what}: {said}, but the artifact was captured with requires_grad={exp['requires_grad']}; "
+                f"{what}: {said}, but the artifact was captured with "
+                f"requires_grad={exp['requires_grad']}; "
                 "capture again with the same requires_grad settings"
             )
         return None
@@ -366,7 +395,10 @@ def _check_one(g: Guard, scope: dict[str, Any], grad_enabled: bool) -> str | Non
         if isinstance(value, list) and isinstance(expected, tuple):
             value = tuple(value)
         if value != expected:
-            return f"{describe_source(g.subject)}: expected {g.expected!r}, got {value!r}; Python values are baked into the compiled code, capture again with the new value"
+            return (
+                f"{describe_source(g.subject)}: expected {g.expected!r}, got {value!r}; "
+                "Python values are baked into the compiled code, capture again with the new value"
+            )
         return None
     if g.kind == "identity" and g.subject:
         scope_module = (g.expected or {}).get("scope")

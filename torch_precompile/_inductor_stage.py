@@ -54,17 +54,27 @@ def inductor(
     else:
         joint_gm = joint_or_aot_output
         if not isinstance(joint_gm, torch.fx.GraphModule):
-            raise TypeError(f"expected an AOTAutogradOutput or torch.fx.GraphModule, got {type(joint_gm).__name__}")
+            raise TypeError(
+                "expected an AOTAutogradOutput or torch.fx.GraphModule, "
+                f"got {type(joint_gm).__name__}"
+            )
         state = resolve_capture(joint_gm, guards, "this joint graph")
         aot = state.aot_output  # type: ignore[attr-defined]
         if aot is None:
-            raise ValueError("this graph was not produced by Precompile.aot_autograd; run that stage first")
+            raise ValueError(
+                "this graph was not produced by Precompile.aot_autograd; run that stage first"
+            )
         guards = guards if guards is not None else aot.guards
     state = aot._state
     jd = aot._joint
     original = _compat.joint_graph_module(jd)
     if joint_gm is not original:
-        check_calling_convention(joint_gm, sum(1 for n in original.graph.nodes if n.op == "placeholder"), None, "inductor")
+        check_calling_convention(
+            joint_gm,
+            sum(1 for n in original.graph.nodes if n.op == "placeholder"),
+            None,
+            "inductor",
+        )
         _compat.set_joint_graph_module(jd, joint_gm)
     capture = state.capture
     shape_before = len(_compat.shape_env_guard_exprs(capture))
@@ -94,9 +104,17 @@ def system_guards(device_type: str) -> list[Guard]:
     ]
     if device_type == "cpu":
         entries.append(
-            Guard("inductor", "system", f"CPU instruction set >= {info['cpu_isa']}", "cpu_isa", info["cpu_isa"])
+            Guard(
+                "inductor",
+                "system",
+                f"CPU instruction set >= {info['cpu_isa']}",
+                "cpu_isa",
+                info["cpu_isa"],
+            )
         )
     elif info.get("cuda"):
         cap = info["cuda"]["capability"]
-        entries.append(Guard("inductor", "system", f"CUDA compute capability == {cap}", "cuda_capability", cap))
+        entries.append(
+            Guard("inductor", "system", f"CUDA compute capability == {cap}", "cuda_capability", cap)
+        )
     return entries

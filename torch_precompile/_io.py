@@ -39,7 +39,8 @@ def save(
         raise ValueError(
             "the bytecode given to save() does not belong to this artifact's capture "
             f"({getattr(bytecode, 'co_name', type(bytecode).__name__)!r} vs the artifact's "
-            f"{artifact.bytecode.co_name!r}); pass the bytecode Precompile.dynamo returned with this model"
+            f"{artifact.bytecode.co_name!r}); pass the bytecode Precompile.dynamo returned "
+            "with this model"
         )
     if guards is not None:
         if not isinstance(guards, Guards):
@@ -48,12 +49,19 @@ def save(
         known = set(artifact.guards)
         missing = [g for g in guards if g not in known]
         if foreign or missing:
-            what = "another capture" if foreign else f"{len(missing)} entries the artifact lacks, e.g. {missing[0]}"
+            what = (
+                "another capture"
+                if foreign
+                else f"{len(missing)} entries the artifact lacks, e.g. {missing[0]}"
+            )
             raise ValueError(
-                f"the guards given to save() do not belong to this artifact: they come from {what}; "
+                "the guards given to save() do not belong to this artifact: "
+                f"they come from {what}; "
                 "pass the guards returned by the stages that built this artifact"
             )
-    sections: dict[str, bytes] = {"compiled": _compat.serialize_compiled_function(artifact.compiled_function)}
+    sections: dict[str, bytes] = {
+        "compiled": _compat.serialize_compiled_function(artifact.compiled_function)
+    }
     bound = artifact.module
     kind = "function"
     if isinstance(bound, torch.nn.Module):
@@ -180,9 +188,7 @@ def _fast_sections(artifact: PrecompiledArtifact) -> tuple[bytes, bytes] | None:
         return None
 
 
-def _load_fast(
-    sections: dict[str, bytes], path: str, module_globals: dict[str, Any] | None
-) -> Any:
+def _load_fast(sections: dict[str, bytes], path: str, module_globals: dict[str, Any] | None) -> Any:
     """The fast path of :mod:`_fastpath`, or None to load through PyTorch's full path."""
     if "fastload" not in sections or "kernels" not in sections:
         return None
@@ -271,7 +277,9 @@ def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -
     if kind == "module":
         if model is not None:
             if not isinstance(model, torch.nn.Module):
-                raise TypeError(f"model= must be an nn.Module for this artifact, got {type(model).__name__}")
+                raise TypeError(
+                    f"model= must be an nn.Module for this artifact, got {type(model).__name__}"
+                )
             return model
         skeleton = json.loads(sections["skeleton"])
         return _standin.build_standin(skeleton, _standin.unpack_tensors(sections["weights"]))
@@ -290,7 +298,8 @@ def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:
         compiled_function = _compat.deserialize_compiled_function(data)
     except Exception as exc:
         raise ArtifactCorruptedError(
-            f"{path}: neither a torch_precompile artifact nor a file torch's save_compiled_function "
+            f"{path}: neither a torch_precompile artifact nor a file that torch's "
+            "save_compiled_function "
             f"can read ({type(exc).__name__}: {str(exc)[:200]})"
         ) from exc
     signature = _compat.compiled_function_signature(compiled_function)

@@ -39,8 +39,15 @@ def describe_inputs(
     try:
         bound = signature.bind(*full_args, **kwargs)
     except TypeError:
-        return {"args": [describe_value(a) for a in args], "kwargs": {k: describe_value(v) for k, v in kwargs.items()}}
-    params = {name: describe_value(v) for name, v in bound.arguments.items() if not (bound_self is not None and v is bound_self)}
+        return {
+            "args": [describe_value(a) for a in args],
+            "kwargs": {k: describe_value(v) for k, v in kwargs.items()},
+        }
+    params = {
+        name: describe_value(v)
+        for name, v in bound.arguments.items()
+        if not (bound_self is not None and v is bound_self)
+    }
     return {"parameters": params, "signature": str(signature)}
 
 
@@ -55,7 +62,12 @@ def describe_graph_outputs(gm: torch.fx.GraphModule) -> list[Any]:
             # Dynamo's graphs keep fake values under "example_value", ATen graphs under "val".
             val = meta.get("val", meta.get("example_value"))
             if isinstance(val, torch.Tensor):
-                out.append({"dtype": str(val.dtype).replace("torch.", ""), "shape": [str(s) for s in val.shape]})
+                out.append(
+                    {
+                        "dtype": str(val.dtype).replace("torch.", ""),
+                        "shape": [str(s) for s in val.shape],
+                    }
+                )
             else:
                 out.append({"value": repr(val)})
     return out

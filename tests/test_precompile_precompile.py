@@ -89,3 +89,16 @@ def test_in_process_artifact_uses_the_live_weights(staged) -> None:
             )
         finally:
             staged.model.head.bias.sub_(1.0)
+
+
+def test_thread_count_change_is_a_readable_guard_error(staged) -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        with torch.no_grad(), pytest.raises(GuardError) as info:
+            staged.artifact(staged.example)
+    finally:
+        torch.set_num_threads(threads)
+    message = str(info.value)
+    assert message.startswith(f"num threads: expected {threads}, got {threads + 1}")
+    assert "torch.set_num_threads()" in message and message.endswith("[dynamo]")

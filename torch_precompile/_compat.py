@@ -854,6 +854,7 @@ def global_state_snapshot() -> dict[str, Any]:
         "grad mode": torch.is_grad_enabled(),
         "default dtype": str(torch.get_default_dtype()).replace("torch.", ""),
         "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "num threads": torch.get_num_threads(),
         "autocast": torch.is_autocast_enabled("cpu")
         or (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")),
     }

@@ -408,9 +408,20 @@ def _check_one(g: Guard, scope: dict[str, Any], grad_enabled: bool) -> str | Non
 
         now = global_state_snapshot().get(g.subject)
         if now is not None and now != g.expected:
-            return f"{g.subject}: expected {g.expected}, got {now}"
+            hint = _GLOBAL_HINTS.get(g.subject, "")
+            return f"{g.subject}: expected {g.expected}, got {now}{hint}"
         return None
     return None
+
+
+# Dynamo guards the process-wide state; say how to meet it without a new capture.
+_GLOBAL_HINTS = {
+    "num threads": (
+        "; Dynamo guards torch.get_num_threads(): call torch.set_num_threads() with the "
+        "captured value, or capture where the thread count is the one you deploy with"
+    ),
+    "default dtype": "; call torch.set_default_dtype() with the captured dtype",
+}
 
 
 def _check_autograd(g: Guard, grad_enabled: bool) -> str | None:

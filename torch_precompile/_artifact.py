@@ -467,8 +467,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     scope_module = getattr(capture.traced_fn, "__module__", None)
     closure_names = capture.traced_fn.__code__.co_freevars
     guard_filter = serializable_guard_filter(dropped, translated, scope_module, closure_names)
-    with torch.set_grad_enabled(state.grad_enabled):
-        guard_manager, guards_state = _compat.build_guard_manager(capture, guard_filter)
+    guard_manager, guards_state = _compat.build_guard_manager(capture, guard_filter)
     compiled_function = _compat.make_compiled_function(
         capture, out.compiled, guard_manager, guards_state
     )
@@ -528,7 +527,3 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         _runtime=runtime,
         globals_module=capture.traced_fn.__module__ or "",
     )
-
-
-def describe_subject(subject: str) -> str:
-    return describe_source(subject)

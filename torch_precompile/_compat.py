@@ -1488,30 +1488,3 @@ def _load_guard_manager(
         get_metrics_context(),
     ):
         return load_guard_manager(load_guards_state(guards_state), original_code, f_globals)
-
-
-def dumps_pickle(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-__all__ = [
-    "UNSERIALIZABLE_GUARD_KINDS",
-    "Capture",
-    "build_guard_manager",
-    "compile_joint",
-    "compiled_function_closure_locals",
-    "compiled_function_parts",
-    "default_decompositions",
-    "deserialize_compiled_function",
-    "export_joint",
-    "fullgraph_capture",
-    "functools",
-    "global_state_snapshot",
-    "guard_failure_reason",
-    "is_capture_error",
-    "joint_graph_module",
-    "joint_needs_autograd",
-    "make_compiled_function",
-    "serialize_compiled_function",
-    "shape_env_guard_exprs",
-]

@@ -34,8 +34,11 @@ class CaptureState:
     timings: dict[str, float]
     capture_id: str = ""
     aot_output: Any = None
-    grad_enabled: bool = False
-    num_outputs: int = 0
+
+    @property
+    def grad_enabled(self) -> bool:
+        """Grad mode at capture: later stages run under it (it decides training vs inference)."""
+        return self.capture.grad_enabled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +178,6 @@ def dynamo(
         training=_wants_grad(model, args, kwargs),
         input_signature=describe_inputs(capture.signature, capture.bound_self, args, kwargs),
         timings={"dynamo": elapsed},
-        grad_enabled=torch.is_grad_enabled(),
     )
     state.capture_id = _capture_registry.register(state)
     _capture_registry.tag(capture.graph_module, state.capture_id, state)

@@ -506,6 +506,17 @@ def compiled_function_uses_cudagraphs(fn: Any) -> bool:
 
 
 @contextlib.contextmanager
+def _reducer_override_patched(pickler: type, override: Callable[..., Any]) -> Iterator[None]:
+    """Swap a PyTorch pickler's reducer_override for the duration of one save."""
+    original = pickler.reducer_override
+    pickler.reducer_override = override  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        pickler.reducer_override = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def _modules_pickled_by_state() -> Iterator[None]:
     """Pickle nn.Modules in the guard state as plain ``nn.Module`` objects.
 
@@ -531,11 +542,8 @@ def _modules_pickled_by_state() -> Iterator[None]:
             return GuardsStatePickler._unpickle_module, (obj.__getstate__(),)
         return original(self, obj)
 
-    GuardsStatePickler.reducer_override = reducer_override  # type: ignore[method-assign]
-    try:
+    with _reducer_override_patched(GuardsStatePickler, reducer_override):
         yield
-    finally:
-        GuardsStatePickler.reducer_override = original  # type: ignore[method-assign]
 
 
 def guard_filter_entry_fields(entry: Any) -> tuple[str, str, bool, Any]:
@@ -675,11 +683,8 @@ def _functions_pickled_by_value() -> Iterator[None]:
             )
         return original(self, obj)
 
-    AOTCompilePickler.reducer_override = reducer_override  # type: ignore[method-assign]
-    try:
+    with _reducer_override_patched(AOTCompilePickler, reducer_override):
         yield
-    finally:
-        AOTCompilePickler.reducer_override = original  # type: ignore[method-assign]
 
 
 def serialize_compiled_function(fn: Any) -> bytes:

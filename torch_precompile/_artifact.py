@@ -25,6 +25,7 @@ from ._guards import (
     range_guards,
 )
 from ._inductor_stage import InductorOutput
+from ._signature import make_binder
 
 log = logging.getLogger("torch_precompile")
 
@@ -49,6 +50,7 @@ class Runtime:
         self.guard_manager = guard_manager
         self.fn = fn
         self.signature: inspect.Signature = signature
+        self._bind = make_binder(signature)
         self.closure_locals = _compat.compiled_function_closure_locals(compiled_function)
         self.guards = guards
         self.bound_self = bound_self
@@ -97,15 +99,12 @@ class Runtime:
 
     def _guard_failure(self, full: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
         try:
-            bound = self.signature.bind(*full, **kwargs)
+            arguments = self._bind(*full, **kwargs)
         except TypeError as exc:
             raise TypeError(
                 f"arguments do not match the captured signature {self.signature}: {exc}"
             ) from None
-        bound.apply_defaults()
-        f_locals = (
-            {**self.closure_locals, **bound.arguments} if self.closure_locals else bound.arguments
-        )
+        f_locals = {**self.closure_locals, **arguments} if self.closure_locals else arguments
         if not self.guard_manager.check(f_locals):
             reason = _compat.guard_failure_reason(self.guard_manager, f_locals)
             return diagnose(self.guards, f_locals, reason)

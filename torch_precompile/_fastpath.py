@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.autograd import profiler as _profiler_state
 
 log = logging.getLogger("torch_precompile")
 
@@ -277,19 +278,16 @@ class _DynamoUtils:
 
     @staticmethod
     def record_pregraph_bytecode_enter() -> Any:
-        import contextlib
-
-        cm: Any = (
-            torch._C._profiler._RecordFunctionFast("Pregraph bytecode")
-            if torch.autograd.profiler._is_profiler_enabled
-            else contextlib.nullcontext()
-        )
+        if not _profiler_state._is_profiler_enabled:
+            return None  # the common case: nothing to record, nothing to allocate
+        cm = torch._C._profiler._RecordFunctionFast("Pregraph bytecode")
         cm.__enter__()
         return cm
 
     @staticmethod
     def record_pregraph_bytecode_exit(cm: Any) -> None:
-        cm.__exit__(None, None, None)
+        if cm is not None:
+            cm.__exit__(None, None, None)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(importlib.import_module("torch._dynamo.utils"), name)

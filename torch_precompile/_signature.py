@@ -131,3 +131,40 @@ def example_call(
         else:
             args.append(value)
     return tuple(args), kwargs
+
+
+def make_binder(signature: inspect.Signature) -> Any:
+    """A function mapping call arguments to ``{parameter: value}``, defaults applied.
+
+    What ``signature.bind(...)`` followed by ``apply_defaults()`` returns, as
+    generated Python (the interpreter binds the arguments: about a microsecond
+    instead of ten). ``TypeError`` on a call the signature does not accept.
+    """
+    parts: list[str] = []
+    names: list[str] = []
+    defaults: dict[str, Any] = {}
+    kind = inspect.Parameter
+    previous = None
+    for i, p in enumerate(signature.parameters.values()):
+        if previous is kind.POSITIONAL_ONLY and p.kind is not kind.POSITIONAL_ONLY:
+            parts.append("/")
+        if p.kind is kind.KEYWORD_ONLY and previous not in (kind.KEYWORD_ONLY, kind.VAR_POSITIONAL):
+            parts.append("*")
+        text = p.name
+        if p.kind is kind.VAR_POSITIONAL:
+            text = "*" + p.name
+        elif p.kind is kind.VAR_KEYWORD:
+            text = "**" + p.name
+        elif p.default is not p.empty:
+            defaults[f"__default_{i}"] = p.default
+            text = f"{p.name}=__default_{i}"
+        parts.append(text)
+        names.append(p.name)
+        previous = p.kind
+    if previous is kind.POSITIONAL_ONLY:
+        parts.append("/")
+    body = ", ".join(f"{name!r}: {name}" for name in names)
+    source = f"def bind({', '.join(parts)}):\n    return {{{body}}}\n"
+    namespace = dict(defaults)
+    exec(compile(source, "<torch_precompile binder>", "exec"), namespace)
+    return namespace["bind"]

@@ -327,3 +327,30 @@ def test_import_adds_no_compiler_modules() -> None:
     assert not heavy, heavy
     # 0.1 s on an idle machine; a share of import torch keeps it meaningful on a busy one.
     assert report["ours"] < max(0.1, 0.1 * report["torch"]), report
+
+
+def test_kernel_directories_unused_for_two_weeks_are_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading prunes other artifacts' kernel directories no load used for two weeks."""
+    import tempfile
+    import time
+
+    from torch_precompile import _fastpath
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    section = _fastpath.pack_kernels({"k": b"not really a shared object"})
+    first = Path(_fastpath._kernel_dir(section))
+    root = first.parent
+    stale, recent = root / "stale", root / "recent"
+    for d in (stale, recent):
+        d.mkdir(mode=0o700)
+        (d / "kx.so").write_bytes(b"x")
+    old = time.time() - _fastpath.KERNEL_DIR_MAX_AGE_S - 60
+    os.utime(stale, (old, old))
+    os.utime(first, (old, old))  # stale too, but it is the one being loaded
+    again = Path(_fastpath._kernel_dir(section))
+    assert again == first and first.is_dir()
+    assert first.stat().st_mtime > old + 60  # marked as used
+    assert not stale.exists()
+    assert (recent / "kx.so").exists()

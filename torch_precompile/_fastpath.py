@@ -92,11 +92,43 @@ def _kernel_dir(kernels_section: bytes) -> str:
         path = os.path.join(root, digest)
         os.makedirs(path, mode=0o700, exist_ok=True)
         if _private(root) and _private(path):
+            os.utime(path)  # in use: pruning goes by this time
+            _prune_kernel_dirs(root, keep=digest)
             return path
     except OSError:
         pass
     log.warning("%s is not private to this user; using a fresh temporary directory", root)
     return tempfile.mkdtemp(prefix="torch_precompile-")
+
+
+KERNEL_DIR_MAX_AGE_S = 14 * 24 * 3600
+
+
+def _prune_kernel_dirs(root: str, keep: str, max_age_s: float = KERNEL_DIR_MAX_AGE_S) -> None:
+    """Remove other artifacts' kernel directories unused for ``max_age_s`` (best effort).
+
+    Each load marks its directory as used, so only directories no artifact
+    loaded for two weeks go. A process still running such kernels keeps them:
+    Linux keeps a loaded shared object mapped after its file is removed.
+    """
+    import shutil
+    import time
+
+    cutoff = time.time() - max_age_s
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if (
+                entry.name != keep
+                and entry.is_dir(follow_symlinks=False)
+                and entry.stat(follow_symlinks=False).st_mtime < cutoff
+            ):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def _private(path: str) -> bool:

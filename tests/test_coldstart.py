@@ -5,7 +5,9 @@ fresh-process tests run a script with ``CC``/``CXX`` pointing at ``/bin/false``,
 a ``PATH`` holding only
 ``python`` (so no ``gcc``/``g++``/``cc``/``c++`` can be found) and an empty
 ``TORCHINDUCTOR_CACHE_DIR``; the script compares with eager and exits non-zero
-on any mismatch.
+on any mismatch. PyTorch's full path (``TORCH_PRECOMPILE_FAST_LOAD=0``) runs in
+that environment too, with the shipped kernels; with them turned off
+(``TORCH_PRECOMPILE_SHIPPED_KERNELS=0``) it fails: the control.
 """
 
 from __future__ import annotations
@@ -111,11 +113,13 @@ def test_load_needs_no_compiler(saved: dict[str, Path]) -> None:
     assert proc.stdout.strip().endswith("OK")
 
 
-def test_full_path_loads_the_shipped_kernels(saved: dict[str, Path]) -> None:
-    """Without the fast path, PyTorch's own deserialization runs with the shipped kernels."""
+def test_full_path_loads_the_shipped_kernels(saved: dict[str, Path], tmp_path: Path) -> None:
+    """Without the fast path, PyTorch's own deserialization runs with the shipped kernels;
+    saving that artifact again (still no compiler) ships the same kernels and fast path."""
     root = saved["root"]
     env = no_compiler_env(root)
     env["TORCH_PRECOMPILE_FAST_LOAD"] = "0"
+    again = tmp_path / "again.pt"
     body = f"""
         import torch
         from torch_precompile import Precompile
@@ -124,11 +128,16 @@ def test_full_path_loads_the_shipped_kernels(saved: dict[str, Path]) -> None:
         assert type(art.compiled_function).__name__ == "AOTCompiledFunction"
         with torch.no_grad():
             torch.testing.assert_close(art(*io["args"]), io["expected"], rtol=1e-4, atol=1e-4)
+        Precompile.save({str(again)!r}, art)
         print("OK")
     """
     proc = _run(root, body, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert proc.stdout.strip().endswith("OK")
+    _, sections = _format.read_artifact(again)
+    _, original = _format.read_artifact(saved["artifact"])
+    assert sections["kernels"] == original["kernels"]
+    assert "fastload" in sections
 
 
 def test_without_shipped_kernels_load_needs_the_compiler(saved: dict[str, Path]) -> None:

@@ -797,7 +797,7 @@ def begin_cudagraph_step() -> None:
 # section carries the shared objects built at save; while a compiled function is
 # deserialized, a kernel whose key is among them is loaded from the shipped file.
 
-_SHIPPED_KERNEL_FILES: dict[str, str] = {}  # kernel key -> shipped .so loaded in this process
+_SHIPPED_KERNELS: dict[str, Any] = {}  # kernel key -> shipped kernel loaded in this process
 
 
 def _compiled_graph_sources(fn: Any) -> list[str]:
@@ -876,9 +876,11 @@ def cpu_kernel_section(fns: Sequence[Any]) -> bytes | None:
                 key = _fastpath.kernel_key(argtypes, kernel_source)
                 if key in binaries:
                     continue
-                path = _SHIPPED_KERNEL_FILES.get(key)
+                shipped = _SHIPPED_KERNELS.get(key)
                 try:
-                    if path is None:
+                    if shipped is not None:
+                        path = shipped.__self__.__file__
+                    else:
                         path = _kernel_file_without_compiling(argtypes, kernel_source)
                     if path is not None:
                         with open(path, "rb") as f:
@@ -900,45 +902,26 @@ def shipped_kernels_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def shipped_cpu_kernels(kernels_section: bytes | None) -> Iterator[None]:
-    """While active, Inductor loads the shipped kernels instead of compiling them.
+def _pybindings_from(lookup: Callable[[str, list[str], str], Any]) -> Iterator[None]:
+    """Inductor's ``CppPythonBindingsCodeCache`` asks ``lookup(key, argtypes, source)``
+    first; a kernel it returns is used as is, None compiles (or hits the cache) as before.
 
-    Only ``CppPythonBindingsCodeCache`` (what the wrapper's
-    ``async_compile.cpp_pybinding`` calls) is patched, and only for kernels
-    whose key is in the section; any other kernel compiles as before. PyTorch
-    loads both the forward and the backward wrapper while deserializing, so the
-    patch lasts for that call only.
+    Only this class's ``load_pybinding_async`` (what the wrapper's
+    ``async_compile.cpp_pybinding`` and ``load_pybinding`` call) is patched, for
+    the duration of the block.
     """
-    if not kernels_section or not shipped_kernels_enabled():
-        yield
-        return
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
     from . import _fastpath
 
-    log = logging.getLogger("torch_precompile")
-    kernels = _fastpath.unpack_kernels(kernels_section)
-    directory: list[str] = []  # made on the first shipped kernel asked for
-    guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
-    data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
     previous = CppPythonBindingsCodeCache.__dict__["load_pybinding_async"]
 
     def load_pybinding_async(cls: Any, argtypes: Any, main_code: str, *a: Any, **kw: Any) -> Any:
-        key = _fastpath.kernel_key(argtypes, main_code)
         # Subclasses append another binding suffix: only the plain class's kernels match.
-        plain = cls is CppPythonBindingsCodeCache and not a and set(kw) <= {"submit_fn"}
-        if plain and key in kernels:
-            try:
-                if not directory:
-                    directory.append(_fastpath._kernel_dir(kernels_section))
-                loader = _fastpath._KernelLoader(kernels, directory[0], data_ptr)
-                kernel = loader.cpp_pybinding(list(argtypes), main_code)
-                _SHIPPED_KERNEL_FILES[key] = kernel.__self__.__file__
+        if cls is CppPythonBindingsCodeCache and not a and set(kw) <= {"submit_fn"}:
+            kernel = lookup(_fastpath.kernel_key(argtypes, main_code), list(argtypes), main_code)
+            if kernel is not None:
                 return lambda: kernel
-            except Exception as exc:
-                log.warning("shipped kernel %s failed to load, compiling it: %s", key[:12], exc)
-        elif plain:
-            log.debug("kernel %s is not shipped: compiling it", key[:12])
         return previous.__func__(cls, argtypes, main_code, *a, **kw)
 
     CppPythonBindingsCodeCache.load_pybinding_async = classmethod(load_pybinding_async)  # type: ignore[method-assign,assignment]
@@ -946,6 +929,56 @@ def shipped_cpu_kernels(kernels_section: bytes | None) -> Iterator[None]:
         yield
     finally:
         CppPythonBindingsCodeCache.load_pybinding_async = previous  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def shipped_cpu_kernels(kernels_section: bytes | None) -> Iterator[None]:
+    """While active, Inductor loads the shipped kernels instead of compiling them.
+
+    A kernel whose key is in the section is written to the fast path's private
+    directory and imported as the fast path does; any other kernel compiles as
+    before. PyTorch loads both the forward and the backward wrapper while
+    deserializing, so the patch lasts for that call only.
+    """
+    if not kernels_section or not shipped_kernels_enabled():
+        yield
+        return
+    from . import _fastpath
+
+    log = logging.getLogger("torch_precompile")
+    kernels = _fastpath.unpack_kernels(kernels_section)
+    directory: list[str] = []  # made on the first shipped kernel asked for
+    guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
+    data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
+
+    def lookup(key: str, argtypes: list[str], source: str) -> Any:
+        if key not in kernels:
+            log.debug("kernel %s is not shipped: compiling it", key[:12])
+            return None
+        try:
+            if not directory:
+                directory.append(_fastpath._kernel_dir(kernels_section))
+            loader = _fastpath._KernelLoader(kernels, directory[0], data_ptr)
+            kernel = loader.cpp_pybinding(argtypes, source)
+        except Exception as exc:
+            log.warning("shipped kernel %s failed to load, compiling it: %s", key[:12], exc)
+            return None
+        _SHIPPED_KERNELS[key] = kernel
+        return kernel
+
+    with _pybindings_from(lookup):
+        yield
+
+
+@contextlib.contextmanager
+def reusing_shipped_kernels() -> Iterator[None]:
+    """Kernels this process loaded from artifacts are found as if Inductor had built
+    them: saving an artifact loaded through the full path reads them, never compiles."""
+    if not _SHIPPED_KERNELS:
+        yield
+        return
+    with _pybindings_from(lambda key, argtypes, source: _SHIPPED_KERNELS.get(key)):
+        yield
 
 
 def compiled_function_parts(fn: Any) -> tuple[Any, Callable[..., Any], inspect.Signature]:

@@ -187,7 +187,9 @@ def _fast_sections(artifact: PrecompiledArtifact) -> tuple[bytes, bytes] | None:
     if _compat.compiled_function_uses_cudagraphs(artifact.compiled_function):
         return None  # mode="reduce-overhead": its runtime steps CUDA-graph generations
     try:
-        return _compat.cpu_kernel_binaries(artifact.compiled_function, artifact.module)
+        # Kernels this process loaded from a file are read back, not rebuilt.
+        with _compat.reusing_shipped_kernels():
+            return _compat.cpu_kernel_binaries(artifact.compiled_function, artifact.module)
     except Exception as exc:  # never fail a save over the optional fast path
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -65,3 +66,34 @@ def run_script(source: str, *args: str, timeout: int = 600) -> subprocess.Comple
             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return proc
+
+
+def no_compiler_env(root: Path) -> dict[str, str]:
+    """An environment in which no C++ compiler can run.
+
+    ``CC``/``CXX`` point at ``/bin/false``, ``PATH`` holds only ``python`` (so no
+    ``gcc``/``g++``/``cc``/``c++`` can be found) and ``TORCHINDUCTOR_CACHE_DIR``
+    is a fresh empty directory under ``root``.
+    """
+    bin_dir = root / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    link = bin_dir / "python"
+    if not link.exists():
+        link.symlink_to(sys.executable)
+    cache = root / "inductor-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
+    env.pop("TORCH_PRECOMPILE_SHIPPED_KERNELS", None)
+    env.pop("TORCH_PRECOMPILE_FAST_LOAD", None)
+    env.update(
+        PATH=str(bin_dir),
+        CC="/bin/false",
+        CXX="/bin/false",
+        TORCHINDUCTOR_CACHE_DIR=str(cache),
+        TRITON_CACHE_DIR=str(root / "triton-cache"),
+        PYTHONPATH=str(ROOT),
+    )
+    for tool in ("gcc", "g++", "cc", "c++", "clang", "clang++"):
+        assert shutil.which(tool, path=env["PATH"]) is None, tool
+    return env

@@ -5,7 +5,9 @@ fresh-process tests run a script with ``CC``/``CXX`` pointing at ``/bin/false``,
 a ``PATH`` holding only
 ``python`` (so no ``gcc``/``g++``/``cc``/``c++`` can be found) and an empty
 ``TORCHINDUCTOR_CACHE_DIR``; the script compares with eager and exits non-zero
-on any mismatch.
+on any mismatch. PyTorch's full path (``TORCH_PRECOMPILE_FAST_LOAD=0``) runs in
+that environment too, with the shipped kernels; with them turned off
+(``TORCH_PRECOMPILE_SHIPPED_KERNELS=0``) it fails: the control.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import no_compiler_env
 
 from examples.models import build_scalar_fn
 from torch_precompile import GuardError, Precompile, _format
@@ -46,28 +49,6 @@ def saved(staged: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pa
     return {"root": root, "artifact": staged.path, "io": root / "io.pt"}
 
 
-def _no_compiler_env(root: Path) -> dict[str, str]:
-    """An environment in which no C++ compiler can run."""
-    bin_dir = root / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    link = bin_dir / "python"
-    if not link.exists():
-        link.symlink_to(sys.executable)
-    cache = root / "inductor-cache"
-    shutil.rmtree(cache, ignore_errors=True)
-    cache.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
-    env.update(
-        PATH=str(bin_dir),
-        CC="/bin/false",
-        CXX="/bin/false",
-        TORCHINDUCTOR_CACHE_DIR=str(cache),
-        TRITON_CACHE_DIR=str(root / "triton-cache"),
-        PYTHONPATH=str(REPO),
-    )
-    return env
-
-
 def _run(root: Path, body: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     script = root / "script.py"
     script.write_text(textwrap.dedent(body))
@@ -90,7 +71,7 @@ def test_saved_artifact_ships_kernel_binaries(saved: dict[str, Path]) -> None:
 
 def test_load_needs_no_compiler(saved: dict[str, Path]) -> None:
     root = saved["root"]
-    env = _no_compiler_env(root)
+    env = no_compiler_env(root)
     assert shutil.which("gcc", path=env["PATH"]) is None
     assert shutil.which("g++", path=env["PATH"]) is None
     assert shutil.which("c++", path=env["PATH"]) is None
@@ -132,11 +113,39 @@ def test_load_needs_no_compiler(saved: dict[str, Path]) -> None:
     assert proc.stdout.strip().endswith("OK")
 
 
+def test_full_path_loads_the_shipped_kernels(saved: dict[str, Path], tmp_path: Path) -> None:
+    """Without the fast path, PyTorch's own deserialization runs with the shipped kernels;
+    saving that artifact again (still no compiler) ships the same kernels and fast path."""
+    root = saved["root"]
+    env = no_compiler_env(root)
+    env["TORCH_PRECOMPILE_FAST_LOAD"] = "0"
+    again = tmp_path / "again.pt"
+    body = f"""
+        import torch
+        from torch_precompile import Precompile
+        io = torch.load({str(saved["io"])!r})
+        art = Precompile.load({str(saved["artifact"])!r})
+        assert type(art.compiled_function).__name__ == "AOTCompiledFunction"
+        with torch.no_grad():
+            torch.testing.assert_close(art(*io["args"]), io["expected"], rtol=1e-4, atol=1e-4)
+        Precompile.save({str(again)!r}, art)
+        print("OK")
+    """
+    proc = _run(root, body, env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert proc.stdout.strip().endswith("OK")
+    _, sections = _format.read_artifact(again)
+    _, original = _format.read_artifact(saved["artifact"])
+    assert sections["kernels"] == original["kernels"]
+    assert "fastload" in sections
+
+
 def test_without_shipped_kernels_load_needs_the_compiler(saved: dict[str, Path]) -> None:
     """The control experiment: PyTorch's own path, in the same environment, tries to compile."""
     root = saved["root"]
-    env = _no_compiler_env(root)
+    env = no_compiler_env(root)
     env["TORCH_PRECOMPILE_FAST_LOAD"] = "0"
+    env["TORCH_PRECOMPILE_SHIPPED_KERNELS"] = "0"
     body = f"""
         import torch
         from torch_precompile import Precompile
@@ -148,6 +157,7 @@ def test_without_shipped_kernels_load_needs_the_compiler(saved: dict[str, Path])
     """
     proc = _run(root, body, env)
     assert proc.returncode != 0 and "RAN" not in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "InvalidCxxCompiler" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_fast_loaded_artifact_saves_again(saved: dict[str, Path], tmp_path: Path) -> None:

@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from conftest import no_compiler_env  # noqa: E402
+
 from examples.models import (  # noqa: E402
     build_convnet,
     build_dropout_mlp,
@@ -38,7 +40,7 @@ from examples.models import (  # noqa: E402
     build_transformer,
     image_inputs,
 )
-from torch_precompile import GuardError, Precompile  # noqa: E402
+from torch_precompile import GuardError, Precompile, _format  # noqa: E402
 
 RTOL = 1e-4
 STEPS = 20
@@ -320,10 +322,11 @@ print(json.dumps(result))
 """
 
 
-def _run(source: str, *argv: str, timeout: int = 600) -> str:
+def _run(source: str, *argv: str, timeout: int = 600, env: dict[str, str] | None = None) -> str:
     script = Path(argv[-1]).with_suffix(".py")
     script.write_text(textwrap.dedent(source))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if env is None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, str(script), *argv],
         env=env,
@@ -340,7 +343,11 @@ def _run(source: str, *argv: str, timeout: int = 600) -> str:
 def test_fresh_process_training_follows_eager(
     transformer: Case, convnet: Case, tmp_path: Path
 ) -> None:
-    """20 AdamW and SGD steps on artifacts loaded with model= in a new interpreter."""
+    """20 AdamW and SGD steps on artifacts loaded with model= in a new interpreter.
+
+    The interpreter has no C++ compiler and an empty Inductor cache: the
+    forward and backward kernels come from the files.
+    """
     tensors_path = tmp_path / "curves.pt"
     out = _run(
         _CURVES,
@@ -349,6 +356,7 @@ def test_fresh_process_training_follows_eager(
         str(STEPS),
         str(CONV_BATCH),
         str(tensors_path),
+        env=no_compiler_env(tmp_path),
     )
     curves = json.loads(out.strip().splitlines()[-1])
     tensors = torch.load(tensors_path)
@@ -374,6 +382,33 @@ def test_fresh_process_training_follows_eager(
         rtol=RTOL,
         atol=0,
     )
+
+
+def test_without_shipped_kernels_training_load_needs_a_compiler(
+    transformer: Case, tmp_path: Path
+) -> None:
+    """The control: the same file and environment with the shipped kernels turned off."""
+    _, sections = _format.read_artifact(transformer.path)
+    assert "kernels" in sections and "fastload" not in sections
+    env = no_compiler_env(tmp_path)
+    env["TORCH_PRECOMPILE_SHIPPED_KERNELS"] = "0"
+    script = tmp_path / "control.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import torch
+            from torch_precompile import Precompile
+            art = Precompile.load({str(transformer.path)!r})
+            art(torch.randint(0, 1000, (2, 32))).sum().backward()
+            print("RAN")
+            """
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode != 0 and "RAN" not in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "InvalidCxxCompiler" in proc.stderr, proc.stderr[-2000:]
 
 
 def _assert_batchnorm_tracks_eager(art: dict[str, Any], eager: dict[str, Any]) -> None:

@@ -789,6 +789,198 @@ def begin_cudagraph_step() -> None:
     GenerationTracker.generation += 1
 
 
+# ------------------------------------- shipped CPU kernels on PyTorch's full path
+# Artifacts that do not take the fast path (dynamic shapes, training, closures,
+# variants) load through PyTorch's deserialization, which re-creates Inductor's
+# wrapper modules; each wrapper asks ``CppPythonBindingsCodeCache`` for its C++
+# kernels, which compiles them on a cache miss. The artifact's ``kernels``
+# section carries the shared objects built at save; while a compiled function is
+# deserialized, a kernel whose key is among them is loaded from the shipped file.
+
+_SHIPPED_KERNELS: dict[str, Any] = {}  # kernel key -> shipped kernel loaded in this process
+
+
+def _compiled_graph_sources(fn: Any) -> list[str]:
+    """The Inductor wrapper source of each compiled graph (forward, backward) of ``fn``."""
+    entry = fn._artifacts.compiled_fn.compiled_fn.serialize()
+    sources = []
+    for part in (entry.compiled_fw, getattr(entry, "compiled_bw", None)):
+        graph = getattr(part, "result", None)
+        source = getattr(graph, "source_code", None)
+        if source:
+            sources.append(source)
+    return sources
+
+
+def _kernel_file_without_compiling(argtypes: list[str], source: str) -> str | None:
+    """The ``.so`` of a kernel that Inductor built (or found on disk) in this process.
+
+    A cache miss must not start a compile at save: C++ builds are refused while
+    looking up (the miss then reads as None). Inductor's first compile of a
+    process probes the CPU's vector ISA with a test build; if that probe never
+    ran here, nothing was compiled in this process and the lookup is skipped
+    (refusing the probe's build would cache a wrong ISA).
+    """
+    from torch._inductor import cpp_builder, cpu_vec_isa
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    if not cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
+        return None
+
+    class _WouldCompile(Exception):
+        pass
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise _WouldCompile(self.get_target_file_path())
+
+    original = cpp_builder.CppBuilder.build
+    cpp_builder.CppBuilder.build = refuse  # type: ignore[method-assign]
+    try:
+        kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
+        return kernel.__self__.__file__
+    except _WouldCompile:
+        return None
+    finally:
+        cpp_builder.CppBuilder.build = original  # type: ignore[method-assign]
+
+
+def cpu_kernel_section(fns: Sequence[Any]) -> bytes | None:
+    """The ``kernels`` section for CPU compiled functions (all variants, forward and backward).
+
+    Each C++ kernel of each wrapper is looked for among the shipped kernels
+    loaded in this process, then in Inductor's code cache (no compile); a kernel
+    found in neither is left out (loading then compiles it). None if no kernel
+    was found.
+    """
+    from . import _fastpath
+
+    log = logging.getLogger("torch_precompile")
+    binaries: dict[str, bytes] = {}
+    missing = 0
+    for fn in fns:
+        if isinstance(fn, FastCompiledFunction):
+            binaries.update((k, bytes(v)) for k, v in _fastpath.unpack_kernels(fn.kernels).items())
+            continue
+        try:
+            sources = _compiled_graph_sources(fn)
+        except Exception as exc:  # an unexpected PyTorch structure: ship nothing for it
+            log.debug("no shipped kernels for a compiled function: %s", exc)
+            continue
+        for source in sources:
+            try:
+                calls = _recorded_kernels(source)
+            except Exception as exc:
+                log.debug("cannot list the kernels of a wrapper: %s", exc)
+                continue
+            for argtypes, kernel_source in calls:
+                key = _fastpath.kernel_key(argtypes, kernel_source)
+                if key in binaries:
+                    continue
+                shipped = _SHIPPED_KERNELS.get(key)
+                try:
+                    if shipped is not None:
+                        path = shipped.__self__.__file__
+                    else:
+                        path = _kernel_file_without_compiling(argtypes, kernel_source)
+                    if path is not None:
+                        with open(path, "rb") as f:
+                            binaries[key] = f.read()
+                        continue
+                except Exception as exc:
+                    log.debug("kernel %s not found: %s", key[:12], exc)
+                missing += 1
+    if missing:
+        log.debug("%d kernels not shipped: loading will compile them", missing)
+    return _fastpath.pack_kernels(binaries) if binaries else None
+
+
+def shipped_kernels_enabled() -> bool:
+    """``TORCH_PRECOMPILE_SHIPPED_KERNELS=0`` makes the full path compile every kernel."""
+    import os
+
+    return os.environ.get("TORCH_PRECOMPILE_SHIPPED_KERNELS", "1") != "0"
+
+
+@contextlib.contextmanager
+def _pybindings_from(lookup: Callable[[str, list[str], str], Any]) -> Iterator[None]:
+    """Inductor's ``CppPythonBindingsCodeCache`` asks ``lookup(key, argtypes, source)``
+    first; a kernel it returns is used as is, None compiles (or hits the cache) as before.
+
+    Only this class's ``load_pybinding_async`` (what the wrapper's
+    ``async_compile.cpp_pybinding`` and ``load_pybinding`` call) is patched, for
+    the duration of the block.
+    """
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    from . import _fastpath
+
+    previous = CppPythonBindingsCodeCache.__dict__["load_pybinding_async"]
+
+    def load_pybinding_async(cls: Any, argtypes: Any, main_code: str, *a: Any, **kw: Any) -> Any:
+        # Subclasses append another binding suffix: only the plain class's kernels match.
+        if cls is CppPythonBindingsCodeCache and not a and set(kw) <= {"submit_fn"}:
+            kernel = lookup(_fastpath.kernel_key(argtypes, main_code), list(argtypes), main_code)
+            if kernel is not None:
+                return lambda: kernel
+        return previous.__func__(cls, argtypes, main_code, *a, **kw)
+
+    CppPythonBindingsCodeCache.load_pybinding_async = classmethod(load_pybinding_async)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        CppPythonBindingsCodeCache.load_pybinding_async = previous  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def shipped_cpu_kernels(kernels_section: bytes | None) -> Iterator[None]:
+    """While active, Inductor loads the shipped kernels instead of compiling them.
+
+    A kernel whose key is in the section is written to the fast path's private
+    directory and imported as the fast path does; any other kernel compiles as
+    before. PyTorch loads both the forward and the backward wrapper while
+    deserializing, so the patch lasts for that call only.
+    """
+    if not kernels_section or not shipped_kernels_enabled():
+        yield
+        return
+    from . import _fastpath
+
+    log = logging.getLogger("torch_precompile")
+    kernels = _fastpath.unpack_kernels(kernels_section)
+    directory: list[str] = []  # made on the first shipped kernel asked for
+    guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
+    data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
+
+    def lookup(key: str, argtypes: list[str], source: str) -> Any:
+        if key not in kernels:
+            log.debug("kernel %s is not shipped: compiling it", key[:12])
+            return None
+        try:
+            if not directory:
+                directory.append(_fastpath._kernel_dir(kernels_section))
+            loader = _fastpath._KernelLoader(kernels, directory[0], data_ptr)
+            kernel = loader.cpp_pybinding(argtypes, source)
+        except Exception as exc:
+            log.warning("shipped kernel %s failed to load, compiling it: %s", key[:12], exc)
+            return None
+        _SHIPPED_KERNELS[key] = kernel
+        return kernel
+
+    with _pybindings_from(lookup):
+        yield
+
+
+@contextlib.contextmanager
+def reusing_shipped_kernels() -> Iterator[None]:
+    """Kernels this process loaded from artifacts are found as if Inductor had built
+    them: saving an artifact loaded through the full path reads them, never compiles."""
+    if not _SHIPPED_KERNELS:
+        yield
+        return
+    with _pybindings_from(lambda key, argtypes, source: _SHIPPED_KERNELS.get(key)):
+        yield
+
+
 def compiled_function_parts(fn: Any) -> tuple[Any, Callable[..., Any], inspect.Signature]:
     """(guard manager, runtime callable, signature) of an AOTCompiledFunction."""
     return fn._artifacts.guard_manager, fn.fn, fn._artifacts.signature

@@ -18,7 +18,10 @@ compiler nor AOTAutograd is imported. Guards are still checked by Dynamo's own
 guard manager (which imports ``torch._dynamo``). The saved code was checked
 at save time to be one of the plain cases this runner handles (inference, CPU,
 no input mutation, no output aliasing an input, static shapes); any other
-artifact, or any failure here, loads through PyTorch's full path.
+artifact, or any failure here, loads through PyTorch's full path. Every CPU
+artifact carries the ``kernels`` section (a bundle of variants: the union of
+their forward and backward kernels), and the full path loads its kernels from
+there too (``_compat.shipped_cpu_kernels``) instead of compiling them.
 """
 
 from __future__ import annotations

@@ -74,6 +74,10 @@ def save(
     fast = _fast_sections(artifact)
     if fast is not None:
         sections["fastload"], sections["kernels"] = fast
+    else:
+        kernels = _kernel_section(artifact)
+        if kernels is not None:
+            sections["kernels"] = kernels
     sizes = {name: len(data) for name, data in sections.items()}
     needs_globals = _compat.unresolved_globals(artifact.compiled_function)
     meta = {
@@ -148,9 +152,10 @@ def load(
         f_globals = _module_globals(meta.get("globals"), path)
     compiled_function = _load_fast(sections, path, f_globals)
     if compiled_function is None:
-        compiled_function = _compat.deserialize_compiled_function(
-            sections["compiled"], f_globals, cudagraphs=bool(meta.get("cudagraphs"))
-        )
+        with _compat.shipped_cpu_kernels(sections.get("kernels")):
+            compiled_function = _compat.deserialize_compiled_function(
+                sections["compiled"], f_globals, cudagraphs=bool(meta.get("cudagraphs"))
+            )
     guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
@@ -182,8 +187,26 @@ def _fast_sections(artifact: PrecompiledArtifact) -> tuple[bytes, bytes] | None:
     if _compat.compiled_function_uses_cudagraphs(artifact.compiled_function):
         return None  # mode="reduce-overhead": its runtime steps CUDA-graph generations
     try:
-        return _compat.cpu_kernel_binaries(artifact.compiled_function, artifact.module)
+        # Kernels this process loaded from a file are read back, not rebuilt.
+        with _compat.reusing_shipped_kernels():
+            return _compat.cpu_kernel_binaries(artifact.compiled_function, artifact.module)
     except Exception as exc:  # never fail a save over the optional fast path
+        log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
+        return None
+
+
+def _kernel_section(artifact: PrecompiledArtifact) -> bytes | None:
+    """The ``kernels`` section of a CPU artifact that does not take the fast path.
+
+    One section for all variants (the union of their kernels, forward and
+    backward): PyTorch's full path then loads them instead of compiling.
+    """
+    if artifact.device_type != "cpu":
+        return None
+    fns = [v.compiled_function for v in artifact.variants] or [artifact.compiled_function]
+    try:
+        return _compat.cpu_kernel_section(fns)
+    except Exception as exc:  # never fail a save over shipped kernels
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
         return None
 
@@ -230,11 +253,12 @@ def _load_variants(
                     f"{path}: variant {i} has no compiled section; re-save it"
                 )
             f_globals = _compat.import_global_refs(vmeta.get("external_refs") or {})
-            compiled_function = _compat.deserialize_compiled_function(
-                sections[f"compiled.{i}"],
-                f_globals or None,
-                cudagraphs=bool(meta.get("cudagraphs")),
-            )
+            with _compat.shipped_cpu_kernels(sections.get("kernels")):
+                compiled_function = _compat.deserialize_compiled_function(
+                    sections[f"compiled.{i}"],
+                    f_globals or None,
+                    cudagraphs=bool(meta.get("cudagraphs")),
+                )
         guards = Guards.from_json(vmeta.get("guards", []))
         training = bool(vmeta.get("training"))
         variants.append(

@@ -14,11 +14,15 @@ Loading then writes the shared objects into a private directory, ``dlopen``\\ s
 them and executes the wrapper with light stand-ins for the few Inductor names
 it imports (``AsyncCompile``, ``extern_kernels``, ...). No C++ compiler runs,
 ``TORCHINDUCTOR_CACHE_DIR`` is not read, and neither ``torch._inductor``'s
-compiler nor AOTAutograd is imported. Guards are still checked by Dynamo's own
-guard manager (which imports ``torch._dynamo``). The saved code was checked
-at save time to be one of the plain cases this runner handles (inference, CPU,
-no input mutation, no output aliasing an input, static shapes); any other
-artifact, or any failure here, loads through PyTorch's full path. Every CPU
+compiler nor AOTAutograd is imported. Guards are checked by a plain-Python
+translation of Dynamo's guard tree (``_compat.LightGuards``); Dynamo's own
+guard manager (which imports ``torch._dynamo``) is built only when that check
+fails or the tree could not be translated (symbolic sizes, for one). The saved
+code was checked at save time to be one of the plain cases this runner handles
+(inference, CPU, no input mutation, no output aliasing an input); dynamic
+shapes are among them, since Inductor's wrapper reads the sizes off its
+inputs. Any other artifact, or any failure here, loads through PyTorch's full
+path. Every CPU
 artifact carries the ``kernels`` section (a bundle of variants: the union of
 their forward and backward kernels), and the full path loads its kernels from
 there too (``_compat.shipped_cpu_kernels``) instead of compiling them.

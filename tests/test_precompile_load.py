@@ -41,8 +41,8 @@ def test_standalone_weights_are_the_saved_ones(staged, loaded) -> None:
 
 
 def test_standalone_weights_are_64_byte_aligned(loaded) -> None:
-    """Each weight starts on a 64-byte boundary, as eager's do: vectorized kernels and
-    GEMMs run slower on tensors split across cache lines."""
+    """Each weight starts on a 64-byte boundary, as eager's (and the compiling
+    process's) do."""
     tensors = [*loaded.parameters(), *loaded.buffers()]
     assert tensors
     assert [t.data_ptr() % 64 for t in tensors] == [0] * len(tensors)

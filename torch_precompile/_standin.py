@@ -215,8 +215,8 @@ def unpack_tensors(data: bytes, device: str | torch.device = "cpu") -> dict[str,
     index = json.loads(data[8 : 8 + n])
     base = 8 + n
     # One copy into memory from torch's allocator (64-byte aligned), so that every
-    # tensor, at a 64-byte multiple offset, is aligned as eager's weights are:
-    # vectorized kernels and GEMMs run slower on weights split across cache lines.
+    # tensor, at a 64-byte multiple offset, is aligned as eager's weights are (the
+    # compiled code sees the layout it saw when compiling) and owns its memory.
     storage = torch.empty(len(data) - base, dtype=torch.uint8)
     if storage.numel():
         with warnings.catch_warnings():

@@ -26,7 +26,7 @@ import pytest
 import torch
 from conftest import no_compiler_env
 
-from examples.models import build_scalar_fn
+from examples.models import build_scalar_fn, build_tiny_mlp
 from torch_precompile import GuardError, Precompile, _format
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,7 +240,7 @@ def test_light_guards_never_pass_what_dynamo_rejects(
         light = loaded._runtime.guard_manager.light
         assert light is not None and light._tensor_guards is not None
         if tensor_check == "python":
-            light._tensor_guards = None
+            light._tensor_guards = None  # the Python check alone
         return loaded
 
     art = load()
@@ -364,3 +364,44 @@ def test_kernel_directories_unused_for_two_weeks_are_pruned(
     assert first.stat().st_mtime > old + 60  # marked as used
     assert not stale.exists()
     assert (recent / "kx.so").exists()
+
+
+def test_calls_under_inference_mode(saved: dict[str, Path]) -> None:
+    """Under ``torch.inference_mode()`` the light check decides as Dynamo does: normal
+    tensors pass (no Dynamo import needed), inference tensors are refused with a hint."""
+    io = torch.load(saved["io"])
+    (ids,) = io["args"]
+    art = Precompile.load(saved["artifact"])
+    guards = art._runtime.guard_manager
+    assert guards.light is not None
+    with torch.inference_mode():
+        f_locals = {"self": art.module, "ids": ids}
+        assert guards.light.check(f_locals) and guards.full.check(f_locals)
+        torch.testing.assert_close(art(ids), io["expected"], rtol=1e-4, atol=1e-4)
+        made_here = ids.clone()
+        assert made_here.is_inference()
+        f_locals = {"self": art.module, "ids": made_here}
+        assert not guards.light.check(f_locals)
+        assert not guards.full.check(f_locals)
+        with pytest.raises(GuardError, match=r"inference tensor .* capture under"):
+            art(made_here)
+
+
+def test_artifact_captured_under_inference_mode(tmp_path: Path) -> None:
+    """A capture under ``torch.inference_mode()`` serves inference tensors there, on the
+    light check; a call with normal tensors outside says where it was captured."""
+    model, (x,), _ = build_tiny_mlp()
+    with torch.inference_mode():
+        x_inf = x.clone()
+        artifact = Precompile.compile(model, x_inf)
+        expected = model(x_inf)
+    Precompile.save(tmp_path / "inference_mode.pt", artifact)
+    loaded = Precompile.load(tmp_path / "inference_mode.pt")
+    guards = loaded._runtime.guard_manager
+    assert guards.light is not None
+    with torch.inference_mode():
+        x_here = x.clone()
+        assert guards.light.check({"self": loaded.module, "x": x_here})
+        torch.testing.assert_close(loaded(x_here), expected)
+    with torch.no_grad(), pytest.raises(GuardError, match=r"captured? .*inference_mode"):
+        loaded(x)

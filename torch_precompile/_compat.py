@@ -1520,11 +1520,22 @@ class LightGuards:
         exec(compile(source, "<torch_precompile light guards>", "exec"), namespace)
         self._fn = namespace["light_check"]
         self.source = source
-        self._tensor_guards = self._native_tensor_guards()
+        # Dynamo compares a tensor's dispatch keys under the thread-local state of
+        # the capture, not of the call. That state is found again by trying both
+        # inference modes: the one under which tensors with the recorded properties
+        # get the recorded keys is where tensor checks run (None: neither, so the
+        # Python check runs in the call's own state, which is stricter).
+        self._tensor_guards: Any = None
+        self._tensor_inference_mode: bool | None = None
+        for mode in (torch.is_inference_mode_enabled(), not torch.is_inference_mode_enabled()):
+            with torch.inference_mode(mode):
+                examples = self._examples_with_recorded_keys()
+                if examples is not None:
+                    self._tensor_inference_mode = mode
+                    self._tensor_guards = self._native_tensor_guards(examples)
+                    break
 
     def check(self, f_locals: dict[str, Any]) -> bool:
-        if torch.is_inference_mode_enabled():
-            return False  # changes dispatch keys; let Dynamo decide
         seen: dict[str, Any] = {}
         tensors: list[Any] = []
         try:
@@ -1532,8 +1543,13 @@ class LightGuards:
                 return False
         except (KeyError, AttributeError, TypeError, IndexError, ValueError):
             return False
-        native = self._tensor_guards
-        if (native is None or not native.check(*tensors)) and not self._check_tensors(tensors):
+        mode = self._tensor_inference_mode
+        if mode is None or mode == torch.is_inference_mode_enabled():
+            tensors_ok = self._tensors_ok(tensors)
+        else:
+            with torch.inference_mode(mode):
+                tensors_ok = self._tensors_ok(tensors)
+        if not tensors_ok:
             return False
         for group in self._alias_groups:
             tensors = [seen.get(src) for src in group]
@@ -1564,24 +1580,17 @@ class LightGuards:
                 return False
         return True
 
-    def _native_tensor_guards(self) -> Any:
-        """PyTorch's C++ ``TensorGuards`` over all collected tensors, or None.
+    def _tensors_ok(self, tensors: list[Any]) -> bool:
+        native = self._tensor_guards
+        return (native is not None and native.check(*tensors)) or self._check_tensors(tensors)
 
-        It checks the same properties as ``_check_tensors`` in one call (a
-        fraction of a microsecond per tensor), and is also stricter: it fails
-        when one tensor object appears twice (tied weights, the same input
-        passed twice), in which case ``_check_tensors`` decides. Built from
-        empty tensors with the recorded properties; used only if their
-        dispatch keys under the current thread-local state are the recorded
-        ones, so both checks accept exactly the same tensors.
-        """
-        checks = self._tensor_checks
-        if not checks:
-            return None
+    def _examples_with_recorded_keys(self) -> list[torch.Tensor] | None:
+        """Empty tensors with the recorded properties, if under the current thread-local
+        state they get the recorded dispatch keys (None otherwise)."""
         inc = torch._C._dispatch_tls_local_include_set()
         exc = torch._C._dispatch_tls_local_exclude_set()
         examples = []
-        for cls, dtype, requires_grad, size, stride, raw in checks:
+        for cls, dtype, requires_grad, size, stride, raw in self._tensor_checks:
             t = torch.empty_strided(size, stride, dtype=dtype)  # untouched: no pages
             if cls is torch.nn.Parameter:
                 t = torch.nn.Parameter(t, requires_grad=requires_grad)
@@ -1590,14 +1599,29 @@ class LightGuards:
             if ((torch._C._dispatch_keys(t) | inc) - exc).raw_repr() != raw:
                 return None
             examples.append(t)
+        return examples
+
+    def _native_tensor_guards(self, examples: list[torch.Tensor]) -> Any:
+        """PyTorch's C++ ``TensorGuards`` over all collected tensors, or None.
+
+        It checks the same properties as ``_check_tensors`` in one call (a
+        fraction of a microsecond per tensor), and is also stricter: it fails
+        when one tensor object appears twice (tied weights, the same input
+        passed twice), in which case ``_check_tensors`` decides. Built from
+        ``examples`` (which got the recorded keys), so under the same
+        thread-local state both checks accept exactly the same tensors.
+        """
+        checks = self._tensor_checks
+        if not checks:
+            return None
         try:
             return torch._C._dynamo.guards.TensorGuards(  # type: ignore[attr-defined]
                 *examples,
                 dynamic_dims_sizes=[list(c[3]) for c in checks],
                 dynamic_dims_strides=[list(c[4]) for c in checks],
             )
-        except Exception as exc_:  # another PyTorch's signature: the Python check decides
-            logging.getLogger("torch_precompile").debug("no native tensor guards: %s", exc_)
+        except Exception as exc:  # another PyTorch's signature: the Python check decides
+            logging.getLogger("torch_precompile").debug("no native tensor guards: %s", exc)
             return None
 
     def _collect_alias_groups(self, node: dict[str, Any]) -> None:

@@ -341,7 +341,41 @@ def diagnose(guards: Guards, f_locals: dict[str, Any], fallback: str) -> GuardEr
             problem = _check_one(g, scope, grad_enabled)
         if problem:
             return GuardError(f"{problem} [{g.phase}]")
-    return GuardError(f"a guard failed: {fallback} [dynamo]")
+    hint = _inference_mode_hint(fallback, f_locals)
+    return GuardError(f"a guard failed: {fallback}{hint} [dynamo]")
+
+
+def _tensors_in(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item, depth + 1)
+    elif depth < 4 and isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item, depth + 1)
+
+
+def _inference_mode_hint(reason: str, f_locals: dict[str, Any]) -> str:
+    """What to do when a dispatch-key mismatch comes from ``torch.inference_mode()``."""
+    m = re.search(r"expected (DispatchKeySet\([^)]*\)), actual (DispatchKeySet\([^)]*\))", reason)
+    if m is None:
+        return ""
+    expected, actual = m.groups()
+    if "ADInplaceOrView" in expected and "ADInplaceOrView" not in actual:
+        if any(t.is_inference() for t in _tensors_in(f_locals)):
+            return (
+                "; an input is an inference tensor (made under torch.inference_mode()) and the "
+                "capture saw normal tensors: make the inputs outside inference_mode, or capture "
+                "under torch.inference_mode() (Precompile.precompile([...]) bundles both)"
+            )
+    elif "Autograd" in actual and "Autograd" not in expected:
+        return (
+            "; the capture ran under torch.inference_mode() with inference tensors: call it "
+            "under torch.inference_mode() with inputs made there, or capture without it "
+            "(Precompile.precompile([...]) bundles both)"
+        )
+    return ""
 
 
 def _diagnosis_rank(g: Guard) -> int:

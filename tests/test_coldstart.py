@@ -402,6 +402,8 @@ def test_artifact_captured_under_inference_mode(tmp_path: Path) -> None:
     with torch.inference_mode():
         x_here = x.clone()
         assert guards.light.check({"self": loaded.module, "x": x_here})
+        # Dynamo's manager, built here as the fast path builds it on need, agrees.
+        assert guards.full.check({"self": loaded.module, "x": x_here})
         torch.testing.assert_close(loaded(x_here), expected)
     with torch.no_grad(), pytest.raises(GuardError, match=r"captured? .*inference_mode"):
         loaded(x)

@@ -367,13 +367,12 @@ def _inference_mode_hint(reason: str, f_locals: dict[str, Any]) -> str:
             return (
                 "; an input is an inference tensor (made under torch.inference_mode()) and the "
                 "capture saw normal tensors: make the inputs outside inference_mode, or capture "
-                "under torch.inference_mode() (Precompile.precompile([...]) bundles both)"
+                "under torch.inference_mode()"
             )
     elif "Autograd" in actual and "Autograd" not in expected:
         return (
             "; the capture ran under torch.inference_mode() with inference tensors: call it "
-            "under torch.inference_mode() with inputs made there, or capture without it "
-            "(Precompile.precompile([...]) bundles both)"
+            "under torch.inference_mode() with inputs made there, or capture without it"
         )
     return ""
 

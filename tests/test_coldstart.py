@@ -407,3 +407,14 @@ def test_artifact_captured_under_inference_mode(tmp_path: Path) -> None:
         torch.testing.assert_close(loaded(x_here), expected)
     with torch.no_grad(), pytest.raises(GuardError, match=r"captured? .*inference_mode"):
         loaded(x)
+
+    # Bundled with a no_grad capture, fast-loaded: each kind of call finds its variant.
+    with torch.no_grad():
+        plain = Precompile.compile(model, x)
+    Precompile.save(tmp_path / "both.pt", Precompile.precompile([plain, artifact]))
+    both = Precompile.load(tmp_path / "both.pt")
+    assert all(type(v.compiled_function).__name__ == "FastCompiledFunction" for v in both.variants)
+    with torch.no_grad():
+        torch.testing.assert_close(both(x), expected)
+    with torch.inference_mode():
+        torch.testing.assert_close(both(x.clone()), expected)

@@ -141,6 +141,7 @@ def test_fresh_process_bundle(
             from torch_precompile import GuardError, Precompile
 
             art = Precompile.load({str(path)!r})
+            loaded_as = [type(v.compiled_function).__name__ for v in art.variants]
             ref = torch.load({str(ref)!r})
             ran = []
             def counting(fn, index):
@@ -163,7 +164,8 @@ def test_fresh_process_bundle(
             except GuardError as exc:
                 error = str(exc)
             n = len(art.variants)
-            print(json.dumps({{"ran": ran, "n": n, "grads": grads, "error": error}}))
+            print(json.dumps({{"ran": ran, "n": n, "grads": grads, "error": error,
+                              "loaded_as": loaded_as}}))
             """
         )
     )
@@ -174,6 +176,9 @@ def test_fresh_process_bundle(
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["n"] == 3
+    # The inference variants (static, dynamic) take the fast load; training PyTorch's path.
+    fast, full = "FastCompiledFunction", "AOTCompiledFunction"
+    assert res["loaded_as"] == [fast, fast, full]
     assert res["ran"] == [0, 1, 1, 2]
     assert res["grads"] > 0
     assert (

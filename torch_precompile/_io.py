@@ -71,13 +71,28 @@ def save(
     elif bound is not None:
         kind = "object"
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
-    fast = _fast_sections(artifact)
-    if fast is not None:
-        sections["fastload"], sections["kernels"] = fast
-    else:
+    if artifact.variants:
+        # Each inference variant that qualifies gets its own fast-load section
+        # ("fastload" for variant 0, "fastload.<i>" for variant i); the one
+        # "kernels" section holds every variant's kernels.
+        for i, variant in enumerate(artifact.variants):
+            fast = _fast_sections(variant, artifact.module)
+            if fast is not None:
+                sections["fastload" + (f".{i}" if i else "")] = fast[0]
         kernels = _kernel_section(artifact)
         if kernels is not None:
             sections["kernels"] = kernels
+        else:
+            for name in [n for n in sections if n.startswith("fastload")]:
+                del sections[name]
+    else:
+        fast = _fast_sections(artifact, artifact.module)
+        if fast is not None:
+            sections["fastload"], sections["kernels"] = fast
+        else:
+            kernels = _kernel_section(artifact)
+            if kernels is not None:
+                sections["kernels"] = kernels
     sizes = {name: len(data) for name, data in sections.items()}
     needs_globals = _compat.unresolved_globals(artifact.compiled_function)
     meta = {
@@ -180,8 +195,9 @@ def load(
     )
 
 
-def _fast_sections(artifact: PrecompiledArtifact) -> tuple[bytes, bytes] | None:
-    """The shipped-kernel sections that let a CPU inference artifact load without a compiler."""
+def _fast_sections(artifact: PrecompiledArtifact, bound: Any) -> tuple[bytes, bytes] | None:
+    """The shipped-kernel sections that let a CPU inference artifact (or one variant of a
+    bundle, bound to the bundle's model) load without a compiler or Inductor."""
     if artifact.training or artifact.device_type != "cpu" or artifact.variants:
         return None
     if _compat.compiled_function_uses_cudagraphs(artifact.compiled_function):
@@ -189,7 +205,7 @@ def _fast_sections(artifact: PrecompiledArtifact) -> tuple[bytes, bytes] | None:
     try:
         # Kernels this process loaded from a file are read back, not rebuilt.
         with _compat.reusing_shipped_kernels():
-            return _compat.cpu_kernel_binaries(artifact.compiled_function, artifact.module)
+            return _compat.cpu_kernel_binaries(artifact.compiled_function, bound)
     except Exception as exc:  # never fail a save over the optional fast path
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
         return None
@@ -211,18 +227,27 @@ def _kernel_section(artifact: PrecompiledArtifact) -> bytes | None:
         return None
 
 
-def _load_fast(sections: dict[str, bytes], path: str, module_globals: dict[str, Any] | None) -> Any:
-    """The fast path of :mod:`_fastpath`, or None to load through PyTorch's full path."""
-    if "fastload" not in sections or "kernels" not in sections:
+def _load_fast(
+    sections: dict[str, bytes],
+    path: str,
+    module_globals: dict[str, Any] | None,
+    suffix: str = "",
+) -> Any:
+    """The fast path of :mod:`_fastpath`, or None to load through PyTorch's full path.
+
+    ``suffix`` names a variant of a bundle (``".2"`` reads ``fastload.2`` and
+    ``compiled.2``).
+    """
+    if "fastload" + suffix not in sections or "kernels" not in sections:
         return None
     if os.environ.get("TORCH_PRECOMPILE_FAST_LOAD", "1") == "0":
         return None
     try:
         return _compat.load_fast_compiled_function(
-            sections["fastload"],
+            sections["fastload" + suffix],
             sections["kernels"],
-            sections["compiled"],
-            f"<torch_precompile {path}>",
+            sections["compiled" + suffix],
+            f"<torch_precompile {path}{suffix}>",
             module_globals,
         )
     except Exception as exc:
@@ -253,12 +278,14 @@ def _load_variants(
                     f"{path}: variant {i} has no compiled section; re-save it"
                 )
             f_globals = _compat.import_global_refs(vmeta.get("external_refs") or {})
-            with _compat.shipped_cpu_kernels(sections.get("kernels")):
-                compiled_function = _compat.deserialize_compiled_function(
-                    sections[f"compiled.{i}"],
-                    f_globals or None,
-                    cudagraphs=bool(meta.get("cudagraphs")),
-                )
+            compiled_function = _load_fast(sections, path, f_globals or None, f".{i}")
+            if compiled_function is None:
+                with _compat.shipped_cpu_kernels(sections.get("kernels")):
+                    compiled_function = _compat.deserialize_compiled_function(
+                        sections[f"compiled.{i}"],
+                        f_globals or None,
+                        cudagraphs=bool(meta.get("cudagraphs")),
+                    )
         guards = Guards.from_json(vmeta.get("guards", []))
         training = bool(vmeta.get("training"))
         variants.append(

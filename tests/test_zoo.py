@@ -36,7 +36,13 @@ ZOO = [
     "scalar_fn",
 ]
 # bfloat16 autocast inside forward: compiled and eager kernels round differently.
-TOLERANCE = {"context_managers": {"rtol": 2e-2, "atol": 2e-2}}
+# GPT's logits reach ~130 in magnitude; Inductor's fused layer norms and softmax
+# sum float32 in another order, which moves them by ~2e-5 (1e-7 of that scale),
+# over assert_close's default atol of 1e-5 for the logits near zero.
+TOLERANCE = {
+    "context_managers": {"rtol": 2e-2, "atol": 2e-2},
+    "gpt": {"rtol": 1e-5, "atol": 1e-4},
+}
 # Models whose outputs are plain tensors: loading them must not import the model's module.
 TENSOR_OUTPUT_MODULES = ["gpt", "resnet", "mlp_mixer"]
 

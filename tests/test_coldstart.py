@@ -60,9 +60,9 @@ def _run(root: Path, body: str, env: dict[str, str]) -> subprocess.CompletedProc
 def test_saved_artifact_ships_kernel_binaries(saved: dict[str, Path]) -> None:
     meta, sections = _format.read_artifact(saved["artifact"])
     assert "kernels" in sections and "fastload" in sections
-    from torch_precompile import _fastpath
+    from torch_precompile._compat import kernels as shipped
 
-    kernels = _fastpath.unpack_kernels(sections["kernels"])
+    kernels = shipped.unpack_kernels(sections["kernels"])
     assert len(kernels) >= 1
     for data in kernels.values():
         assert bytes(data[:4]) == b"\x7fELF"  # shared objects, not C++ source
@@ -346,20 +346,20 @@ def test_kernel_directories_unused_for_two_weeks_are_pruned(
     import tempfile
     import time
 
-    from torch_precompile import _fastpath
+    from torch_precompile._compat import kernels as shipped
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    section = _fastpath.pack_kernels({"k": b"not really a shared object"})
-    first = Path(_fastpath._kernel_dir(section))
+    section = shipped.pack_kernels({"k": b"not really a shared object"})
+    first = Path(shipped.kernel_dir(section))
     root = first.parent
     stale, recent = root / "stale", root / "recent"
     for d in (stale, recent):
         d.mkdir(mode=0o700)
         (d / "kx.so").write_bytes(b"x")
-    old = time.time() - _fastpath.KERNEL_DIR_MAX_AGE_S - 60
+    old = time.time() - shipped.KERNEL_DIR_MAX_AGE_S - 60
     os.utime(stale, (old, old))
     os.utime(first, (old, old))  # stale too, but it is the one being loaded
-    again = Path(_fastpath._kernel_dir(section))
+    again = Path(shipped.kernel_dir(section))
     assert again == first and first.is_dir()
     assert first.stat().st_mtime > old + 60  # marked as used
     assert not stale.exists()

@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from examples.models import build_transformer
-from torch_precompile import Precompile, _compat, _format
+from torch_precompile import Precompile, _format
+from torch_precompile._compat import joint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,8 +50,8 @@ def test_compiler_config_extra_follows_the_installed_signature() -> None:
 
     old = types.SimpleNamespace(create_compiler_config_extra=takes_config)
     new = types.SimpleNamespace(create_compiler_config_extra=takes_gm)
-    assert _compat._compiler_config_extra(old, config, gm) == "extra-2.11"
-    assert _compat._compiler_config_extra(new, config, gm) == "extra-2.13"
+    assert joint._compiler_config_extra(old, config, gm) == "extra-2.11"
+    assert joint._compiler_config_extra(new, config, gm) == "extra-2.13"
     assert calls == [("config", config), ("gm", gm)]
 
 
@@ -78,7 +79,7 @@ def test_serializable_entry_is_found_through_closures_and_wraps() -> None:
         def __init__(self, fn):
             self.compiled_fn = fn
 
-    serialize = _compat._find_serialize_fn(Holder(runtime_wrapper))
+    serialize = joint._find_serialize_fn(Holder(runtime_wrapper))
     assert serialize is not None and serialize() == "the entry"
 
 
@@ -89,7 +90,7 @@ def test_no_serializable_entry_gives_none() -> None:
     def outer(args):
         return plain(args)
 
-    assert _compat._find_serialize_fn(outer) is None
+    assert joint._find_serialize_fn(outer) is None
 
 
 # ---------------------------------------------------- reduce-overhead artifact

@@ -233,7 +233,7 @@ def _load_fast(
     module_globals: dict[str, Any] | None,
     suffix: str = "",
 ) -> Any:
-    """The fast path of :mod:`_fastpath`, or None to load through PyTorch's full path.
+    """The fast path of :mod:`._compat.fastload`, or None to load through PyTorch's full path.
 
     ``suffix`` names a variant of a bundle (``".2"`` reads ``fastload.2`` and
     ``compiled.2``).

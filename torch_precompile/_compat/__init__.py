@@ -1,0 +1,107 @@
+"""The one place that touches PyTorch's private compiler APIs.
+
+Every call into ``torch._dynamo``, ``torch._functorch``, ``torch._inductor``
+and ``torch._C`` internals, and all knowledge of the code Inductor generates,
+lives in this package, so that a PyTorch upgrade is this folder's work. The
+rest of ``torch_precompile`` uses only the names exported here. Heavy imports
+happen inside the functions: loading an artifact must not import the compiler.
+
+One module per concern, in pipeline order:
+
+- ``capture``: Dynamo's fullgraph capture and its shape environment;
+- ``joint``: AOTAutograd's joint export, partitioning and Inductor's compile;
+- ``functions``: PyTorch's ``AOTCompiledFunction`` (guards, assembly,
+  serialization, the accessors the runtime reads);
+- ``kernels``: the shipped C++ kernels (the ``kernels`` section, their private
+  directory, and loading them in place of compiling on PyTorch's full path);
+- ``wrapper``: Inductor's generated Python wrapper, run with light stand-ins;
+- ``fastload``: loading a CPU inference artifact without the compiler stack;
+- ``light_guards``: Dynamo's guard tree as a plain-Python check.
+"""
+
+from .capture import (
+    UNSERIALIZABLE_GUARD_KINDS,
+    Capture,
+    fullgraph_capture,
+    is_capture_error,
+    shape_env_guard_exprs,
+    shape_env_symbol_sources,
+    shape_env_var_ranges,
+    wants_size_oblivious,
+)
+from .fastload import cpu_kernel_binaries, load_fast_compiled_function
+from .functions import (
+    begin_cudagraph_step,
+    build_guard_manager,
+    compiled_function_bytecode,
+    compiled_function_closure_locals,
+    compiled_function_device_type,
+    compiled_function_globals,
+    compiled_function_parts,
+    compiled_function_signature,
+    compiled_graph_callable,
+    deserialize_compiled_function,
+    external_global_refs,
+    global_state_snapshot,
+    guard_failure_reason,
+    guard_filter_entry_derived_kinds,
+    guard_filter_entry_fields,
+    guard_filter_entry_source,
+    import_global_refs,
+    make_compiled_function,
+    recording_compiled_graph,
+    serialize_compiled_function,
+    unresolved_globals,
+)
+from .joint import (
+    compile_joint,
+    compiled_function_uses_cudagraphs,
+    export_joint,
+    joint_graph_module,
+    joint_needs_autograd,
+    set_joint_graph_module,
+)
+from .kernels import cpu_kernel_section, reusing_shipped_kernels, shipped_cpu_kernels
+
+__all__ = [
+    "UNSERIALIZABLE_GUARD_KINDS",
+    "Capture",
+    "begin_cudagraph_step",
+    "build_guard_manager",
+    "compile_joint",
+    "compiled_function_bytecode",
+    "compiled_function_closure_locals",
+    "compiled_function_device_type",
+    "compiled_function_globals",
+    "compiled_function_parts",
+    "compiled_function_signature",
+    "compiled_function_uses_cudagraphs",
+    "compiled_graph_callable",
+    "cpu_kernel_binaries",
+    "cpu_kernel_section",
+    "deserialize_compiled_function",
+    "export_joint",
+    "external_global_refs",
+    "fullgraph_capture",
+    "global_state_snapshot",
+    "guard_failure_reason",
+    "guard_filter_entry_derived_kinds",
+    "guard_filter_entry_fields",
+    "guard_filter_entry_source",
+    "import_global_refs",
+    "is_capture_error",
+    "joint_graph_module",
+    "joint_needs_autograd",
+    "load_fast_compiled_function",
+    "make_compiled_function",
+    "recording_compiled_graph",
+    "reusing_shipped_kernels",
+    "serialize_compiled_function",
+    "set_joint_graph_module",
+    "shape_env_guard_exprs",
+    "shape_env_symbol_sources",
+    "shape_env_var_ranges",
+    "shipped_cpu_kernels",
+    "unresolved_globals",
+    "wants_size_oblivious",
+]

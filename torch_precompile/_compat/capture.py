@@ -1,0 +1,195 @@
+"""Dynamo: fullgraph capture and what its shape environment recorded."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+# Guard kinds PyTorch itself refuses to serialize (object identities of this process).
+UNSERIALIZABLE_GUARD_KINDS = (
+    "DICT_VERSION",
+    "NN_MODULE",
+    "ID_MATCH",
+    "FUNCTION_MATCH",
+    "CLASS_MATCH",
+    "MODULE_MATCH",
+    "CLOSURE_MATCH",
+    "WEAKREF_ALIVE",
+)
+
+
+@dataclasses.dataclass
+class Capture:
+    """Everything Dynamo's fullgraph capture produced, kept for the later stages."""
+
+    graph_capture_output: Any  # convert_frame.GraphCaptureOutput
+    backend_id: str
+    graph_module: torch.fx.GraphModule
+    fake_inputs: list[Any]
+    fake_mode: Any
+    tensor_to_context: Any
+    traced_fn: types.FunctionType
+    bound_self: object | None
+    signature: inspect.Signature
+    device_type: str
+    guards: list[Any]  # torch._guards.Guard
+    local_scope: dict[str, Any]
+    input_sources: list[str]
+    size_oblivious: bool = False
+    grad_enabled: bool = True  # grad mode at capture; the guards are built under it
+
+
+# --------------------------------------------------------------------- dynamo
+
+
+def _dynamo_errors() -> tuple[type[BaseException], ...]:
+    from torch._dynamo.exc import Unsupported, UserError
+
+    return (Unsupported, UserError)
+
+
+def wants_size_oblivious(args: Any, kwargs: Any) -> bool:
+    """Whether an example tensor was marked dynamic with ``min`` 0 or 1.
+
+    Dynamo specialises sizes 0 and 1 unless the ShapeEnv reasons about backed
+    sizes "size-obliviously"; honouring ``mark_dynamic(t, d, min=1)`` needs it.
+    """
+    for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+        for rng in getattr(leaf, "_dynamo_dynamic_range", ()) or ():
+            if rng.min is not None and rng.min <= 1:
+                return True
+    return False
+
+
+def size_oblivious_context(enabled: bool) -> Any:
+    """ShapeEnv setting that keeps 0 and 1 inside a dynamic size's range."""
+    if not enabled:
+        return contextlib.nullcontext()
+    import torch.fx.experimental._config as fx_config
+
+    return fx_config.patch(backed_size_oblivious=True)
+
+
+@contextlib.contextmanager
+def _capture_context(dynamic: bool | None) -> Iterator[None]:
+    from torch._dynamo.eval_frame import set_enable_dynamic
+    from torch._dynamo.utils import get_metrics_context
+    from torch._dynamo.variables.torch_function import (
+        torch_function_mode_stack_state_mgr,
+    )
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(get_metrics_context())
+        stack.enter_context(torch._functorch.config.patch(strict_autograd_cache=True))
+        if dynamic is not None:
+            stack.enter_context(set_enable_dynamic(dynamic))
+        # Python floats (dropout p, LayerNorm eps) stay constants: symbolic floats
+        # make AOTAutograd ask Dynamo to restart the trace, which a staged
+        # pipeline cannot do once the capture is handed on.
+        stack.enter_context(torch._dynamo.config.patch(specialize_float=True))
+        if dynamic is None:
+            # Static unless marked: no "automatic dynamic" from earlier captures of
+            # the same code in this process, so a capture does not depend on history.
+            stack.enter_context(torch._dynamo.config.patch(automatic_dynamic_shapes=False))
+        stack.enter_context(torch_function_mode_stack_state_mgr)
+        yield
+
+
+def fullgraph_capture(
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dynamic: bool | None,
+    size_oblivious: bool = False,
+) -> Capture:
+    """Run Dynamo's fullgraph capture; raises Dynamo's own exceptions on failure."""
+    from torch._dynamo import convert_frame
+    from torch._dynamo.graph_utils import _graph_device_type
+
+    with _capture_context(dynamic), size_oblivious_context(size_oblivious):
+        out = convert_frame.fullgraph_capture(model, args, kwargs)
+    gco = out.graph_capture_output
+    backend_input = out.backend_input
+    if backend_input is None:
+        raise ValueError("the model computes nothing with tensors, so there is no graph to compile")
+    fn, bound_self = convert_frame.get_traced_fn(model)
+    gm = backend_input.graph_module
+    gm._backend_id = backend_input.backend_id  # type: ignore[assignment]
+    og = gco.output_graph
+    sources = [
+        source.name
+        for _, source in sorted(og.export_metadata.graph_input_idx_to_local_source.items())
+    ]
+    return Capture(
+        graph_capture_output=gco,
+        backend_id=backend_input.backend_id,
+        graph_module=gm,
+        fake_inputs=list(backend_input.example_inputs),
+        fake_mode=backend_input.fake_mode,
+        tensor_to_context=backend_input.tensor_to_context,
+        traced_fn=fn,
+        bound_self=bound_self,
+        signature=convert_frame._get_signature(fn),
+        device_type=_graph_device_type(gm.graph),
+        guards=list(og.guards),
+        local_scope=og.local_scope,
+        input_sources=sources,
+        size_oblivious=size_oblivious,
+        grad_enabled=torch.is_grad_enabled(),
+    )
+
+
+def is_capture_error(exc: BaseException) -> bool:
+    return isinstance(exc, _dynamo_errors())
+
+
+def shape_env_guard_exprs(capture: Capture) -> list[str]:
+    """The symbolic-shape guards recorded so far, as readable expressions."""
+    shape_env = capture.fake_mode.shape_env
+    if shape_env is None:
+        return []
+    return [str(g.expr) for g in shape_env.guards]
+
+
+def shape_env_var_ranges(capture: Capture) -> dict[str, tuple[int, int | None]]:
+    """Value ranges of the symbols of the capture (for dynamic-shape messages)."""
+    shape_env = capture.fake_mode.shape_env
+    if shape_env is None:
+        return {}
+    out = {}
+    ranges = shape_env.var_to_range
+    for sym, vr in ranges.items():
+        # A symbol found equal to another (s18 == s72) keeps a stale range of
+        # its own; what holds is the range of what it was replaced by.
+        rep = shape_env.replacements.get(sym)
+        if rep is not None and rep in ranges:
+            vr = ranges[rep]
+        elif rep is not None and getattr(rep, "is_number", False):
+            out[str(sym)] = (int(rep), int(rep))
+            continue
+        out[str(sym)] = (_bound(vr.lower) or 0, _bound(vr.upper))
+    return out
+
+
+def _bound(value: Any) -> int | None:
+    """A finite sympy bound as int; None for (int_)oo."""
+    try:
+        return int(value) if bool(value.is_finite) else None
+    except (TypeError, AttributeError, ValueError):
+        return None
+
+
+def shape_env_symbol_sources(capture: Capture) -> dict[str, str]:
+    """Map each shape symbol (``s0``) to the first input dimension it stands for."""
+    shape_env = capture.fake_mode.shape_env
+    if shape_env is None:
+        return {}
+    return {
+        str(sym): sources[0].name for sym, sources in shape_env.var_to_sources.items() if sources
+    }

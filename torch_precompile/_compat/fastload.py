@@ -1,0 +1,288 @@
+"""Fast load of CPU inference artifacts: shipped kernels, no compiler, no Inductor.
+
+A CPU artifact saved in the process that compiled it carries two extra sections:
+
+- ``kernels``: the shared objects Inductor built for the graph's C++ kernels,
+  keyed by a digest of each kernel's source (:mod:`.kernels`);
+- ``fastload``: what is needed to run the compiled graph without PyTorch's
+  compiler stack: Inductor's generated Python wrapper (``call(args)``),
+  Dynamo's transformed bytecode (which reads the graph inputs off ``self`` and
+  rebuilds the outputs), its globals, the signature and the guard state.
+
+Loading writes the shared objects into a private directory, ``dlopen``\\ s them
+and executes the wrapper with light stand-ins for the few Inductor names it
+imports (:mod:`.wrapper`). No C++ compiler runs, ``TORCHINDUCTOR_CACHE_DIR`` is
+not read, and neither ``torch._inductor``'s compiler nor AOTAutograd is
+imported. Guards are checked by a plain-Python translation of Dynamo's guard
+tree (:mod:`.light_guards`); Dynamo's own guard manager (which imports
+``torch._dynamo``) is built only when that check fails or the tree could not be
+translated. The saved code was checked at save time to be one of the plain
+cases this runner handles (inference, CPU, no input mutation, no output
+aliasing an input); dynamic shapes are among them, since Inductor's wrapper
+reads the sizes off its inputs. Any other artifact, or any failure here, loads
+through PyTorch's full path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import logging
+import pickle
+import re
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.autograd import profiler as _profiler_state
+
+from . import wrapper
+from .kernels import kernel_key, pack_kernels
+from .light_guards import (
+    LightGuards,
+    TieredGuardManager,
+    light_guard_spec,
+    load_dynamo_guard_manager,
+)
+
+FASTLOAD_VERSION = 1
+
+
+@dataclasses.dataclass
+class FastCompiledFunction:
+    """A compiled function loaded by the fast path (see this module).
+
+    Shaped like PyTorch's ``AOTCompiledFunction`` where the runtime reads it
+    (``_artifacts.guard_manager``, ``.signature``, ``.runtime_env``,
+    ``.device_type``; ``fn``), and keeps the bytes it was loaded from so that
+    saving it again writes the same sections.
+    """
+
+    _artifacts: Any
+    fn: Callable[..., Any]
+    serialized: bytes
+    fastload: bytes
+    kernels: bytes
+    _extra_globals: dict[str, Any] | None = None  # the globals imported at load
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch._dynamo.aot_compile import bind_locals
+
+        f_locals = bind_locals(self._artifacts.signature, *args, **kwargs)
+        if not self._artifacts.guard_manager.check(f_locals):
+            raise RuntimeError("GuardManager check failed")
+        return self.fn(*args, **kwargs)
+
+
+def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
+    """Why ``fn`` cannot take the fast path (None if it can), its AOTAutograd entry and graph."""
+    artifacts = fn._artifacts
+    if artifacts.device_type != "cpu":
+        return f"device {artifacts.device_type}", None, None
+    env = artifacts.runtime_env
+    if env.closure:
+        return "the traced function has a closure", None, None
+    entry = artifacts.compiled_fn.compiled_fn.serialize()
+    if entry.compiled_bw is not None or entry.num_fw_outs_saved_for_bw:
+        return "training artifact", None, None
+    if entry.maybe_subclass_meta is not None:
+        return "tensor subclass inputs", None, None
+    if any(getattr(w, "needs_post_compile", True) for w in entry.dispatch_wrappers):
+        return "duplicated or aliased inputs", None, None
+    if entry.indices_of_inps_to_detach:
+        return "inputs to detach", None, None
+    meta = entry.runtime_metadata
+    for info in meta.input_info:
+        if info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata:
+            return "the graph mutates an input", None, None
+    for info in meta.output_info:
+        if info.output_type.name != "non_alias":
+            return f"an output is {info.output_type.name}", None, None
+    if meta.num_intermediate_bases or meta.tokens or getattr(meta, "num_unsafe_view_outputs", 0):
+        return "intermediate bases or effect tokens", None, None
+    if entry.sanitized_aot_config.dynamic_shapes:
+        return "dynamic shapes", None, None
+    graph = entry.compiled_fw.result
+    if set(graph.device_types) - {"cpu"}:
+        return f"devices {sorted(graph.device_types)}", None, None
+    if graph.constants or graph.torchbind_constants or graph.mutated_inputs or graph.partition_maps:
+        return "constants, mutated inputs or partitions in the compiled graph", None, None
+    return None, entry, graph
+
+
+def cpu_kernel_binaries(fn: Any, bound_self: Any = None) -> tuple[bytes, bytes] | None:
+    """The ``fastload`` and ``kernels`` sections of a CPU inference artifact, or None.
+
+    Run at save, in a process where Inductor built (or can build) the kernels:
+    each C++ kernel of the wrapper is looked up in Inductor's code cache (a
+    hit right after compiling) and its shared object is read back.
+    """
+    import marshal
+
+    if isinstance(fn, FastCompiledFunction):
+        return fn.fastload, fn.kernels
+    if not hasattr(fn, "_artifacts"):
+        return None
+    try:
+        reason, _, graph = _fast_load_refusal(fn)
+    except Exception as exc:  # an unexpected PyTorch structure: keep the full path
+        reason = f"{type(exc).__name__}: {exc}"
+    if reason is not None:
+        logging.getLogger("torch_precompile").debug("no fast load: %s", reason)
+        return None
+    source = graph.source_code
+    refusal = wrapper.wrapper_refusal(source)
+    if refusal is not None:
+        logging.getLogger("torch_precompile").debug("no fast load: %s", refusal)
+        return None
+    from torch._inductor import select_algorithm
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    extern_names = sorted(set(re.findall(r"\bextern_kernels\.(\w+)", source)))
+    for name in extern_names:
+        kernel = getattr(select_algorithm.extern_kernels, name, None)
+        if kernel is None or kernel is not getattr(torch, name, None):
+            logging.getLogger("torch_precompile").debug("no fast load: extern kernel %s", name)
+            return None
+    binaries: dict[str, bytes] = {}
+    for argtypes, kernel_source in wrapper.recorded_kernels(source):
+        kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, kernel_source)
+        with open(kernel.__self__.__file__, "rb") as f:
+            binaries[kernel_key(argtypes, kernel_source)] = f.read()
+    env = fn._artifacts.runtime_env
+    try:
+        used_globals = pickle.dumps(dict(env.used_globals), protocol=pickle.HIGHEST_PROTOCOL)
+        signature = pickle.dumps(fn._artifacts.signature, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        logging.getLogger("torch_precompile").debug("no fast load: %s", exc)
+        return None
+    spec = {
+        "version": FASTLOAD_VERSION,
+        "torch": torch.__version__,
+        "wrapper": source,
+        "extern_kernels": extern_names,
+        "inputs_to_check": [int(i) for i in (graph.inputs_to_check or ())],
+        "bytecode": marshal.dumps(env.bytecode),
+        "import_sources": dict(env.import_sources),
+        "used_globals": used_globals,
+        "used_global_names": sorted(env.used_globals),
+        "external_refs": sorted(env.external_refs),
+        "argdefs": env.argdefs,
+        "kwdefaults": env.kwdefaults,
+        "backend_id": fn._artifacts.backend_id,
+        "signature": signature,
+        "original_code": marshal.dumps(fn._artifacts.original_code),
+        "guards_state": fn._artifacts.guards_state,
+        "light_guards": light_guard_spec(fn._artifacts.guard_manager, bound_self),
+    }
+    return pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), pack_kernels(binaries)
+
+
+def load_fast_compiled_function(
+    fastload: bytes,
+    kernels: bytes,
+    serialized: bytes,
+    filename: str,
+    module_globals: dict[str, Any] | None = None,
+) -> FastCompiledFunction:
+    """Rebuild a CPU inference artifact's function from its shipped kernels (no compiler)."""
+    import marshal
+
+    spec = pickle.loads(fastload)
+    if spec.get("version") != FASTLOAD_VERSION or spec.get("torch") != torch.__version__:
+        raise ValueError("the fast-load section was written by another version")
+    guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
+    data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
+    graph_call = wrapper.build_graph_call(
+        spec["wrapper"],
+        spec["extern_kernels"],
+        spec["inputs_to_check"],
+        kernels,
+        data_ptr,
+        filename,
+    )
+    fn = bytecode_function(spec, graph_call, module_globals)
+    original_code = marshal.loads(spec["original_code"])
+    light = None
+    if spec.get("light_guards") is not None:
+        try:
+            light = LightGuards(spec["light_guards"])
+        except Exception as exc:
+            logging.getLogger("torch_precompile").debug("light guards unavailable: %s", exc)
+    guard_manager = TieredGuardManager(
+        light,
+        functools.partial(
+            load_dynamo_guard_manager, spec["guards_state"], original_code, fn.__globals__
+        ),
+    )
+    if light is None:
+        guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
+    runtime_env = types.SimpleNamespace(
+        bytecode=fn.__code__,
+        closure=None,
+        import_sources=dict(spec["import_sources"]),
+        used_globals=dict.fromkeys(spec.get("used_global_names", ())),
+        external_refs=set(spec.get("external_refs", ())),
+    )
+    artifacts = types.SimpleNamespace(
+        backend_id=spec["backend_id"],
+        compiled_fn=None,  # nothing of PyTorch's compiled callable is loaded
+        guard_manager=guard_manager,
+        signature=pickle.loads(spec["signature"]),
+        runtime_env=runtime_env,
+        device_type="cpu",
+        original_code=original_code,
+    )
+    return FastCompiledFunction(artifacts, fn, serialized, fastload, kernels, module_globals)
+
+
+class _DynamoUtils:
+    """``torch._dynamo.utils`` as Dynamo's bytecode uses it, without importing Dynamo.
+
+    The bytecode brackets its pre-graph work with two profiler markers; any
+    other name is taken from the real module (imported on first use).
+    """
+
+    @staticmethod
+    def record_pregraph_bytecode_enter() -> Any:
+        if not _profiler_state._is_profiler_enabled:
+            return None  # the common case: nothing to record, nothing to allocate
+        cm = torch._C._profiler._RecordFunctionFast("Pregraph bytecode")
+        cm.__enter__()
+        return cm
+
+    @staticmethod
+    def record_pregraph_bytecode_exit(cm: Any) -> None:
+        if cm is not None:
+            cm.__exit__(None, None, None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib.import_module("torch._dynamo.utils"), name)
+
+
+def bytecode_function(
+    spec: dict[str, Any],
+    graph_call: wrapper.GraphCall,
+    module_globals: dict[str, Any] | None = None,
+) -> types.FunctionType:
+    """Dynamo's transformed bytecode as a function, with the graph bound to its backend name."""
+    import marshal
+
+    f_globals: dict[str, Any] = {
+        alias: _DynamoUtils()
+        if module_name == "torch._dynamo.utils"
+        else importlib.import_module(module_name)
+        for alias, module_name in spec["import_sources"].items()
+    }
+    f_globals.update(pickle.loads(spec["used_globals"]))
+    f_globals.update(module_globals or {})  # e.g. an output dataclass, as PyTorch's path does
+    f_globals["__builtins__"] = __builtins__
+    f_globals[spec["backend_id"]] = graph_call
+    code = marshal.loads(spec["bytecode"])
+    fn = types.FunctionType(code, f_globals, code.co_name, spec["argdefs"], None)
+    if spec["kwdefaults"]:
+        fn.__kwdefaults__ = spec["kwdefaults"]
+    return fn

@@ -1,0 +1,356 @@
+"""Shipped C++ kernels: the ``kernels`` section, its private directory, and loading
+them in place of Inductor's compiles on PyTorch's full path."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import stat
+import struct
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+log = logging.getLogger("torch_precompile")
+
+
+def kernel_key(argtypes: Sequence[str], source_code: str) -> str:
+    """Digest naming one C++ kernel: its argument types and source."""
+    h = hashlib.sha256()
+    h.update(json.dumps(list(argtypes)).encode())
+    h.update(b"\0")
+    h.update(source_code.encode())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------ kernels section
+
+
+def pack_kernels(binaries: dict[str, bytes]) -> bytes:
+    """``u64 index length | index JSON {key: [offset, length]} | bytes``."""
+    index: dict[str, list[int]] = {}
+    offset = 0
+    for key, data in binaries.items():
+        index[key] = [offset, len(data)]
+        offset += len(data)
+    head = json.dumps(index, sort_keys=True).encode()
+    return struct.pack("<Q", len(head)) + head + b"".join(binaries.values())
+
+
+def unpack_kernels(data: bytes) -> dict[str, memoryview]:
+    (n,) = struct.unpack_from("<Q", data, 0)
+    index = json.loads(bytes(data[8 : 8 + n]))
+    view = memoryview(data)[8 + n :]
+    return {key: view[off : off + length] for key, (off, length) in index.items()}
+
+
+def kernel_dir(kernels_section: bytes) -> str:
+    """A private directory for this artifact's shared objects (content-addressed).
+
+    Shared objects are loaded from it, so it must be ours alone: a directory
+    another user owns or can write to is never used (a fresh one is made).
+    """
+    digest = hashlib.sha256(kernels_section).hexdigest()[:24]
+    user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    root = os.path.join(tempfile.gettempdir(), f"torch_precompile-{user}")
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        path = os.path.join(root, digest)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        if _private(root) and _private(path):
+            os.utime(path)  # in use: pruning goes by this time
+            _prune_kernel_dirs(root, keep=digest)
+            return path
+    except OSError:
+        pass
+    log.warning("%s is not private to this user; using a fresh temporary directory", root)
+    return tempfile.mkdtemp(prefix="torch_precompile-")
+
+
+KERNEL_DIR_MAX_AGE_S = 14 * 24 * 3600
+
+
+def _prune_kernel_dirs(root: str, keep: str, max_age_s: float = KERNEL_DIR_MAX_AGE_S) -> None:
+    """Remove other artifacts' kernel directories unused for ``max_age_s`` (best effort).
+
+    Each load marks its directory as used, so only directories no artifact
+    loaded for two weeks go. A process still running such kernels keeps them:
+    Linux keeps a loaded shared object mapped after its file is removed.
+    """
+    import shutil
+    import time
+
+    cutoff = time.time() - max_age_s
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if (
+                entry.name != keep
+                and entry.is_dir(follow_symlinks=False)
+                and entry.stat(follow_symlinks=False).st_mtime < cutoff
+            ):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def _private(path: str) -> bool:
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_mode & 0o022:
+        return False
+    return not hasattr(os, "getuid") or st.st_uid == os.getuid()
+
+
+def _materialize(directory: str, key: str, data: memoryview) -> str:
+    """Write one shared object unless an identical file is already there."""
+    path = os.path.join(directory, f"k{key[:40]}.so")
+    try:
+        with open(path, "rb") as f:
+            if f.read() == data:
+                return path
+    except OSError:
+        pass
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return path
+
+
+class KernelLoader:
+    """Stands in for Inductor's ``AsyncCompile`` in the generated wrapper.
+
+    ``cpp_pybinding(argtypes, source)`` returns the ``kernel`` function of the
+    shipped shared object built from that source, exactly what Inductor's
+    ``CppPythonBindingsCodeCache`` returns after compiling it.
+    """
+
+    def __init__(self, kernels: dict[str, memoryview], directory: str, data_ptr_env: str) -> None:
+        self._kernels = kernels
+        self._directory = directory
+        self._data_ptr_env = data_ptr_env
+
+    def __call__(self) -> KernelLoader:  # the wrapper does ``async_compile = AsyncCompile()``
+        return self
+
+    def cpp_pybinding(self, argtypes: list[str], source_code: str) -> Callable[..., Any]:
+        key = kernel_key(argtypes, source_code)
+        if key not in self._kernels:
+            raise KeyError(f"kernel {key[:12]} is not among the artifact's shipped kernels")
+        path = _materialize(self._directory, key, self._kernels[key])
+        # The bindings read this at import to find torch's tensor data_ptr helper.
+        os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = self._data_ptr_env
+        name = f"torch_precompile_k{key[:40]}.kernel"
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load kernel {path}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[name] = module
+        return module.kernel
+
+    def wait(self, scope: dict[str, Any]) -> None:
+        pass  # kernels are loaded synchronously
+
+
+# ------------------------------------- shipped CPU kernels on PyTorch's full path
+# Artifacts that do not take the fast path (dynamic shapes, training, closures,
+# variants) load through PyTorch's deserialization, which re-creates Inductor's
+# wrapper modules; each wrapper asks ``CppPythonBindingsCodeCache`` for its C++
+# kernels, which compiles them on a cache miss. The artifact's ``kernels``
+# section carries the shared objects built at save; while a compiled function is
+# deserialized, a kernel whose key is among them is loaded from the shipped file.
+
+_SHIPPED_KERNELS: dict[str, Any] = {}  # kernel key -> shipped kernel loaded in this process
+
+
+def _compiled_graph_sources(fn: Any) -> list[str]:
+    """The Inductor wrapper source of each compiled graph (forward, backward) of ``fn``."""
+    entry = fn._artifacts.compiled_fn.compiled_fn.serialize()
+    sources = []
+    for part in (entry.compiled_fw, getattr(entry, "compiled_bw", None)):
+        graph = getattr(part, "result", None)
+        source = getattr(graph, "source_code", None)
+        if source:
+            sources.append(source)
+    return sources
+
+
+def _kernel_file_without_compiling(argtypes: list[str], source: str) -> str | None:
+    """The ``.so`` of a kernel that Inductor built (or found on disk) in this process.
+
+    A cache miss must not start a compile at save: C++ builds are refused while
+    looking up (the miss then reads as None). Inductor's first compile of a
+    process probes the CPU's vector ISA with a test build; if that probe never
+    ran here, nothing was compiled in this process and the lookup is skipped
+    (refusing the probe's build would cache a wrong ISA).
+    """
+    from torch._inductor import cpp_builder, cpu_vec_isa
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    if not cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
+        return None
+
+    class _WouldCompile(Exception):
+        pass
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise _WouldCompile(self.get_target_file_path())
+
+    original = cpp_builder.CppBuilder.build
+    cpp_builder.CppBuilder.build = refuse  # type: ignore[method-assign]
+    try:
+        kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
+        return kernel.__self__.__file__
+    except _WouldCompile:
+        return None
+    finally:
+        cpp_builder.CppBuilder.build = original  # type: ignore[method-assign]
+
+
+def cpu_kernel_section(fns: Sequence[Any]) -> bytes | None:
+    """The ``kernels`` section for CPU compiled functions (all variants, forward and backward).
+
+    Each C++ kernel of each wrapper is looked for among the shipped kernels
+    loaded in this process, then in Inductor's code cache (no compile); a kernel
+    found in neither is left out (loading then compiles it). None if no kernel
+    was found.
+    """
+
+    from . import fastload, wrapper
+
+    log = logging.getLogger("torch_precompile")
+    binaries: dict[str, bytes] = {}
+    missing = 0
+    for fn in fns:
+        if isinstance(fn, fastload.FastCompiledFunction):
+            binaries.update((k, bytes(v)) for k, v in unpack_kernels(fn.kernels).items())
+            continue
+        try:
+            sources = _compiled_graph_sources(fn)
+        except Exception as exc:  # an unexpected PyTorch structure: ship nothing for it
+            log.debug("no shipped kernels for a compiled function: %s", exc)
+            continue
+        for source in sources:
+            try:
+                calls = wrapper.recorded_kernels(source)
+            except Exception as exc:
+                log.debug("cannot list the kernels of a wrapper: %s", exc)
+                continue
+            for argtypes, kernel_source in calls:
+                key = kernel_key(argtypes, kernel_source)
+                if key in binaries:
+                    continue
+                shipped = _SHIPPED_KERNELS.get(key)
+                try:
+                    if shipped is not None:
+                        path = shipped.__self__.__file__
+                    else:
+                        path = _kernel_file_without_compiling(argtypes, kernel_source)
+                    if path is not None:
+                        with open(path, "rb") as f:
+                            binaries[key] = f.read()
+                        continue
+                except Exception as exc:
+                    log.debug("kernel %s not found: %s", key[:12], exc)
+                missing += 1
+    if missing:
+        log.debug("%d kernels not shipped: loading will compile them", missing)
+    return pack_kernels(binaries) if binaries else None
+
+
+def shipped_kernels_enabled() -> bool:
+    """``TORCH_PRECOMPILE_SHIPPED_KERNELS=0`` makes the full path compile every kernel."""
+    import os
+
+    return os.environ.get("TORCH_PRECOMPILE_SHIPPED_KERNELS", "1") != "0"
+
+
+@contextlib.contextmanager
+def _pybindings_from(lookup: Callable[[str, list[str], str], Any]) -> Iterator[None]:
+    """Inductor's ``CppPythonBindingsCodeCache`` asks ``lookup(key, argtypes, source)``
+    first; a kernel it returns is used as is, None compiles (or hits the cache) as before.
+
+    Only this class's ``load_pybinding_async`` (what the wrapper's
+    ``async_compile.cpp_pybinding`` and ``load_pybinding`` call) is patched, for
+    the duration of the block.
+    """
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    previous = CppPythonBindingsCodeCache.__dict__["load_pybinding_async"]
+
+    def load_pybinding_async(cls: Any, argtypes: Any, main_code: str, *a: Any, **kw: Any) -> Any:
+        # Subclasses append another binding suffix: only the plain class's kernels match.
+        if cls is CppPythonBindingsCodeCache and not a and set(kw) <= {"submit_fn"}:
+            kernel = lookup(kernel_key(argtypes, main_code), list(argtypes), main_code)
+            if kernel is not None:
+                return lambda: kernel
+        return previous.__func__(cls, argtypes, main_code, *a, **kw)
+
+    CppPythonBindingsCodeCache.load_pybinding_async = classmethod(load_pybinding_async)  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        CppPythonBindingsCodeCache.load_pybinding_async = previous  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def shipped_cpu_kernels(kernels_section: bytes | None) -> Iterator[None]:
+    """While active, Inductor loads the shipped kernels instead of compiling them.
+
+    A kernel whose key is in the section is written to the fast path's private
+    directory and imported as the fast path does; any other kernel compiles as
+    before. PyTorch loads both the forward and the backward wrapper while
+    deserializing, so the patch lasts for that call only.
+    """
+    if not kernels_section or not shipped_kernels_enabled():
+        yield
+        return
+
+    log = logging.getLogger("torch_precompile")
+    kernels = unpack_kernels(kernels_section)
+    directory: list[str] = []  # made on the first shipped kernel asked for
+    guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
+    data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
+
+    def lookup(key: str, argtypes: list[str], source: str) -> Any:
+        if key not in kernels:
+            log.debug("kernel %s is not shipped: compiling it", key[:12])
+            return None
+        try:
+            if not directory:
+                directory.append(kernel_dir(kernels_section))
+            loader = KernelLoader(kernels, directory[0], data_ptr)
+            kernel = loader.cpp_pybinding(argtypes, source)
+        except Exception as exc:
+            log.warning("shipped kernel %s failed to load, compiling it: %s", key[:12], exc)
+            return None
+        _SHIPPED_KERNELS[key] = kernel
+        return kernel
+
+    with _pybindings_from(lookup):
+        yield
+
+
+@contextlib.contextmanager
+def reusing_shipped_kernels() -> Iterator[None]:
+    """Kernels this process loaded from artifacts are found as if Inductor had built
+    them: saving an artifact loaded through the full path reads them, never compiles."""
+    if not _SHIPPED_KERNELS:
+        yield
+        return
+    with _pybindings_from(lambda key, argtypes, source: _SHIPPED_KERNELS.get(key)):
+        yield

@@ -1,0 +1,486 @@
+"""Light guards: Dynamo's guard tree as a plain-Python check that loads without Dynamo."""
+
+from __future__ import annotations
+
+import logging
+import re
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# Light guards: Dynamo's guard tree, translated at save time into a plain-Python
+# check that is at least as strict as Dynamo's (any leaf or accessor we do not
+# know means no light guards). At load it runs without importing torch._dynamo;
+# when it fails, Dynamo's own guard manager is built and decides.
+
+_TENSOR_RE = re.compile(
+    r"check_tensor\((?P<src>.*?), (?P<cls>\w+), (?P<keys>DispatchKeySet\([^)]*\)), "
+    r"torch\.(?P<dtype>\w+), device=(?P<dev>None|\d+), requires_grad=(?P<rg>True|False), "
+    r"size=\[(?P<size>[^\]]*)\], stride=\[(?P<stride>[^\]]*)\]\)"
+)
+_LIGHT_TYPES: dict[str, type] = {
+    "dict": dict,
+    "list": list,
+    "tuple": tuple,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str": str,
+    "NoneType": type(None),
+    "torch.Size": torch.Size,
+}
+_SAVED_TENSOR_HOOKS_GUARD = (
+    "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
+)
+
+
+class _NoLightGuards(Exception):
+    """A guard the light check cannot express."""
+
+
+def _code_part(leaf: Any) -> str:
+    # One expression, possibly recorded once per place that needed it.
+    parts = {part.split("  #", 1)[0].strip() for part in leaf.verbose_code_parts()}
+    if len(parts) != 1:
+        raise _NoLightGuards(f"{type(leaf).__name__} with {len(parts)} different code parts")
+    return parts.pop()
+
+
+def _rhs_after(text: str, op: str) -> Any:
+    import ast
+
+    if op not in text:
+        raise _NoLightGuards(text)
+    return ast.literal_eval(text.rsplit(op, 1)[1].strip())
+
+
+def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
+    kind = type(leaf).__name__
+    if kind == "DIMENSION_DYNAMIC_MARKING_GUARD":
+        attrs = []
+        for part in leaf.verbose_code_parts():
+            m = re.match(r"hasattr\(.*, '(_dynamo_\w+)'\) == False(\s|$)", part)
+            if m is None:
+                raise _NoLightGuards(part)
+            attrs.append(m.group(1))
+        return ["no_dynamic_marking", attrs]
+    text = _code_part(leaf)
+    if kind == "TENSOR_MATCH":
+        m = _TENSOR_RE.fullmatch(text)
+        if m is None or m["cls"] not in ("Tensor", "Parameter") or m["dev"] != "None":
+            raise _NoLightGuards(text)
+        size = [int(x) for x in m["size"].split(",") if x.strip()]
+        stride = [int(x) for x in m["stride"].split(",") if x.strip()]
+        return ["tensor", m["cls"], m["keys"], m["dtype"], m["rg"] == "True", size, stride]
+    prefix = "check_no_aliasing("
+    if kind == "NO_TENSOR_ALIASING" and text.startswith(prefix) and text.endswith(")"):
+        return ["no_aliasing", [s.strip() for s in text[len(prefix) : -1].split(", ")]]
+    if kind == "TYPE_MATCH":
+        m = re.search(r"type=<class '([\w.]+)'>", leaf.verbose_code_parts()[0])
+        if m is None or m.group(1) not in _LIGHT_TYPES:
+            raise _NoLightGuards(text)
+        return ["type", m.group(1)]
+    if kind == "EQUALS_MATCH":
+        expected = _rhs_after(text, " == ")
+        if has_value and not (type(value) is type(expected) and value == expected):
+            raise _NoLightGuards(f"{text}: the saved model does not satisfy it")
+        return ["equals", expected]
+    if kind in ("NONE_MATCH", "TRUE_MATCH", "FALSE_MATCH"):
+        return ["is", {"NONE_MATCH": None, "TRUE_MATCH": True, "FALSE_MATCH": False}[kind]]
+    if kind in ("LENGTH_CHECK", "DICT_LENGTH"):
+        return ["len", int(_rhs_after(text, " == "))]
+    if kind == "DICT_CONTAINS":
+        m = re.fullmatch(r"(not )?___dict_contains\((.+?), .*\)", text)
+        if m is None:
+            raise _NoLightGuards(text)
+        import ast
+
+        return ["contains", ast.literal_eval(m.group(2)), m.group(1) is None]
+    if kind == "GLOBAL_STATE" and " against " in text:
+        return ["global_state", text.split(" against ", 1)[1]]
+    if kind == "TORCH_FUNCTION_MODE_STACK" and torch._C._len_torch_function_stack() == 0:
+        # The guard passed at build time with an empty stack, so it expects an empty stack.
+        return ["no_torch_function_mode"]
+    if kind == "DEFAULT_DEVICE" and text.replace(" ", "") == "utils_device.CURRENT_DEVICE==None":
+        return ["no_default_device"]
+    if kind == "LAMBDA_GUARD" and text == _SAVED_TENSOR_HOOKS_GUARD:
+        return ["no_saved_tensor_hooks"]
+    raise _NoLightGuards(f"{kind}: {text}")
+
+
+def _light_step(accessor: Any) -> list[Any]:
+    import ast
+
+    text = accessor.repr()
+    m = re.fullmatch(r"(\w+)\((.*)\)", text, re.S)
+    if m is None:
+        if text == "GetGenericDictGuardAccessor":
+            return ["vars"]
+        raise _NoLightGuards(text)
+    kind, arg = m.groups()
+    if kind == "FrameLocalsGuardAccessor":
+        km = re.match(r"key=('(?:[^'\\]|\\.)*')", arg)
+        if km is None:
+            raise _NoLightGuards(text)
+        return ["local", ast.literal_eval(km.group(1))]
+    if kind == "DictGetItemGuardAccessor":
+        return ["item", ast.literal_eval(arg)]
+    if kind == "GetGenericDictGuardAccessor":
+        return ["vars"]
+    raise _NoLightGuards(text)
+
+
+_MISSING = object()
+
+
+def _apply_step(step: list[Any], value: Any) -> Any:
+    kind = step[0]
+    if kind == "local":
+        return value[step[1]]
+    if kind == "vars":
+        return value.__dict__
+    return value[step[1]]  # "item": a dict entry
+
+
+def _light_node(manager: Any, value: Any) -> dict[str, Any]:
+    has_value = value is not _MISSING
+    node: dict[str, Any] = {
+        "source": manager.get_source(),
+        "leaves": [_light_leaf(leaf, value, has_value) for leaf in manager.get_leaf_guards()],
+        "children": [],
+    }
+    kind = type(manager).__name__
+    if kind == "DictGuardManager":
+        if not has_value or type(value) is not dict:
+            raise _NoLightGuards(f"dict guard on {node['source']} without its saved value")
+        entries = manager.get_key_value_managers()
+        if len(entries) != len(value):
+            raise _NoLightGuards(f"dict guard on {node['source']} covers part of the dict")
+        keys, values = list(value), list(value.values())
+        node["dict"] = {
+            "size": len(value),
+            "entries": [
+                [
+                    int(i),
+                    _light_node(k, keys[i]) if k is not None else None,
+                    _light_node(v, values[i]) if v is not None else None,
+                ]
+                for i, (k, v) in sorted(entries.items())
+            ],
+        }
+    elif kind not in ("GuardManager", "RootGuardManager"):
+        raise _NoLightGuards(kind)
+    for accessor, child in zip(manager.get_accessors(), manager.get_child_managers()):
+        step = _light_step(accessor)
+        try:
+            child_value = _apply_step(step, value) if has_value else _MISSING
+        except (KeyError, AttributeError, TypeError, IndexError):
+            child_value = _MISSING
+        node["children"].append([step, _light_node(child, child_value)])
+    return node
+
+
+def light_guard_spec(guard_manager: Any, bound_self: Any) -> dict[str, Any] | None:
+    """Dynamo's guard tree as plain data the light check runs, or None if it cannot."""
+    try:
+        root = guard_manager.root
+        if root.get_epilogue_lambda_guards():
+            raise _NoLightGuards("epilogue guards")
+        f_locals = {"self": bound_self} if bound_self is not None else {}
+        return _light_node(root, f_locals)
+    except Exception as exc:  # _NoLightGuards, or a code part we could not parse
+        logging.getLogger("torch_precompile").debug("no light guards: %s", exc)
+        return None
+
+
+class LightGuards:
+    """The light check: plain Python over ``torch`` and ``torch._C``, no ``torch._dynamo``.
+
+    The saved tree is turned once into one straight-line Python function (as
+    Dynamo's own Python guards used to be), which walks the model and inputs
+    the way Dynamo's guard manager does.
+    """
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self._alias_groups: list[list[str]] = []
+        self._collect_alias_groups(spec)
+        self._alias_sources = {src for group in self._alias_groups for src in group}
+        self._consts: dict[str, Any] = {}
+        self._lines: list[str] = []
+        self._n = 0
+        # Tensor leaves are collected by the generated code (``T.append``) and
+        # checked together: (python type, dtype, requires_grad, size, stride,
+        # dispatch keys) of each, in the order the code appends them.
+        self._tensor_checks: list[
+            tuple[type, torch.dtype, bool, tuple[int, ...], tuple[int, ...], int]
+        ] = []
+        self._emit_node(spec, "L", 1)
+        body = "\n".join(self._lines)
+        source = f"def light_check(L, seen, T):\n{body}\n    return True\n"
+        namespace: dict[str, Any] = {
+            **self._consts,
+            "tf_stack_len": torch._C._len_torch_function_stack,
+            "top_hooks": torch._C._autograd._top_saved_tensors_default_hooks,
+        }
+        from torch.utils import _device
+
+        namespace["utils_device"] = _device
+        exec(compile(source, "<torch_precompile light guards>", "exec"), namespace)
+        self._fn = namespace["light_check"]
+        self.source = source
+        # Dynamo compares a tensor's dispatch keys under the thread-local state of
+        # the capture, not of the call. That state is found again by trying both
+        # inference modes: the one under which tensors with the recorded properties
+        # get the recorded keys is where tensor checks run (None: neither, so the
+        # Python check runs in the call's own state, which is stricter).
+        self._tensor_guards: Any = None
+        self._tensor_inference_mode: bool | None = None
+        for mode in (torch.is_inference_mode_enabled(), not torch.is_inference_mode_enabled()):
+            with torch.inference_mode(mode):
+                examples = self._examples_with_recorded_keys()
+                if examples is not None:
+                    self._tensor_inference_mode = mode
+                    self._tensor_guards = self._native_tensor_guards(examples)
+                    break
+
+    def check(self, f_locals: dict[str, Any]) -> bool:
+        seen: dict[str, Any] = {}
+        tensors: list[Any] = []
+        try:
+            if not self._fn(f_locals, seen, tensors):
+                return False
+        except (KeyError, AttributeError, TypeError, IndexError, ValueError):
+            return False
+        mode = self._tensor_inference_mode
+        if mode is None or mode == torch.is_inference_mode_enabled():
+            tensors_ok = self._tensors_ok(tensors)
+        else:
+            with torch.inference_mode(mode):
+                tensors_ok = self._tensors_ok(tensors)
+        if not tensors_ok:
+            return False
+        for group in self._alias_groups:
+            tensors = [seen.get(src) for src in group]
+            if any(t is None for t in tensors) or len({id(t) for t in tensors}) != len(tensors):
+                return False
+            ptrs = {t.untyped_storage().data_ptr() for t in tensors}
+            if len(ptrs) != len(tensors):
+                return False
+        return True
+
+    def _check_tensors(self, tensors: list[Any]) -> bool:
+        """Each collected tensor against its recorded properties, in Python."""
+        inc = torch._C._dispatch_tls_local_include_set()
+        exc = torch._C._dispatch_tls_local_exclude_set()
+        dispatch_keys = torch._C._dispatch_keys
+        for t, (cls, dtype, requires_grad, size, stride, raw) in zip(
+            tensors, self._tensor_checks, strict=True
+        ):
+            if not (
+                type(t) is cls
+                and t.dtype is dtype
+                and t.is_cpu
+                and t.requires_grad is requires_grad
+                and t.size() == size
+                and t.stride() == stride
+                and ((dispatch_keys(t) | inc) - exc).raw_repr() == raw
+            ):
+                return False
+        return True
+
+    def _tensors_ok(self, tensors: list[Any]) -> bool:
+        native = self._tensor_guards
+        return (native is not None and native.check(*tensors)) or self._check_tensors(tensors)
+
+    def _examples_with_recorded_keys(self) -> list[torch.Tensor] | None:
+        """Empty tensors with the recorded properties, if under the current thread-local
+        state they get the recorded dispatch keys (None otherwise)."""
+        inc = torch._C._dispatch_tls_local_include_set()
+        exc = torch._C._dispatch_tls_local_exclude_set()
+        examples = []
+        for cls, dtype, requires_grad, size, stride, raw in self._tensor_checks:
+            t = torch.empty_strided(size, stride, dtype=dtype)  # untouched: no pages
+            if cls is torch.nn.Parameter:
+                t = torch.nn.Parameter(t, requires_grad=requires_grad)
+            elif requires_grad:
+                t.requires_grad_(True)
+            if ((torch._C._dispatch_keys(t) | inc) - exc).raw_repr() != raw:
+                return None
+            examples.append(t)
+        return examples
+
+    def _native_tensor_guards(self, examples: list[torch.Tensor]) -> Any:
+        """PyTorch's C++ ``TensorGuards`` over all collected tensors, or None.
+
+        It checks the same properties as ``_check_tensors`` in one call (a
+        fraction of a microsecond per tensor), and is also stricter: it fails
+        when one tensor object appears twice (tied weights, the same input
+        passed twice), in which case ``_check_tensors`` decides. Built from
+        ``examples`` (which got the recorded keys), so under the same
+        thread-local state both checks accept exactly the same tensors.
+        """
+        checks = self._tensor_checks
+        if not checks:
+            return None
+        try:
+            return torch._C._dynamo.guards.TensorGuards(  # type: ignore[attr-defined]
+                *examples,
+                dynamic_dims_sizes=[list(c[3]) for c in checks],
+                dynamic_dims_strides=[list(c[4]) for c in checks],
+            )
+        except Exception as exc:  # another PyTorch's signature: the Python check decides
+            logging.getLogger("torch_precompile").debug("no native tensor guards: %s", exc)
+            return None
+
+    def _collect_alias_groups(self, node: dict[str, Any]) -> None:
+        for leaf in node["leaves"]:
+            if leaf[0] == "no_aliasing" and leaf[1] not in self._alias_groups:
+                self._alias_groups.append(leaf[1])
+        subs = [child for _, child in node["children"]]
+        for _, k, v in (node.get("dict") or {}).get("entries", []):
+            subs.extend(x for x in (k, v) if x is not None)
+        for sub in subs:
+            self._collect_alias_groups(sub)
+
+    def _const(self, value: Any) -> str:
+        name = f"k{len(self._consts)}"
+        self._consts[name] = value
+        return name
+
+    def _var(self) -> str:
+        self._n += 1
+        return f"v{self._n}"
+
+    def _fail_unless(self, cond: str) -> None:
+        self._lines.append(f"    if not ({cond}): return False")
+
+    def _emit_node(self, node: dict[str, Any], var: str, _depth: int) -> None:
+        if node["source"] in self._alias_sources:
+            self._lines.append(f"    seen[{self._const(node['source'])}] = {var}")
+        for leaf in node["leaves"]:
+            self._emit_leaf(leaf, var)
+        d = node.get("dict")
+        if d is not None:
+            self._fail_unless(f"type({var}) is dict and len({var}) == {int(d['size'])}")
+            keys, values = self._var(), self._var()
+            self._lines.append(f"    {keys} = list({var}); {values} = list({var}.values())")
+            for i, k, v in d["entries"]:
+                for sub, seq in ((k, keys), (v, values)):
+                    if sub is not None:
+                        item = self._var()
+                        self._lines.append(f"    {item} = {seq}[{int(i)}]")
+                        self._emit_node(sub, item, _depth + 1)
+        for step, child in node["children"]:
+            item = self._var()
+            if step[0] == "vars":
+                self._lines.append(f"    {item} = {var}.__dict__")
+            else:
+                self._lines.append(f"    {item} = {var}[{self._const(step[1])}]")
+            self._emit_node(child, item, _depth + 1)
+
+    def _emit_leaf(self, leaf: list[Any], v: str) -> None:
+        kind = leaf[0]
+        if kind == "tensor":
+            _, cls, keys_text, dtype_name, requires_grad, size, stride = leaf
+            dtype = getattr(torch, dtype_name)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"unknown dtype {dtype_name}")
+            self._tensor_checks.append(
+                (
+                    torch.nn.Parameter if cls == "Parameter" else torch.Tensor,
+                    dtype,
+                    bool(requires_grad),
+                    tuple(int(n) for n in size),
+                    tuple(int(n) for n in stride),
+                    _dispatch_key_set_raw(keys_text),
+                )
+            )
+            self._lines.append(f"    T.append({v})")
+        elif kind == "no_dynamic_marking":
+            attrs = frozenset(leaf[1])
+            if any(hasattr(torch.Tensor, a) or hasattr(torch.nn.Parameter, a) for a in attrs):
+                raise ValueError("tensor classes define a dynamic-marking attribute")
+            # Plain tensors and parameters define none of these: only the instance
+            # dict can hold them (cheaper than hasattr); anything else uses hasattr.
+            a, plain = self._const(attrs), self._const((torch.Tensor, torch.nn.Parameter))
+            self._fail_unless(
+                f"{a}.isdisjoint({v}.__dict__) if type({v}) in {plain} "
+                f"else not any(hasattr({v}, x) for x in {a})"
+            )
+        elif kind == "no_aliasing":
+            pass  # checked once every value is known
+        elif kind == "type":
+            self._fail_unless(f"type({v}) is {self._const(_LIGHT_TYPES[leaf[1]])}")
+        elif kind == "equals":
+            expected = self._const(leaf[1])
+            self._fail_unless(f"type({v}) is {self._const(type(leaf[1]))} and {v} == {expected}")
+        elif kind == "is":
+            self._fail_unless(f"{v} is {self._const(leaf[1])}")
+        elif kind == "len":
+            self._fail_unless(f"len({v}) == {int(leaf[1])}")
+        elif kind == "contains":
+            self._fail_unless(f"({self._const(leaf[1])} in {v}) is {bool(leaf[2])}")
+        elif kind == "global_state":
+            guard = torch._C._dynamo.guards.GlobalStateGuard()  # type: ignore[attr-defined]
+            guard.__setstate__(leaf[1])
+            self._fail_unless(f"{self._const(guard)}.check()")
+        elif kind == "no_torch_function_mode":
+            self._fail_unless("tf_stack_len() == 0")
+        elif kind == "no_default_device":
+            self._fail_unless("utils_device.CURRENT_DEVICE is None")
+        elif kind == "no_saved_tensor_hooks":
+            self._fail_unless("top_hooks(True) is None")
+        else:
+            raise ValueError(f"unknown light guard {kind!r}")
+
+
+def _dispatch_key_set_raw(text: str) -> int:
+    """The raw bits of a DispatchKeySet from its repr, checked to round-trip."""
+    names = [n.strip() for n in text[len("DispatchKeySet(") : -1].split(",") if n.strip()]
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+    for name in names:
+        keys = keys | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
+    if repr(keys) != text:
+        raise ValueError(f"cannot rebuild {text}")
+    return keys.raw_repr()
+
+
+class TieredGuardManager:
+    """Light guards first; Dynamo's guard manager, built on first need, decides the rest."""
+
+    def __init__(self, light: LightGuards | None, build_full: Callable[[], Any]) -> None:
+        self.light = light
+        self._build_full = build_full
+        self._full: Any = None
+
+    @property
+    def full(self) -> Any:
+        if self._full is None:
+            self._full = self._build_full()
+        return self._full
+
+    def check(self, f_locals: dict[str, Any]) -> bool:
+        if self.light is not None and self.light.check(f_locals):
+            return True
+        return bool(self.full.check(f_locals))
+
+    def check_verbose(self, f_locals: dict[str, Any]) -> Any:
+        return self.full.check_verbose(f_locals)
+
+
+def load_dynamo_guard_manager(
+    guards_state: bytes, original_code: types.CodeType, f_globals: dict[str, Any]
+) -> Any:
+    """Dynamo's guard manager from its saved state (imports torch._dynamo, not the compilers)."""
+    from torch._dynamo import convert_frame
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+    from torch._dynamo.utils import get_metrics_context
+    from torch._guards import CompileContext, compile_context
+
+    with (
+        compile_context(CompileContext(convert_frame.get_compile_id({}))),
+        get_metrics_context(),
+    ):
+        return load_guard_manager(load_guards_state(guards_state), original_code, f_globals)

@@ -103,8 +103,6 @@ def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
             return f"an output is {info.output_type.name}", None, None
     if meta.num_intermediate_bases or meta.tokens or getattr(meta, "num_unsafe_view_outputs", 0):
         return "intermediate bases or effect tokens", None, None
-    if entry.sanitized_aot_config.dynamic_shapes:
-        return "dynamic shapes", None, None
     graph = entry.compiled_fw.result
     if set(graph.device_types) - {"cpu"}:
         return f"devices {sorted(graph.device_types)}", None, None

@@ -121,6 +121,23 @@ def test_dynamic_true_specialises_zero_one(mlp_dynamic_true: tuple[Any, Any]) ->
     assert "0/1 are specialised" in msg and "size_oblivious=True" in msg, msg
 
 
+def test_dynamic_true_loads_on_the_fast_path(
+    mlp_dynamic_true: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """A ``dynamic=True`` artifact runs from its shipped kernels after load, any batch >= 2."""
+    artifact, model = mlp_dynamic_true
+    path = tmp_path / "mlp_dynamic_true.pt2"
+    Precompile.save(path, artifact)
+    loaded = Precompile.load(path)
+    assert type(loaded.compiled_function).__name__ == "FastCompiledFunction"
+    for batch in (2, 3, 100):
+        x = torch.randn(batch, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), model(x))
+    with torch.no_grad(), pytest.raises(GuardError, match=r"dimension 0 must be in \[2, inf\]"):
+        loaded(torch.randn(1, 32))
+
+
 @pytest.mark.parametrize("load_path", ["fast", "full"])
 def test_fresh_process_serves_all_sizes_without_compiling(
     gpt_dynamic: tuple[Any, Any, Path], tmp_path: Path, load_path: str

@@ -53,7 +53,7 @@ FASTLOAD_VERSION = 1
 
 @dataclasses.dataclass
 class FastCompiledFunction:
-    """A compiled function loaded by the fast path (see this module).
+    """A compiled function loaded by the fast path (see the module docstring).
 
     Shaped like PyTorch's ``AOTCompiledFunction`` where the runtime reads it
     (``_artifacts.guard_manager``, ``.signature``, ``.runtime_env``,

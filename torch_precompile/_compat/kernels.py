@@ -311,7 +311,7 @@ def _pybindings_from(lookup: Callable[[str, list[str], str], Any]) -> Iterator[N
 def shipped_cpu_kernels(kernels_section: bytes | None) -> Iterator[None]:
     """While active, Inductor loads the shipped kernels instead of compiling them.
 
-    A kernel whose key is in the section is written to the fast path's private
+    A kernel whose key is in the section is written to the artifact's private
     directory and imported as the fast path does; any other kernel compiles as
     before. PyTorch loads both the forward and the backward wrapper while
     deserializing, so the patch lasts for that call only.

@@ -160,6 +160,33 @@ def test_dynamic_zoo_batch_one_runs_or_states_the_range(
             artifact(*args, **kwargs)
 
 
+def test_resnet_batch_one_variant_fills_the_narrowed_range(
+    dynamic_zoo: dict[str, Any], tmp_path: Path
+) -> None:
+    """Inductor's convolutions narrow ResNet's batch range to [2, 8]; a static batch-1
+    variant bundled in front serves batch 1, and the file serves 1..8 after load."""
+    dynamic, model, _ = dynamic_zoo["resnet"]
+    ranges = [
+        g.expected for g in dynamic.guards if g.kind == "shape" and isinstance(g.expected, dict)
+    ]
+    assert min(r["min"] for r in ranges) == 2, ranges  # the narrowing this test is about
+    args, kwargs = _resized("resnet", 1)
+    with torch.no_grad():
+        batch_one = Precompile.compile(model, args, kwargs)
+    path = tmp_path / "resnet_variants.pt2"
+    Precompile.save(path, Precompile.precompile([batch_one, dynamic]))
+    loaded = Precompile.load(path)
+    for size in range(1, 9):
+        args, kwargs = _resized("resnet", size)
+        with torch.no_grad():
+            _compare(loaded(*args, **kwargs), model(*args, **kwargs), "resnet")
+    args, kwargs = _resized("resnet", 9)
+    with torch.no_grad(), pytest.raises(GuardError) as info:
+        loaded(*args, **kwargs)
+    assert "variant 0" in str(info.value) and "variant 1" in str(info.value)
+    assert "must be in [2, 8]" in str(info.value)
+
+
 def _eager(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     with torch.no_grad():
         return model(*args, **kwargs)

@@ -372,7 +372,7 @@ def serializable_guard_filter(
             keep.append(False)
             identity = kind in _IDENTITY_KINDS or "ID_MATCH" in derived
             guard = None
-            if identity and translated is not None:
+            if identity and translated is not None and not _is_module_class(value):
                 source = _compat.guard_filter_entry_source(entry)
                 guard = identity_guard(source, value, scope_module, closure_names)
             # Dynamo may call the filter more than once; record each guard once.
@@ -386,11 +386,30 @@ def serializable_guard_filter(
     return guard_filter
 
 
+def _is_module_class(value: Any) -> bool:
+    """A module's class (``self.block.__class__``): guarded by identity, it is the
+    module's type, which the stand-in does not have."""
+    return isinstance(value, type) and issubclass(value, torch.nn.Module)
+
+
+def source_is_rechecked(name: str, is_global: bool) -> bool:
+    """Whether guards on a source can be re-checked, with the same meaning, after load.
+
+    Globals of the capturing process (library registries, module-level hooks
+    and caches) and class attributes read through ``type(...)`` are not: they
+    are filled differently in another process, or belong to a class the
+    stand-in does not have.
+    """
+    return not is_global and "type(" not in name
+
+
 def _drop_reason(
     name: str, kind: str, derived: tuple[str, ...], is_global: bool, value: Any
 ) -> str | None:
     """Why a Dynamo guard is not saved as it is (None: it is saved)."""
-    if kind in ("TYPE_MATCH", "ID_MATCH") and isinstance(value, torch.nn.Module):
+    if kind in ("TYPE_MATCH", "ID_MATCH") and isinstance(value, torch.nn.Module) or (
+        _is_module_class(value)
+    ):
         return (
             "the type of a module; the artifact also runs on a stand-in without the model's class, "
             "and the module's weights, attributes and structure stay guarded"
@@ -466,7 +485,9 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     scope_module = getattr(capture.traced_fn, "__module__", None)
     closure_names = capture.traced_fn.__code__.co_freevars
     guard_filter = serializable_guard_filter(dropped, translated, scope_module, closure_names)
-    guard_manager, guards_state = _compat.build_guard_manager(capture, guard_filter)
+    guard_manager, guards_state = _compat.build_guard_manager(
+        capture, guard_filter, source_is_rechecked
+    )
     compiled_function = _compat.make_compiled_function(
         capture, out.compiled, guard_manager, guards_state
     )

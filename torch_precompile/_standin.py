@@ -9,7 +9,11 @@ bytes (no pickle); tied parameters stay tied.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
+import sys
+import types
 import warnings
 from typing import Any
 
@@ -28,29 +32,154 @@ _SKIP_ATTRS = frozenset(
         "_load_state_dict_post_hooks",
     }
 )
+# Skeletons before this version held plain values as ``[type name, JSON value]``
+# and configs of plain values only; they still load.
+SKELETON_VERSION = 2
 
 
-def _is_plain(value: Any) -> bool:
-    if isinstance(value, _PLAIN):
-        return True
-    if isinstance(value, (tuple, list)):
-        return all(_is_plain(v) for v in value)
-    return False
+class _Unencodable(Exception):
+    """A value the skeleton cannot carry (it is left out of the stand-in)."""
+
+
+def encode_value(value: Any, memo: dict[int, int], depth: int = 0) -> list[Any]:
+    """A JSON form ``[tag, payload]`` of an attribute value, rebuilt by :func:`decode_value`.
+
+    Carries what model code reads from ``self`` and its config objects:
+    scalars, strings, containers of them (any key type), dtypes, devices,
+    importable classes and functions, ``functools.partial`` of those, and
+    objects of importable classes whose attributes are all encodable (a
+    Hugging Face config, say). Raises :class:`_Unencodable` otherwise.
+
+    ``memo`` keeps identity: a mutable object met again (one config shared by
+    every layer) is written as ``["same", n]``, the n-th object encoded, so the
+    stand-in shares it as the model did (Dynamo guards such aliasing).
+    """
+    if depth > 32:
+        raise _Unencodable("nested too deeply")
+    if isinstance(value, _PLAIN) and type(value) in _PLAIN:
+        return [type(value).__name__, value]
+    if id(value) in memo:
+        return ["same", memo[id(value)]]
+    encoded = _encode_object(value, memo, depth)
+    if encoded[0] in ("seq", "map", "object") and encoded[1].get("type") != "tuple":
+        memo[id(value)] = len(memo)
+        encoded[1]["memo"] = memo[id(value)]
+    return encoded
+
+
+def _encode_object(value: Any, memo: dict[int, int], depth: int) -> list[Any]:
+    if type(value) in (tuple, list, set, frozenset):
+        items = [encode_value(v, memo, depth + 1) for v in value]
+        return ["seq", {"type": type(value).__name__, "items": items}]
+    if type(value) is dict:
+        pairs = [
+            [encode_value(k, memo, depth + 1), encode_value(v, memo, depth + 1)]
+            for k, v in value.items()
+        ]
+        return ["map", {"pairs": pairs}]
+    if isinstance(value, torch.dtype):
+        return ["dtype", str(value).replace("torch.", "")]
+    if isinstance(value, torch.device):
+        return ["device", str(value)]
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+        return ["ref", _reference(value)]
+    if isinstance(value, functools.partial):
+        return [
+            "partial",
+            {
+                "func": encode_value(value.func, memo, depth + 1),
+                "args": [encode_value(v, memo, depth + 1) for v in value.args],
+                "kwargs": [
+                    [k, encode_value(v, memo, depth + 1)] for k, v in value.keywords.items()
+                ],
+            },
+        ]
+    if _is_config(value):
+        state = {k: encode_value(v, memo, depth + 1) for k, v in vars(value).items()}
+        return ["object", {"class": _reference(type(value)), "state": state}]
+    raise _Unencodable(type(value).__qualname__)
+
+
+def decode_value(encoded: list[Any], memo: dict[int, Any]) -> Any:
+    """Inverse of :func:`encode_value` (and of the version-1 ``[type name, value]`` form)."""
+    tag, payload = encoded
+    if tag == "same":
+        return memo[payload]
+    value = _decode_object(tag, payload, memo)
+    if isinstance(payload, dict) and "memo" in payload:
+        memo[payload["memo"]] = value
+    return value
+
+
+def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
+    if tag in ("bool", "int", "float", "str", "NoneType", "list"):
+        return payload
+    if tag == "tuple":  # version 1
+        return _to_tuple(payload)
+    if tag == "config":  # version 1
+        obj = _new_instance(_find_class(payload["module"], payload["qualname"]))
+        for key, (type_name, value) in payload["state"].items():
+            obj.__dict__[key] = _to_tuple(value) if type_name == "tuple" else value
+        return obj
+    if tag == "seq":
+        items = [decode_value(v, memo) for v in payload["items"]]
+        return {"tuple": tuple, "list": list, "set": set, "frozenset": frozenset}[payload["type"]](
+            items
+        )
+    if tag == "map":
+        return {decode_value(k, memo): decode_value(v, memo) for k, v in payload["pairs"]}
+    if tag == "dtype":
+        return getattr(torch, payload)
+    if tag == "device":
+        return torch.device(payload)
+    if tag == "ref":
+        return _find_class(*payload)
+    if tag == "partial":
+        return functools.partial(
+            decode_value(payload["func"], memo),
+            *[decode_value(v, memo) for v in payload["args"]],
+            **{k: decode_value(v, memo) for k, v in payload["kwargs"]},
+        )
+    if tag == "object":
+        obj = _new_instance(_find_class(*payload["class"]))
+        memo[payload["memo"]] = obj  # before its state: the state may refer back to it
+        obj.__dict__.update({k: decode_value(v, memo) for k, v in payload["state"].items()})
+        return obj
+    raise ValueError(f"unknown attribute encoding {tag!r} in the artifact's module skeleton")
+
+
+def _reference(obj: Any) -> list[str]:
+    """``[module, qualname]`` of an object that can be imported by that name."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not isinstance(module, str) or "<locals>" in qualname or module == "__main__":
+        raise _Unencodable(f"{qualname} cannot be imported by name")
+    if _find_class(module, qualname, import_missing=False) is not obj:
+        raise _Unencodable(f"{module}.{qualname} is not importable under that name")
+    return [module, qualname]
+
+
+def _new_instance(cls: Any) -> Any:
+    if not isinstance(cls, type):
+        raise ImportError(f"the model's attribute class {cls!r} cannot be imported")
+    return cls.__new__(cls)
 
 
 def describe_module(module: torch.nn.Module) -> dict[str, Any]:
     """A JSON-able skeleton: per submodule its plain attributes, params and buffers."""
     tensors: dict[int, str] = {}
+    memo: dict[int, int] = {}
     modules = {}
     for path, mod in module.named_modules(remove_duplicate=False):
         attrs = {}
         for key, value in vars(mod).items():
             if key in _SKIP_ATTRS or key.startswith("_forward") or key.startswith("_backward"):
                 continue
-            if _is_plain(value):
-                attrs[key] = [type(value).__name__, value]
-            elif _is_config(value):
-                attrs[key] = ["config", _describe_config(value)]
+            trial = dict(memo)  # an attribute that fails leaves no dangling memo entries
+            try:
+                attrs[key] = encode_value(value, trial)
+                memo = trial
+            except _Unencodable:
+                continue  # not in the stand-in; a guard that reads it says so at save
         params = {}
         for name, p in mod._parameters.items():
             if p is None:
@@ -74,7 +203,7 @@ def describe_module(module: torch.nn.Module) -> dict[str, Any]:
             "buffers": buffers,
             "children": list(mod._modules.keys()),
         }
-    return {"modules": modules}
+    return {"version": SKELETON_VERSION, "modules": modules}
 
 
 def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -94,17 +223,14 @@ def build_standin(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) ->
     """Rebuild a tree of plain modules from :func:`describe_module`'s skeleton."""
     mods: dict[str, torch.nn.Module] = {}
     shared: dict[str, torch.Tensor] = {}
+    memo: dict[int, Any] = {}
     entries = skeleton["modules"]
     for path in entries:
         mods[path] = torch.nn.Module()
     for path, entry in entries.items():
         mod = mods[path]
-        for key, (type_name, value) in entry["attrs"].items():
-            if type_name == "tuple":
-                value = _to_tuple(value)
-            elif type_name == "config":
-                value = _build_config(value)
-            object.__setattr__(mod, key, value)
+        for key, encoded in entry["attrs"].items():
+            object.__setattr__(mod, key, decode_value(encoded, memo))
         for name, spec in entry["params"].items():
             if spec is None:
                 mod._parameters[name] = None
@@ -130,7 +256,8 @@ def build_standin(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) ->
 
 
 def _is_config(value: Any) -> bool:
-    """A configuration object (HF's ``self.config``): plain attributes, importable class."""
+    """A configuration object (HF's ``self.config``): an importable, non-torch class
+    whose instance keeps its state in ``__dict__``."""
     cls = type(value)
     if isinstance(value, torch.nn.Module) or not hasattr(value, "__dict__"):
         return False
@@ -138,38 +265,15 @@ def _is_config(value: Any) -> bool:
         return False
     if cls.__module__.split(".")[0] == "torch":
         return False
-    if _find_class(cls.__module__, cls.__qualname__, import_missing=False) is not cls:
-        return False
-    return all(_is_plain(v) for v in vars(value).values())
-
-
-def _describe_config(value: Any) -> dict[str, Any]:
-    cls = type(value)
-    state = {k: [type(v).__name__, v] for k, v in vars(value).items()}
-    return {"module": cls.__module__, "qualname": cls.__qualname__, "state": state}
+    return _find_class(cls.__module__, cls.__qualname__, import_missing=False) is cls
 
 
 def _find_class(module: str, qualname: str, import_missing: bool = True) -> Any:
-    import importlib
-    import sys
-
     obj: Any = sys.modules.get(module)
     if obj is None and import_missing:
         obj = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
-    return obj
-
-
-def _build_config(desc: dict[str, Any]) -> Any:
-    """Rebuild a config object; its class must be importable, as output types must be."""
-    cls = _find_class(desc["module"], desc["qualname"])
-    if not isinstance(cls, type):
-        name = f"{desc['module']}.{desc['qualname']}"
-        raise ImportError(f"the model's config class {name} cannot be imported")
-    obj = cls.__new__(cls)
-    for key, (type_name, value) in desc["state"].items():
-        obj.__dict__[key] = _to_tuple(value) if type_name == "tuple" else value
     return obj
 
 
@@ -183,30 +287,42 @@ def _to_tuple(value: Any) -> Any:
 
 
 def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
-    """safetensors-style: u64 index length, JSON index, then raw contiguous bytes."""
+    """safetensors-style: u64 index length, JSON index, then raw contiguous bytes.
+
+    Each tensor is copied once, by torch, into one preallocated buffer (no
+    NumPy: it is not a dependency of this package).
+    """
     index = {}
-    chunks = []
+    flat: list[torch.Tensor] = []
     offset = 0
     for name, t in tensors.items():
         source_device = t.device
         t = t.detach().to("cpu").contiguous()
         # reshape(-1): a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes.
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
         index[name] = {
             "dtype": str(t.dtype).replace("torch.", ""),
             "shape": list(t.shape),
             "offset": offset,
-            "length": len(raw),
+            "length": raw.numel(),
         }
         if source_device.type != "cpu":
             # Compiled kernels (and Dynamo's guards) expect the weights where they were.
             index[name]["device"] = str(source_device)
+        flat.append(raw)
         # 64-byte alignment lets every dtype view its slice in place.
-        pad = -len(raw) % 64
-        chunks.append(raw + b"\0" * pad)
-        offset += len(raw) + pad
+        offset += raw.numel() + (-raw.numel() % 64)
     head = json.dumps(index).encode()
-    return len(head).to_bytes(8, "little") + head + b"".join(chunks)
+    out = bytearray(8 + len(head) + offset)
+    out[:8] = len(head).to_bytes(8, "little")
+    out[8 : 8 + len(head)] = head
+    if offset:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # bytearray: writable, no warning due
+            body = torch.frombuffer(out, dtype=torch.uint8, offset=8 + len(head))
+        for spec, raw in zip(index.values(), flat):
+            body[spec["offset"] : spec["offset"] + spec["length"]].copy_(raw)
+    return bytes(out)
 
 
 def unpack_tensors(data: bytes, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

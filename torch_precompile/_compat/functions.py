@@ -28,14 +28,17 @@ def _reducer_override_patched(pickler: type, override: Callable[..., Any]) -> It
 
 
 @contextlib.contextmanager
-def _modules_pickled_by_state() -> Iterator[None]:
-    """Pickle nn.Modules in the guard state as plain ``nn.Module`` objects.
+def _guard_state_pickled_portably() -> Iterator[None]:
+    """Pickle Dynamo's guard state so that it rebuilds in a process without the model.
 
-    Dynamo's guard state keeps the traced frame's locals, ``self`` included;
-    PyTorch pickles a module-level class by reference, so loading would need
-    the model's class to be importable. Guards on module *types* are dropped
-    by our filter, so a plain module with the same attributes rebuilds the
-    same guard tree.
+    - nn.Modules become plain ``nn.Module`` objects: PyTorch pickles a
+      module-level class by reference, so loading would need the model's class
+      to be importable. Guards on module *types* are dropped by our filter, so
+      a plain module with the same attributes rebuilds the same guard tree.
+    - A function pickle cannot find by qualified name (the undecorated
+      function a ``functools.wraps`` decorator keeps in its closure) is saved
+      by value. PyTorch would save a ``_Missing`` placeholder, and the guards
+      kept on it (its ``__defaults__``, say) would fail at load.
     """
     from torch._dynamo.guards import GuardsStatePickler
 
@@ -51,6 +54,13 @@ def _modules_pickled_by_state() -> Iterator[None]:
         ):
             original(self, obj)  # records missing values as a side effect
             return GuardsStatePickler._unpickle_module, (obj.__getstate__(),)
+        if (
+            inspect.isfunction(obj)
+            and id(obj) not in self.missing_values
+            and "<locals>" not in obj.__qualname__
+            and not findable_by_name(obj)
+        ):
+            return _function_by_value(obj)
         return original(self, obj)
 
     with _reducer_override_patched(GuardsStatePickler, reducer_override):
@@ -73,27 +83,71 @@ def guard_filter_entry_source(entry: Any) -> str:
     return getattr(orig, "name", None) or entry.name
 
 
+def _pruning_key_order_sources(
+    output_graph: Any,
+    guard_filter: Callable[[Sequence[Any]], Sequence[bool]],
+    keep_source: Callable[[str, bool], bool],
+) -> Callable[[Sequence[Any]], list[bool]]:
+    """Wrap ``guard_filter`` so that dict key order is guarded only where guards are kept.
+
+    Dynamo evaluates every ``guard_on_key_order`` source each time it builds a
+    guard manager, and again at load. The key order of a library's global
+    registry (filled as its models are built) differs in another process, and
+    the guards on it are dropped by our filter: evaluating its source at load
+    would fail on something the artifact does not check. Dynamo calls the
+    filter between its unfiltered and its filtered build; from then on (the
+    in-process manager and the saved state alike) only sources that
+    ``keep_source`` accepts and some kept guard reads are key-order guarded.
+    """
+    from torch._dynamo.source import get_global_source_name
+
+    def wrapped(entries: Sequence[Any]) -> list[bool]:
+        keep = list(guard_filter(entries))
+        kept_names = [guard_filter_entry_source(e) for e, k in zip(entries, keep) if k]
+        output_graph.guard_on_key_order = {
+            source
+            for source in output_graph.guard_on_key_order
+            if keep_source(source.name, get_global_source_name(source) is not None)
+            and any(source.name in name for name in kept_names)
+        }
+        return keep
+
+    return wrapped
+
+
 def build_guard_manager(
-    capture: Capture, guard_filter: Callable[[Sequence[Any]], Sequence[bool]]
+    capture: Capture,
+    guard_filter: Callable[[Sequence[Any]], Sequence[bool]],
+    keep_source: Callable[[str, bool], bool],
 ) -> tuple[Any, bytes]:
     """Build Dynamo's guard manager after compilation (so shape guards added by
-    AOTAutograd and Inductor are included) and its serialized state."""
+    AOTAutograd and Inductor are included) and its serialized state.
+
+    ``keep_source(name, is_global)`` says whether guards on a source are saved;
+    sources Dynamo evaluates for dict key order are pruned with it.
+    """
     from torch._dynamo.hooks import Hooks
     from torch._dynamo.utils import dynamo_timed, get_metrics_context
     from torch._dynamo.variables.torch_function import (
         torch_function_mode_stack_state_mgr,
     )
 
-    hooks = Hooks(guard_filter_fn=guard_filter)
+    output_graph = capture.graph_capture_output.output_graph
+    key_order = output_graph.guard_on_key_order
+    hooks = Hooks(
+        guard_filter_fn=_pruning_key_order_sources(output_graph, guard_filter, keep_source)
+    )
     with contextlib.ExitStack() as stack:
         stack.enter_context(get_metrics_context())
         stack.enter_context(dynamo_timed("torch_precompile.build_guards"))
         if torch_function_mode_stack_state_mgr.stack:
             stack.enter_context(torch_function_mode_stack_state_mgr.temp_restore_stack())
-        stack.enter_context(_modules_pickled_by_state())
+        stack.enter_context(_guard_state_pickled_portably())
         # Dynamo checks the new guards against the current global state: restore the
         # capture's grad mode, so precompile() may run outside the capture's no_grad block.
         stack.enter_context(torch.set_grad_enabled(capture.grad_enabled))
+        # A stage output is a value: the capture's key-order set is put back.
+        stack.callback(setattr, output_graph, "guard_on_key_order", key_order)
         check_fn = capture.graph_capture_output.build_guards(
             capture.traced_fn.__code__, hooks=hooks, save=True, strict_error=True
         )
@@ -164,6 +218,20 @@ def _rebuild_function(
     return fn
 
 
+def _function_by_value(fn: types.FunctionType) -> tuple[Any, tuple[Any, ...]]:
+    """A pickle reduction that rebuilds ``fn`` from its code, not its name."""
+    return _rebuild_function, (
+        fn.__code__,
+        fn.__module__,
+        fn.__name__,
+        fn.__qualname__,
+        fn.__defaults__,
+        fn.__kwdefaults__,
+        fn.__closure__,
+        dict(fn.__dict__),
+    )
+
+
 @contextlib.contextmanager
 def _functions_pickled_by_value() -> Iterator[None]:
     """Pickle functions that pickle cannot find by qualified name by value.
@@ -180,16 +248,7 @@ def _functions_pickled_by_value() -> Iterator[None]:
     def reducer_override(self: Any, obj: Any) -> Any:
         by_value = inspect.isfunction(obj) and "<locals>" not in obj.__qualname__
         if by_value and not findable_by_name(obj):
-            return _rebuild_function, (
-                obj.__code__,
-                obj.__module__,
-                obj.__name__,
-                obj.__qualname__,
-                obj.__defaults__,
-                obj.__kwdefaults__,
-                obj.__closure__,
-                dict(obj.__dict__),
-            )
+            return _function_by_value(obj)
         return original(self, obj)
 
     with _reducer_override_patched(AOTCompilePickler, reducer_override):

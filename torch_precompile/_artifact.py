@@ -403,34 +403,80 @@ def source_is_rechecked(name: str, is_global: bool) -> bool:
     return not is_global and "type(" not in name
 
 
+# Why a guard is not saved, by category: (short label, why that is safe).
+DROP_CATEGORIES = {
+    "module type": (
+        "module types",
+        "the artifact also runs on a stand-in without the model's class; the module's "
+        "weights, attributes and structure stay guarded",
+    ),
+    "class attribute": (
+        "class attributes read through type()",
+        "the traced bytecode and the defaults it read are saved in the artifact",
+    ),
+    "identity": (
+        "object identities",
+        "an identity of the capturing process; the attributes the compiled code read are "
+        "guarded separately by value",
+    ),
+    "global": (
+        "globals of the capturing process",
+        "library registries, caches and module-level hooks differ between processes; the "
+        "saved code resolves the modules it uses when loaded, with the torch version enforced",
+    ),
+}
+
+
 def _drop_reason(
     name: str, kind: str, derived: tuple[str, ...], is_global: bool, value: Any
 ) -> str | None:
-    """Why a Dynamo guard is not saved as it is (None: it is saved)."""
+    """The :data:`DROP_CATEGORIES` key of a Dynamo guard that is not saved as it is
+    (None: it is saved)."""
     if kind in ("TYPE_MATCH", "ID_MATCH") and isinstance(value, torch.nn.Module) or (
         _is_module_class(value)
     ):
-        return (
-            "the type of a module; the artifact also runs on a stand-in without the model's class, "
-            "and the module's weights, attributes and structure stay guarded"
-        )
+        return "module type"
     if "type(" in name:
-        return (
-            "a class attribute read through type(module) (e.g. forward's defaults); the traced "
-            "bytecode and its defaults are saved in the artifact"
-        )
+        return "class attribute"
     unserializable = _compat.UNSERIALIZABLE_GUARD_KINDS
     if kind in unserializable or any(d in unserializable for d in derived):
-        return (
-            "an object identity of the capturing process; the object's attributes that the "
-            "compiled code read are guarded separately by value"
-        )
+        return "identity"
     if is_global:
-        return (
-            "a global of the capturing process (module-level hooks and names); the saved code "
-            "resolves the modules it uses when loaded, with the same torch version enforced"
-        )
+        return "global"
     return None
+
+
+def _dropped_guard(dropped: list[str]) -> Guard:
+    """One entry that records the guards not re-checked after load, by category.
+
+    Logged once, in one line, at WARNING; each guard's name goes to DEBUG and
+    into the entry, which ``inspect`` and ``as_text()`` show.
+    """
+    counts: dict[str, int] = {}
+    for line in dropped:
+        category = line.rpartition(": ")[2]
+        counts[category] = counts.get(category, 0) + 1
+    summary = ", ".join(f"{n} {DROP_CATEGORIES[c][0]}" for c, n in counts.items())
+    log.warning(
+        "precompile: %d guards are not re-checked after load (%s); see them with "
+        "`torch-precompile inspect FILE`, or the torch_precompile logger at DEBUG",
+        len(dropped),
+        summary,
+    )
+    log.debug(
+        "precompile: guards not re-checked after load:\n%s",
+        "\n".join(
+            f"  {line.rpartition(': ')[0]} ({DROP_CATEGORIES[line.rpartition(': ')[2]][1]})"
+            for line in dropped
+        ),
+    )
+    return Guard(
+        "dynamo",
+        "dropped",
+        f"{len(dropped)} guards are not re-checked after load: {summary}",
+        None,
+        dropped,
+    )
 
 
 def bundle_variants(variants: Sequence[PrecompiledArtifact]) -> PrecompiledArtifact:
@@ -503,27 +549,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         )
     )
     if dropped:
-        by_reason: dict[str, list[str]] = {}
-        for line in dropped:
-            guard, _, reason = line.partition(": ")
-            by_reason.setdefault(reason, []).append(guard)
-        log.warning(
-            "precompile: %d guards cannot be saved and are not checked by the artifact:\n%s",
-            len(dropped),
-            "\n".join(f"  {', '.join(names)}: {reason}" for reason, names in by_reason.items()),
-        )
-        guards = guards.extend(
-            [
-                Guard(
-                    "dynamo",
-                    "dropped",
-                    f"{len(dropped)} guards on module classes, object identities and globals are "
-                    "not saved (see the warning logged at precompile for each and why)",
-                    None,
-                    dropped,
-                )
-            ]
-        )
+        guards = guards.extend([_dropped_guard(dropped)])
     signature = dict(state.input_signature)
     from ._signature import describe_graph_outputs
 

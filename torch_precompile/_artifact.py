@@ -432,7 +432,7 @@ def _drop_reason(
 ) -> str | None:
     """The :data:`DROP_CATEGORIES` key of a Dynamo guard that is not saved as it is
     (None: it is saved)."""
-    if kind in ("TYPE_MATCH", "ID_MATCH") and isinstance(value, torch.nn.Module) or (
+    if (kind in ("TYPE_MATCH", "ID_MATCH") and isinstance(value, torch.nn.Module)) or (
         _is_module_class(value)
     ):
         return "module type"

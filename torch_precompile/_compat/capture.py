@@ -111,7 +111,17 @@ def _capture_context(dynamic: bool | None) -> Iterator[None]:
         yield
 
 
-_LOG_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
+_LOG_METHODS = (
+    "debug",
+    "info",
+    "warning",
+    "warn",
+    "error",
+    "exception",
+    "critical",
+    "fatal",
+    "log",
+)
 
 
 def _logger_methods() -> set[Any]:

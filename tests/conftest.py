@@ -50,9 +50,15 @@ def staged(tmp_path_factory: pytest.TempPathFactory) -> Staged:
     return Staged(model, ids, expected, d, a, i, art, path)
 
 
-def run_script(source: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    """Run ``source`` in a fresh interpreter with the repo importable; fail loudly on error."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def run_script(
+    source: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` in a fresh interpreter with the repo importable; fail loudly on error.
+
+    ``env`` replaces the environment (it must make the repo importable itself,
+    as :func:`no_compiler_env` does).
+    """
+    env = env if env is not None else dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(source), *args],
         env=env,

@@ -134,3 +134,97 @@ def _logger_methods() -> set[Any]:
         if inspect.isfunction(value) and value.__module__ != "logging" and not name.startswith("_")
     }
     return standard | added
+
+
+def fullgraph_capture(
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dynamic: bool | None,
+    size_oblivious: bool = False,
+) -> Capture:
+    """Run Dynamo's fullgraph capture; raises Dynamo's own exceptions on failure."""
+    from torch._dynamo import convert_frame
+    from torch._dynamo.graph_utils import _graph_device_type
+
+    with _capture_context(dynamic), size_oblivious_context(size_oblivious):
+        out = convert_frame.fullgraph_capture(model, args, kwargs)
+    gco = out.graph_capture_output
+    backend_input = out.backend_input
+    if backend_input is None:
+        raise ValueError("the model computes nothing with tensors, so there is no graph to compile")
+    fn, bound_self = convert_frame.get_traced_fn(model)
+    gm = backend_input.graph_module
+    gm._backend_id = backend_input.backend_id  # type: ignore[assignment]
+    og = gco.output_graph
+    sources = [
+        source.name
+        for _, source in sorted(og.export_metadata.graph_input_idx_to_local_source.items())
+    ]
+    return Capture(
+        graph_capture_output=gco,
+        backend_id=backend_input.backend_id,
+        graph_module=gm,
+        fake_inputs=list(backend_input.example_inputs),
+        fake_mode=backend_input.fake_mode,
+        tensor_to_context=backend_input.tensor_to_context,
+        traced_fn=fn,
+        bound_self=bound_self,
+        signature=convert_frame._get_signature(fn),
+        device_type=_graph_device_type(gm.graph),
+        guards=list(og.guards),
+        local_scope=og.local_scope,
+        input_sources=sources,
+        size_oblivious=size_oblivious,
+        grad_enabled=torch.is_grad_enabled(),
+    )
+
+
+def is_capture_error(exc: BaseException) -> bool:
+    return isinstance(exc, _dynamo_errors())
+
+
+def shape_env_guard_exprs(capture: Capture) -> list[str]:
+    """The symbolic-shape guards recorded so far, as readable expressions."""
+    shape_env = capture.fake_mode.shape_env
+    if shape_env is None:
+        return []
+    return [str(g.expr) for g in shape_env.guards]
+
+
+def shape_env_var_ranges(capture: Capture) -> dict[str, tuple[int, int | None]]:
+    """Value ranges of the symbols of the capture (for dynamic-shape messages)."""
+    shape_env = capture.fake_mode.shape_env
+    if shape_env is None:
+        return {}
+    out = {}
+    ranges = shape_env.var_to_range
+    for sym, vr in ranges.items():
+        # A symbol found equal to another (s18 == s72) keeps a stale range of
+        # its own; what holds is the range of what it was replaced by.
+        rep = shape_env.replacements.get(sym)
+        if rep is not None and rep in ranges:
+            vr = ranges[rep]
+        elif rep is not None and getattr(rep, "is_number", False):
+            out[str(sym)] = (int(rep), int(rep))
+            continue
+        out[str(sym)] = (_bound(vr.lower) or 0, _bound(vr.upper))
+    return out
+
+
+def _bound(value: Any) -> int | None:
+    """A finite sympy bound as int; None for (int_)oo."""
+    try:
+        return int(value) if bool(value.is_finite) else None
+    except (TypeError, AttributeError, ValueError):
+        return None
+
+
+def shape_env_symbol_sources(capture: Capture) -> dict[str, str]:
+    """Map each shape symbol (``s0``) to the first input dimension it stands for."""
+    shape_env = capture.fake_mode.shape_env
+    if shape_env is None:
+        return {}
+    return {
+        str(sym): sources[0].name for sym, sources in shape_env.var_to_sources.items() if sources
+    }

@@ -105,7 +105,9 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[Any, ...], dict[str
         {},
     ),
     "convnext": (
-        lambda: T.ConvNextModel(T.ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2)),
+        lambda: T.ConvNextModel(
+            T.ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2)
+        ),
         (_images(),),
         {},
     ),

@@ -7,6 +7,8 @@ load, the cold-start table) need a GPU: ``benchmarks/cuda_flow.py`` and
 - the torch-version branch of Inductor's compiler config call, against both signatures;
 - finding AOTAutograd's serializable entry through wrappers that are plain closures
   (torch 2.11's training path);
+- builtins Dynamo's bytecode reads (``type``) saved with it, as torch 2.12+ does
+  and torch 2.11 did not (HF models on CUDA: ``benchmarks/cuda_real_models.py``);
 - a ``mode="reduce-overhead"`` artifact through the staged API: the mode is recorded
   in the file, restored at load in a fresh process, and each call starts a new CUDA
   graph generation, as torch.compile does; the results match eager.
@@ -91,6 +93,51 @@ def test_no_serializable_entry_gives_none() -> None:
         return plain(args)
 
     assert joint._find_serialize_fn(outer) is None
+
+
+# ------------------------------------------------ builtins the bytecode reads
+
+
+def _bytecode_reading_builtins(x):
+    return type(x), len(x), helper(x), __builtins_dict___0["abs"](x)  # noqa: F821
+
+
+def test_builtins_read_by_the_bytecode_join_the_runtime_env() -> None:
+    """torch 2.11's ``get_runtime_env`` leaves builtins out of ``used_globals``, and
+    ``AOTCompiledFunction`` then refused HF models ("Missing required external
+    references: ['type']"). Simulated here on torch 2.13 with an env built the 2.11 way."""
+    import builtins
+
+    from torch._dynamo.convert_frame import GraphCaptureOutput, GraphRuntimeEnv
+
+    from torch_precompile._compat import functions
+
+    code = _bytecode_reading_builtins.__code__
+    f_globals = {
+        "len": lambda x: "the module's len",  # a module global that shadows a builtin
+        "__builtins_dict___0": {"abs": abs, "unpicklable": lambda: None},
+    }
+
+    def get_runtime_env_as_on_torch_2_11() -> GraphRuntimeEnv:
+        return GraphRuntimeEnv(
+            bytecode=code,
+            pycode=[],
+            import_sources={},
+            used_globals={},
+            closure=None,
+            argdefs=None,
+            external_refs=GraphCaptureOutput._get_external_refs(code),
+        )
+
+    gco = types.SimpleNamespace(
+        get_runtime_env=get_runtime_env_as_on_torch_2_11, f_globals=f_globals
+    )
+    env = functions.runtime_env_with_builtins(gco)
+    assert env.used_globals["type"] is builtins.type
+    assert "len" not in env.used_globals  # left to the module's globals
+    assert env.used_globals["__builtins_dict___0"] == {"abs": abs}  # picklable entries
+    fn = env.forward_callable("helper", str, extra_globals={"len": f_globals["len"]})
+    assert fn(-3) == (int, "the module's len", "-3", 3)
 
 
 # ---------------------------------------------------- reduce-overhead artifact

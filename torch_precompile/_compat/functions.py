@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import importlib
 import inspect
+import pickle
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -156,6 +158,42 @@ def build_guard_manager(
     return check_fn.guard_manager, check_fn.guards_state
 
 
+def _picklable_items(mapping: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``mapping`` that pickle (a builtins dict holds a few that do not)."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        try:
+            pickle.dumps(value)
+        except Exception:  # pickle raises many types (TypeError, PicklingError, ...)
+            continue
+        out[key] = value
+    return out
+
+
+def runtime_env_with_builtins(gco: Any) -> Any:
+    """Dynamo's ``GraphRuntimeEnv`` with the builtins its bytecode reads in ``used_globals``.
+
+    ``AOTCompiledFunction`` refuses to build (in the saving process and at load)
+    unless every name the bytecode loads with ``LOAD_GLOBAL`` is in its globals.
+    Dynamo's bytecode can read builtins that way (``type`` in the code that
+    rebuilds a transformers model's output, a ``__builtins_dict___N`` copy of
+    the builtins), and torch 2.11's ``get_runtime_env`` saves only the globals
+    that graph inputs come from: ``Missing required external references:
+    ['type']``. torch 2.12 added those builtins itself (pytorch/pytorch#177558);
+    on it this adds nothing.
+    """
+    env = gco.get_runtime_env()
+    f_globals = gco.f_globals
+    for ref in env.external_refs:
+        if ref in env.used_globals:
+            continue
+        if ref.startswith("__builtins_dict__") and isinstance(f_globals.get(ref), dict):
+            env.used_globals[ref] = _picklable_items(f_globals[ref])
+        elif ref not in f_globals and hasattr(builtins, ref):  # a module global shadows it
+            env.used_globals[ref] = getattr(builtins, ref)
+    return env
+
+
 def make_compiled_function(
     capture: Capture, compiled_fn: Any, guard_manager: Any, guards_state: bytes
 ) -> Any:
@@ -174,7 +212,7 @@ def make_compiled_function(
         backend_id=capture.backend_id,
         compiled_fn=compiled_fn,
         original_code=capture.traced_fn.__code__,
-        runtime_env=gco.get_runtime_env(),
+        runtime_env=runtime_env_with_builtins(gco),
         source_info=source_info,
         device_type=capture.device_type,
         backend_name="inductor",

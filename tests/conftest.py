@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -103,3 +104,77 @@ def no_compiler_env(root: Path) -> dict[str, str]:
     for tool in ("gcc", "g++", "cc", "c++", "clang", "clang++"):
         assert shutil.which(tool, path=env["PATH"]) is None, tool
     return env
+
+
+# Loads each artifact of ``cases`` (name -> {"path", "ref"}) in one fresh process in
+# which no class of the model's library may be constructed, and compares every call
+# recorded in "ref" (a torch.save'd list of (args, kwargs, eager output)) with eager.
+_FRESH_LOAD = """
+import json, sys
+import torch
+from conftest import assert_same_output
+from torch_precompile import Precompile
+
+cases, library = json.loads(sys.argv[1]), sys.argv[2]
+original_init = torch.nn.Module.__init__
+
+def guarded_init(self, *args, **kwargs):
+    if type(self).__module__.startswith(library):
+        raise AssertionError(f"{type(self).__qualname__} was constructed at load")
+    original_init(self, *args, **kwargs)
+
+torch.nn.Module.__init__ = guarded_init
+results = {}
+for name, case in cases.items():
+    try:
+        art = Precompile.load(case["path"])
+        diff = 0.0
+        for args, kwargs, want in torch.load(case["ref"], weights_only=False):
+            with torch.no_grad():
+                got = art(*args, **kwargs)
+            diff = max(diff, assert_same_output(got, want))
+        results[name] = {"ok": True, "max_diff": diff, "output": type(got).__name__}
+    except Exception as exc:
+        results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+"""
+
+
+def output_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Every tensor in a model's output, in order: through tuples, lists, mappings
+    (``ModelOutput``) and plain objects (a transformers ``DynamicCache``'s layers)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 8:
+        return []
+    if isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        items = list(vars(value).values())
+    else:
+        return []
+    return [t for item in items for t in output_tensors(item, depth + 1)]
+
+
+def assert_same_output(got: Any, want: Any, rtol: float = 1e-4, atol: float = 1e-4) -> float:
+    """``got`` has ``want``'s type and tensors (compared with tolerances); returns the
+    largest absolute difference."""
+    assert type(got) is type(want), (type(got), type(want))
+    got_t, want_t = output_tensors(got), output_tensors(want)
+    assert len(got_t) == len(want_t) > 0, (len(got_t), len(want_t))
+    for g, w in zip(got_t, want_t):
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+    return max((g.float() - w.float()).abs().max().item() for g, w in zip(got_t, want_t))
+
+
+def fresh_load_results(
+    cases: dict[str, dict[str, str]], library: str, env: dict[str, str], after: str = ""
+) -> dict[str, Any]:
+    """Run the fresh-process load of ``cases`` (see ``_FRESH_LOAD``); ``after`` is more
+    code for that process, which may add to ``results``. Returns ``results``."""
+    source = _FRESH_LOAD + after + "\nprint(json.dumps(results))\n"
+    tests_dir = str(Path(__file__).resolve().parent)
+    env = dict(env, PYTHONPATH=os.pathsep.join([env.get("PYTHONPATH", str(ROOT)), tests_dir]))
+    proc = run_script(source, json.dumps(cases), library, env=env)
+    return json.loads(proc.stdout.strip().splitlines()[-1])

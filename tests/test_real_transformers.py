@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import no_compiler_env, run_script
+from conftest import assert_same_output, fresh_load_results, no_compiler_env, run_script
 
 from torch_precompile import GuardError, Precompile
 
@@ -160,63 +161,19 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
     return cases
 
 
-def _assert_same_output(got: Any, want: Any, **tol: Any) -> None:
-    assert type(got) is type(want), (type(got), type(want))
-    torch.testing.assert_close(dict(got), dict(want), **tol)
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_in_process_artifact_matches_eager(built: dict[str, Any], name: str) -> None:
     _, args, kwargs = MODELS[name]
     with torch.no_grad():
         got = built[name]["artifact"](*args, **kwargs)
-    _assert_same_output(got, built[name]["want"], rtol=1e-4, atol=1e-4)
-
-
-# One fresh process loads every artifact: transformers is importable there, but no
-# transformers model may be constructed, and no C++ compiler can run.
-_LOAD_ALL = """
-import json, sys
-import torch
-import transformers
-from torch_precompile import Precompile
-
-original_init = torch.nn.Module.__init__
-
-def guarded_init(self, *args, **kwargs):
-    if type(self).__module__.startswith("transformers"):
-        raise AssertionError(f"{type(self).__name__} was constructed at load")
-    original_init(self, *args, **kwargs)
-
-torch.nn.Module.__init__ = guarded_init
-cases = json.loads(sys.argv[1])
-results = {}
-for name, case in cases.items():
-    try:
-        art = Precompile.load(case["path"])
-        for args, kwargs, want in torch.load(case["ref"], weights_only=False):
-            with torch.no_grad():
-                got = art(*args, **kwargs)
-            assert type(got) is type(want), (type(got), type(want))
-            torch.testing.assert_close(dict(got), dict(want), rtol=1e-4, atol=1e-4)
-            diff = max(
-                (g - w).abs().max().item()
-                for g, w in zip(dict(got).values(), dict(want).values())
-                if isinstance(w, torch.Tensor)
-            )
-        results[name] = {"ok": True, "max_diff": diff, "output": type(got).__name__}
-    except Exception as exc:
-        results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-print(json.dumps(results))
-"""
+    assert_same_output(got, built[name]["want"])
 
 
 @pytest.fixture(scope="module")
 def fresh_results(built: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict:
     cases = {n: {"path": str(c["path"]), "ref": str(c["ref"])} for n, c in built.items()}
     root = tmp_path_factory.mktemp("hf-fresh")
-    proc = run_script(_LOAD_ALL, json.dumps(cases), env=no_compiler_env(root))
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return fresh_load_results(cases, "transformers", no_compiler_env(root))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -227,7 +184,7 @@ def test_fresh_process_load_matches_eager(fresh_results: dict[str, Any], name: s
 
 def test_static_artifact_refuses_another_shape_after_load(built: dict[str, Any]) -> None:
     art = Precompile.load(built["gpt2"]["path"])
-    with torch.no_grad(), pytest.raises(GuardError, match="input_ids"):
+    with torch.no_grad(), pytest.raises(GuardError, match=r"args\[0\]|input_ids"):
         art(_ids(3, 16))
 
 
@@ -237,3 +194,138 @@ def test_precompile_logs_one_warning_line(built: dict[str, Any], name: str) -> N
     warnings = built[name]["warnings"]
     assert len(warnings) <= 1, warnings
     assert all("\n" not in w and "not re-checked after load" in w for w in warnings)
+
+
+# ------------------------------------------------- dynamic, training, bfloat16
+
+_DYNAMIC_SIZES = [(3, 24), (4, 5), (8, 128)]
+
+
+@pytest.fixture(scope="module")
+def dynamic_gpt2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """HF GPT-2 captured with ``dynamic=True`` (batch and sequence symbolic), saved."""
+    model = _build("gpt2_no_cache")
+    with torch.no_grad():
+        artifact = Precompile.compile(model, (_ids(2, 16),), dynamic=True)
+    path = tmp_path_factory.mktemp("hf-dynamic") / "gpt2_dynamic.pt2"
+    Precompile.save(path, artifact)
+    ref = path.with_suffix(".ref")
+    calls = [(_ids(b, s, seed=b * s),) for b, s in _DYNAMIC_SIZES]
+    with torch.no_grad():
+        torch.save([(args, {}, model(*args)) for args in calls], ref)
+    return {"path": path, "ref": ref}
+
+
+def test_dynamic_decoder_serves_other_sizes_after_fresh_load(
+    dynamic_gpt2: dict[str, Any], tmp_path: Path
+) -> None:
+    """Batch 3..8 and sequence 5..128 from one artifact, in a process without a compiler;
+    a size outside the recorded range is a GuardError that says how to serve it."""
+    case = {"dynamic": {"path": str(dynamic_gpt2["path"]), "ref": str(dynamic_gpt2["ref"])}}
+    after = """
+art = Precompile.load(cases["dynamic"]["path"])
+try:
+    with torch.no_grad():
+        art(torch.zeros(1, 8, dtype=torch.long))
+    results["batch_1"] = "served"
+except Exception as exc:
+    results["batch_1"] = f"{type(exc).__name__}: {exc}"
+"""
+    results = fresh_load_results(case, "transformers", no_compiler_env(tmp_path), after=after)
+    assert results["dynamic"]["ok"], results["dynamic"]["error"]
+    assert results["batch_1"].startswith("GuardError") and "mark_dynamic" in results["batch_1"]
+
+
+_TRAIN_STEPS = 4
+
+_TRAIN = """
+import json, logging, sys
+import torch
+import transformers as T
+from torch_precompile import Precompile
+
+logging.getLogger("transformers").setLevel(logging.ERROR)
+path, steps = sys.argv[1], int(sys.argv[2])
+cfg = dict(json.loads(sys.argv[3]))
+
+def build():
+    torch.manual_seed(0)
+    return T.GPT2LMHeadModel(T.GPT2Config(**cfg)).train()
+
+def curve(model, call):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(steps):
+        ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(step))
+        loss = call(ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+eager = build()
+bound = build()
+art = Precompile.load(path, model=bound)
+print(json.dumps({
+    "eager": curve(eager, lambda ids: eager(ids, labels=ids)),
+    "artifact": curve(bound, lambda ids: art(ids, labels=ids)),
+}))
+"""
+
+_TRAIN_CONFIG = dict(_GPT2, use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+
+@pytest.fixture(scope="module")
+def training_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """HF GPT-2 captured with grad enabled and ``labels=`` (the loss inside the model)."""
+    torch.manual_seed(0)
+    model = T.GPT2LMHeadModel(T.GPT2Config(**_TRAIN_CONFIG)).train()
+    ids = _ids(2, 16)
+    artifact = Precompile.compile(model, (ids,), {"labels": ids})
+    assert artifact.training
+    out, want = artifact(ids, labels=ids), model(ids, labels=ids)
+    assert out.loss.grad_fn is not None
+    torch.testing.assert_close(out.loss, want.loss, rtol=1e-5, atol=1e-6)
+    path = tmp_path_factory.mktemp("hf-train") / "gpt2_train.pt2"
+    Precompile.save(path, artifact)
+    return path
+
+
+def test_training_artifact_follows_eager_losses_after_fresh_load(
+    training_gpt2: Path, tmp_path: Path
+) -> None:
+    """AdamW steps on a model bound with model= in a new process, against eager's."""
+    proc = run_script(
+        _TRAIN,
+        str(training_gpt2),
+        str(_TRAIN_STEPS),
+        json.dumps(_TRAIN_CONFIG),
+        env=no_compiler_env(tmp_path),
+    )
+    curves = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(curves["artifact"]) == _TRAIN_STEPS
+    torch.testing.assert_close(
+        torch.tensor(curves["artifact"]), torch.tensor(curves["eager"]), rtol=1e-5, atol=0
+    )
+    assert curves["artifact"][-1] < curves["artifact"][0], curves
+
+
+def test_bfloat16_gpt2_matches_eager_after_load(tmp_path: Path) -> None:
+    """bfloat16 weights and activations: compiled kernels keep float32 intermediates
+    where eager rounds to bfloat16 after each op, so logits agree to bfloat16's
+    resolution (8 bits of mantissa), not float32's."""
+    model = _build("gpt2_no_cache").to(torch.bfloat16)
+    ids = _ids(2, 16)
+    with torch.no_grad():
+        want = model(ids).logits
+        artifact = Precompile.compile(model, (ids,))
+    path = tmp_path / "gpt2_bf16.pt2"
+    Precompile.save(path, artifact)
+    loaded = Precompile.load(path)
+    with torch.no_grad():
+        got = loaded(ids).logits
+    assert got.dtype == torch.bfloat16
+    scale = want.float().abs().max().item()
+    assert (got.float() - want.float()).abs().max().item() <= 0.02 * scale
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.9

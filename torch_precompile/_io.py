@@ -16,7 +16,7 @@ import torch
 
 from . import _compat, _format, _standin, _system
 from ._artifact import PrecompiledArtifact, Runtime
-from ._errors import ArtifactCorruptedError
+from ._errors import ArtifactCorruptedError, KernelDirectoryError
 from ._guards import Guards
 
 log = logging.getLogger("torch_precompile")
@@ -242,6 +242,8 @@ def _load_fast(
         return None
     if os.environ.get("TORCH_PRECOMPILE_FAST_LOAD", "1") == "0":
         return None
+    if not _compat.shipped_kernels_enabled():
+        return None  # the user asked to compile the kernels: only the full path does
     try:
         return _compat.load_fast_compiled_function(
             sections["fastload" + suffix],
@@ -250,6 +252,8 @@ def _load_fast(
             f"<torch_precompile {path}{suffix}>",
             module_globals,
         )
+    except KernelDirectoryError:
+        raise  # the full path would need the same directory, or a compiler
     except Exception as exc:
         log.warning(
             "%s: fast load failed, loading through PyTorch (%s: %s)", path, type(exc).__name__, exc

@@ -151,8 +151,7 @@ def load(
 ) -> PrecompiledArtifact:
     """Load an artifact; ``model=`` binds it to a live module instead of the saved weights."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        prefix = f.read(16)
+    prefix = _format.read_prefix(path, 16)  # a pipe or device is refused, never waited on
     if not _format.looks_like_artifact(prefix) and verify_key is None and prefix[:1] == b"\x80":
         return _load_torch_file(path, model)
     start = time.perf_counter()
@@ -347,8 +346,7 @@ def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -
 
 def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:
     """Files written by torch's own ``save_compiled_function`` (the ugly.py flow)."""
-    with open(path, "rb") as f:
-        data = f.read()
+    data = _format.read_file(path)
     try:
         compiled_function = _compat.deserialize_compiled_function(data)
     except Exception as exc:

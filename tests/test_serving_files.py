@@ -225,10 +225,14 @@ def test_streamed_checks_across_chunk_boundaries(
         _format.read_artifact(path, verify_key=b"key")
 
 
+@pytest.mark.parametrize(
+    ("read", "at_call"), [(_format.read_info, 3), (_format.read_artifact, 1)], ids=["info", "all"]
+)
 def test_file_shrinking_while_read_is_corrupted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read: Callable[[Path], Any], at_call: int
 ) -> None:
-    """A file truncated in place while it is read: a clean corrupted error, no hang."""
+    """A file truncated in place while it is read (chunk by chunk for the header, at
+    once for the whole file): a clean corrupted error, no hang."""
     monkeypatch.setattr(_format, "_CHUNK", 1000)
     path = tmp_path / "a.pt"
     _format.write_artifact(path, META, SECTIONS)
@@ -237,13 +241,13 @@ def test_file_shrinking_while_read_is_corrupted(
 
     def shrink_then_read(f: Any, p: str, offset: int, into: memoryview) -> None:
         calls.append(offset)
-        if len(calls) == 3:
-            os.truncate(path, 2000)
         real(f, p, offset, into)
+        if len(calls) == at_call:
+            os.truncate(path, 2000)
 
     monkeypatch.setattr(_format, "_read_exactly", shrink_then_read)
     with pytest.raises(ArtifactCorruptedError, match="became shorter"):
-        _format.read_artifact(path)
+        read(path)
 
 
 # ------------------------------------------------------------------- inspect

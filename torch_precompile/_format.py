@@ -372,7 +372,7 @@ def _read_exactly(f: io.FileIO, path: str, offset: int, into: memoryview) -> Non
 
 def _read(
     path: str, *, verify_key: bytes | None = None, keep: bool
-) -> tuple[ArtifactInfo, bytearray | None]:
+) -> tuple[ArtifactInfo, bytes | None]:
     """Validate the file at ``path`` (all but the per-section checksums).
 
     Returns the header and, with ``keep``, the file's bytes. The fixed header
@@ -420,19 +420,29 @@ def _read(
         checked_end = size - _DIGEST_SIZE
         digest = hashlib.sha256()
         mac = hmac.new(verify_key, digestmod=hashlib.sha256) if verify_key is not None else None
-        data = bytearray(size) if keep else None
-        chunk = memoryview(bytearray(max(min(_CHUNK, size), _DIGEST_SIZE)))
-        offset = 0
-        while offset < checked_end:
-            n = min(_CHUNK, checked_end - offset)
-            view = memoryview(data)[offset : offset + n] if data is not None else chunk[:n]
-            _read_exactly(f, path, offset, view)
-            digest.update(view)
-            if mac is not None and offset < payload_end:
-                mac.update(view[: payload_end - offset])
-            offset += n
-        trailer = memoryview(data)[checked_end:] if data is not None else chunk[:_DIGEST_SIZE]
-        _read_exactly(f, path, checked_end, trailer)
+        data: bytes | None = None
+        if keep:  # one read, no zero-filled buffer: as fast as reading the file can be
+            f.seek(0)
+            data = f.read(size)
+            if len(data) != size:
+                raise _corrupted(path, "the file became shorter while it was read")
+            whole = memoryview(data)
+            for offset in range(0, checked_end, _CHUNK):
+                view = whole[offset : min(offset + _CHUNK, checked_end)]
+                digest.update(view)
+                if mac is not None and offset < payload_end:
+                    mac.update(view[: payload_end - offset])
+            trailer = whole[checked_end:]
+        else:  # one chunk in memory at a time
+            chunk = memoryview(bytearray(max(min(_CHUNK, size), _DIGEST_SIZE)))
+            for offset in range(0, checked_end, _CHUNK):
+                view = chunk[: min(_CHUNK, checked_end - offset)]
+                _read_exactly(f, path, offset, view)
+                digest.update(view)
+                if mac is not None and offset < payload_end:
+                    mac.update(view[: payload_end - offset])
+            trailer = chunk[:_DIGEST_SIZE]
+            _read_exactly(f, path, checked_end, trailer)
         if not hmac.compare_digest(digest.digest(), trailer):
             raise _corrupted(
                 path,

@@ -352,7 +352,7 @@ def test_kernel_directories_unused_for_two_weeks_are_pruned(
     section = shipped.pack_kernels({"k": b"not really a shared object"})
     first = Path(shipped.kernel_dir(section))
     root = first.parent
-    stale, recent = root / "stale", root / "recent"
+    stale, recent = root / ("5" * 24), root / ("7" * 24)  # named as kernel_dir names them
     for d in (stale, recent):
         d.mkdir(mode=0o700)
         (d / "kx.so").write_bytes(b"x")

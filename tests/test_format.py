@@ -7,7 +7,6 @@ one costs tens of milliseconds.
 
 from __future__ import annotations
 
-import builtins
 import concurrent.futures
 import hashlib
 import json
@@ -680,16 +679,17 @@ def test_reading_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     )
 
     opened = []
-    real_open = builtins.open
+    real_open = os.open
 
-    def counting_open(file, *args, **kwargs):
-        opened.append((os.fspath(file), args[0] if args else kwargs.get("mode", "r")))
-        return real_open(file, *args, **kwargs)
+    def counting_open(file, flags, *args, **kwargs):
+        mode = "r" if flags & os.O_ACCMODE == os.O_RDONLY else "w"
+        opened.append((os.fspath(file), mode + ("n" if flags & os.O_NONBLOCK else "")))
+        return real_open(file, flags, *args, **kwargs)
 
     try:
         before = sorted(os.listdir(ro))
         mtime = path.stat().st_mtime_ns
-        monkeypatch.setattr(builtins, "open", counting_open)
+        monkeypatch.setattr(os, "open", counting_open)
         read_meta(path)
         read_info(path)
         read_artifact(path)
@@ -697,7 +697,8 @@ def test_reading_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.undo()
         assert sorted(os.listdir(ro)) == before == ["a.tpc"]  # no lock, no temp
         assert path.stat().st_mtime_ns == mtime
-        assert opened == [(str(path), "rb")] * 4  # one open per read, read-only
+        # One open per read, read-only and non-blocking.
+        assert opened == [(str(path), "rn")] * 4
     finally:
         ro.chmod(0o755)
 

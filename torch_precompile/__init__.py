@@ -21,6 +21,7 @@ from ._errors import (
     CaptureError,
     GuardError,
     IncompatibleSystemError,
+    KernelDirectoryError,
     PrecompileError,
     UntrustedArtifactError,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "Guards",
     "IncompatibleSystemError",
     "InductorOutput",
+    "KernelDirectoryError",
     "Precompile",
     "PrecompileError",
     "PrecompiledArtifact",

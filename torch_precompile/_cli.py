@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _format
-from ._errors import PrecompileError
+from ._errors import ArtifactCorruptedError, PrecompileError
 
 PROG = "torch-precompile"
 
@@ -64,7 +64,44 @@ def _one_line(exc: BaseException, path: str) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, OSError) and exc.strerror:
         text = f"{path}: {exc.strerror}"
-    return text
+    return printable(text, limit=2000)
+
+
+# Characters a terminal may act on: C0/C1 controls (ANSI escapes start with ESC),
+# DEL, and the invisible format characters that reorder text (bidi overrides).
+_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def printable(text: str, *, limit: int | None = None) -> str:
+    """``text`` safe to write to a terminal: control and format characters (ANSI escape
+    sequences, bidi overrides, newlines) shown as ``\\x1b``-style escapes, and cut at
+    ``limit`` characters."""
+    import unicodedata
+
+    out = "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if not " " <= ch <= "~" and unicodedata.category(ch) in _UNPRINTABLE_CATEGORIES
+        else ch
+        for ch in text
+    )
+    if limit is not None and len(out) > limit:
+        out = f"{out[:limit]}... ({len(out) - limit} more characters)"
+    return out
+
+
+def _printable_tree(value: Any) -> Any:
+    """``value`` (decoded JSON) with every string made printable and cut to a sane length."""
+    if isinstance(value, str):
+        return printable(value, limit=_FIELD_LIMIT)
+    if isinstance(value, dict):
+        return {printable(str(k), limit=_FIELD_LIMIT): _printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_tree(v) for v in value]
+    return value
+
+
+_FIELD_LIMIT = 500
+_LINE_LIMIT = 4000
 
 
 # ------------------------------------------------------------------ inspect
@@ -75,8 +112,7 @@ def header(path: str) -> dict[str, Any]:
     try:
         info = _format.read_info(path)
     except PrecompileError as exc:
-        with open(path, "rb") as f:
-            prefix = f.read(2)
+        prefix = _format.read_prefix(path, 2)
         if prefix[:1] == b"\x80" and not _format.looks_like_artifact(prefix):
             raise type(exc)(
                 f"{path} is not a torch_precompile artifact: it looks like a pickle (a file of "
@@ -99,19 +135,62 @@ def header(path: str) -> dict[str, Any]:
 def _inspect(path: str, *, as_json: bool) -> int:
     data = header(path)
     if as_json:
-        print(json.dumps(data, indent=2, sort_keys=False))
-    else:
-        print(format_header(data))
+        # ensure_ascii: every control character is written as a \u escape.
+        print(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=True))
+        return 0
+    try:
+        text = format_header(data)
+    except _MalformedField as exc:
+        raise ArtifactCorruptedError(
+            f"{path}: the header field {exc.field!r} is not what torch_precompile writes "
+            f"({type(exc.__cause__).__name__}: {exc.__cause__}); the file was made or edited "
+            "by something else. `inspect --json` prints the header as it is"
+        ) from None
+    print(text)
     return 0
 
 
-def format_header(data: dict[str, Any]) -> str:
-    """The human-readable view of :func:`header`'s dict."""
-    from ._artifact import _signature_lines, human_size
-    from ._guards import Guards
+class _MalformedField(Exception):
+    def __init__(self, field: str) -> None:
+        super().__init__(field)
+        self.field = field
 
+
+def format_header(data: dict[str, Any]) -> str:
+    """The human-readable view of :func:`header`'s dict.
+
+    Every string from the file is shown with its control characters escaped
+    (no ANSI escape reaches the terminal) and cut at a sane length; a field of
+    an unexpected type raises ``_MalformedField`` naming it.
+    """
+    data = _printable_tree(data)
     meta = data["meta"]
+    lines: list[str] = []
+    for name, part in (
+        ("meta", _head_lines),
+        ("meta.signature", _signature_part),
+        ("meta.sizes", _sizes_part),
+        ("meta.timings", _timings_part),
+        ("meta.guards", _guards_part),
+    ):
+        try:
+            lines.extend(part(data, meta))
+        except _MalformedField:
+            raise
+        except Exception as exc:
+            raise _MalformedField(name) from exc
+    # A last pass, in case a line was built from something not cleaned above.
+    return "\n".join(printable(line, limit=_LINE_LIMIT) for line in lines)
+
+
+def _head_lines(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    from ._artifact import human_size
+
     system = meta.get("system", {})
+    if not isinstance(system, dict):
+        raise _MalformedField("meta.system") from TypeError(
+            f"a {type(system).__name__}, not an object"
+        )
     signed = "signed (HMAC-SHA256)" if data["signed"] else "unsigned"
     kind = "training" if meta.get("training") else "inference"
     lines = [
@@ -135,16 +214,51 @@ def format_header(data: dict[str, Any]) -> str:
         ),
         "signature:",
     ]
-    lines.extend(f"  {line}" for line in _signature_lines(meta.get("signature", {})))
+    return lines
+
+
+def _signature_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    from ._artifact import _signature_lines
+
+    return [f"  {line}" for line in _signature_lines(meta.get("signature", {}))]
+
+
+def _sizes_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    from ._artifact import human_size
+
     sizes = meta.get("sizes") or {s["name"]: s["length"] for s in data["sections"]}
-    lines.append("sizes:     " + ", ".join(f"{k} {human_size(v)}" for k, v in sizes.items()))
+    return ["sizes:     " + ", ".join(f"{k} {human_size(_number(v))}" for k, v in sizes.items())]
+
+
+def _timings_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
     timings = meta.get("timings") or {}
-    if timings:
-        lines.append("timings:   " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
-    guards = Guards.from_json(meta.get("guards", []))
-    lines.append(f"guards ({len(guards)}), by stage:")
-    lines.extend(f"  {line}" for line in str(guards).splitlines())
-    return "\n".join(lines)
+    if not timings:
+        return []
+    return ["timings:   " + ", ".join(f"{k} {_number(v):.2f} s" for k, v in timings.items())]
+
+
+def _guards_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    from ._guards import Guards
+
+    entries = meta.get("guards", [])
+    for entry in entries:
+        if not isinstance(entry, dict) or not all(
+            isinstance(entry.get(k), str) for k in ("phase", "kind", "expr")
+        ):
+            raise TypeError(f"a guard entry is not a {{phase, kind, expr}} object: {entry!r:.80}")
+    guards = Guards.from_json(entries)
+    return [f"guards ({len(guards)}), by stage:"] + [
+        f"  {line}" for line in str(guards).splitlines()
+    ]
+
+
+def _number(value: Any) -> float:
+    """A size or time from the header; a huge one is shown as such, not in 300 digits."""
+    if type(value) not in (int, float):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    if not 0 <= value < 1e18:
+        raise ValueError(f"{value!r:.40} is out of range")
+    return float(value)
 
 
 def _cuda(cuda: Any) -> str:

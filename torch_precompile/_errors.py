@@ -8,6 +8,7 @@ __all__ = [
     "CaptureError",
     "GuardError",
     "IncompatibleSystemError",
+    "KernelDirectoryError",
     "PrecompileError",
     "UntrustedArtifactError",
 ]
@@ -39,3 +40,29 @@ class IncompatibleSystemError(PrecompileError):
 
 class UntrustedArtifactError(PrecompileError):
     """A verify_key was given and the file's signature is missing, wrong or broken."""
+
+
+class KernelDirectoryError(PrecompileError):
+    """The shipped C++ kernels cannot be written to or loaded from their directory.
+
+    Raised at load when the kernel directory is missing and cannot be made, is
+    full, is not writable, is on a ``noexec`` mount, or is not private to this
+    user. ``directory`` names it and ``cause`` says what failed; the message
+    says how to choose another one (``TORCH_PRECOMPILE_KERNEL_DIR``).
+    """
+
+    def __init__(self, directory: str, cause: str) -> None:
+        self.directory = directory
+        self.cause = cause
+        super().__init__(
+            f"cannot use the kernel directory {directory!r}: {cause}. The artifact's "
+            "compiled C++ kernels are written there and loaded as shared objects, so it must "
+            "be private to this user (not writable by others), on a filesystem that allows "
+            "executing files (not mounted noexec) and with free space. Set "
+            "TORCH_PRECOMPILE_KERNEL_DIR to such a directory (default: "
+            "$TMPDIR/torch_precompile-<uid>), or set TORCH_PRECOMPILE_SHIPPED_KERNELS=0 to "
+            "compile the kernels at load instead (needs a C++ compiler, takes seconds)"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.directory, self.cause)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import io
 import json
 import logging
 import os
@@ -44,8 +45,10 @@ __all__ = [
     "ArtifactInfo",
     "looks_like_artifact",
     "read_artifact",
+    "read_file",
     "read_info",
     "read_meta",
+    "read_prefix",
     "write_artifact",
 ]
 
@@ -253,8 +256,11 @@ def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_info(path: str | os.PathLike[str]) -> ArtifactInfo:
-    """Like :func:`read_meta`, plus format version, signature flag and section table."""
-    info, _, _ = _parse(os.fspath(path), _read_file(path))
+    """Like :func:`read_meta`, plus format version, signature flag and section table.
+
+    The file is checksummed in chunks: memory stays O(header) however large it is.
+    """
+    info, _ = _read(os.fspath(path), keep=False)
     return info
 
 
@@ -264,16 +270,19 @@ def read_artifact(
     """Return ``(meta, sections)`` of the artifact at ``path`` after validating all of it.
 
     With ``verify_key`` (``str`` is encoded as UTF-8) the file must carry a valid
-    HMAC made with that key, else :class:`UntrustedArtifactError`. Without it a
+    HMAC made with that key, else :class:`UntrustedArtifactError`; an unsigned
+    file is refused from its fixed header, before the rest is read. Without it a
     signature in the file is not checked.
     """
     key = _as_key(verify_key, "verify_key")
     name = os.fspath(path)
-    info, view, data_start = _parse(name, _read_file(path), verify_key=key)
+    info, data = _read(name, verify_key=key, keep=True)
+    assert data is not None
+    data_start = _FIXED.size + _header_length(data)
     sections = {}
     for entry in info.sections:
         start = data_start + entry["offset"]
-        section = view[start : start + entry["length"]]
+        section = data[start : start + entry["length"]]
         # Redundant with the whole-file checksum for accidents; catches a writer
         # bug or a hand-made file whose table points at the wrong bytes.
         if hashlib.sha256(section).hexdigest() != entry["sha256"]:
@@ -282,21 +291,54 @@ def read_artifact(
     return info.meta, sections
 
 
-def _trailer_size(signed: bool) -> int:
-    return _DIGEST_SIZE * (2 if signed else 1)
+def read_prefix(path: str | os.PathLike[str], n: int) -> bytes:
+    """The first ``n`` bytes (fewer if the file is shorter) of the regular file at ``path``."""
+    with _open_regular(path) as f:
+        return f.read(n)
 
 
-def _read_file(path: str | os.PathLike[str]) -> bytes:
-    # One open, one read: the file may be replaced by a writer at any moment, and
-    # os.replace guarantees that one open sees either the old or the new file whole.
+def read_file(path: str | os.PathLike[str]) -> bytes:
+    """All bytes of the regular file at ``path`` (a pipe or device is refused, never read)."""
+    with _open_regular(path) as f:
+        return f.readall()
+
+
+_CHUNK = 1 << 20  # checksummed this many bytes at a time
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _open_regular(path: str | os.PathLike[str]) -> io.FileIO:
+    """Open ``path`` for reading if it is a regular file, without ever blocking.
+
+    A named pipe would block ``open`` until a writer comes, and a device could
+    be endless: the type is checked before opening, the open does not block
+    (``O_NONBLOCK``), and the type is checked again on the descriptor (the path
+    may have been swapped in between). A missing or unreadable file raises
+    ``FileNotFoundError`` / ``PermissionError`` as for any file.
+    """
+    _check_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | _O_NONBLOCK | _O_CLOEXEC)
     try:
-        with open(path, "rb") as f:
-            # A device or pipe could be endless; only regular files can be artifacts.
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise _not_a_file(path, "not a regular file")
-            return f.read()
-    except IsADirectoryError:
-        raise _not_a_file(path, "a directory") from None
+        _check_regular(path, os.fstat(fd).st_mode)
+        return io.FileIO(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_regular(path: str | os.PathLike[str], mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    what = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+    raise _not_a_file(path, what)
 
 
 def _not_a_file(path: str | os.PathLike[str], what: str) -> ArtifactCorruptedError:
@@ -310,79 +352,133 @@ def _corrupted(path: str, what: str) -> ArtifactCorruptedError:
     return ArtifactCorruptedError(f"artifact {path!r} is corrupted: {what}; {_REPAIR}")
 
 
-def _parse(
-    path: str, data: bytes, *, verify_key: bytes | None = None
-) -> tuple[ArtifactInfo, memoryview, int]:
-    """Validate all but the per-section checksums; return the header, a view of ``data``
-    and the file offset of the data region (where section offset 0 lies).
+def _trailer_size(signed: bool) -> int:
+    return _DIGEST_SIZE * (2 if signed else 1)
 
-    The order matters: the checksum is verified before the version is believed
-    (so a flipped version bit reads as corruption, not as a newer file), and the
-    HMAC before the header JSON is parsed (so a forged header is never acted on).
+
+def _header_length(fixed: bytes | bytearray | memoryview) -> int:
+    return int(_FIXED.unpack_from(fixed)[3])
+
+
+def _read_exactly(f: io.FileIO, path: str, offset: int, into: memoryview) -> None:
+    f.seek(offset)
+    done = 0
+    while done < into.nbytes:
+        n = f.readinto(into[done:])
+        if not n:
+            raise _corrupted(path, "the file became shorter while it was read")
+        done += n
+
+
+def _read(
+    path: str, *, verify_key: bytes | None = None, keep: bool
+) -> tuple[ArtifactInfo, bytes | None]:
+    """Validate the file at ``path`` (all but the per-section checksums).
+
+    Returns the header and, with ``keep``, the file's bytes. The fixed header
+    decides first: not an artifact, truncated, or (with a ``verify_key``)
+    unsigned are refused after reading 32 bytes. The rest is then checksummed
+    in chunks, kept only with ``keep``. The order of the other checks matters:
+    the checksum is verified before the version is believed (so a flipped
+    version bit reads as corruption, not as a newer file), and the HMAC before
+    the header JSON is parsed (so a forged header is never acted on).
     """
-    size = len(data)
-    if size < len(MAGIC) or not looks_like_artifact(data):
-        what = (
-            "the file is empty"
-            if size == 0
-            else "it does not start with the torch_precompile magic bytes"
-        )
-        raise ArtifactCorruptedError(
-            f"{path!r} is not a torch_precompile artifact: {what}; "
-            "pass a file written by Precompile.save, or re-save the artifact"
-        )
-    if size < _MIN_SIZE:
-        raise _corrupted(
-            path,
-            f"the file is truncated ({size} bytes, a valid artifact has at least {_MIN_SIZE})",
-        )
-    _, version, flags, header_len, total = _FIXED.unpack_from(data)
-    if 1 <= version <= FORMAT_VERSION and total != size:
-        raise _corrupted(
-            path,
-            f"the file has {size} bytes but its header says {total} (truncated or appended to)",
-        )
-
-    view = memoryview(data)
-    if not hmac.compare_digest(hashlib.sha256(view[:-_DIGEST_SIZE]).digest(), view[-_DIGEST_SIZE:]):
-        raise _corrupted(
-            path,
-            "the SHA-256 checksum does not match (the file was truncated or altered)",
-        )
-
-    if version > FORMAT_VERSION:
-        raise ArtifactVersionError(
-            f"artifact {path!r} has format version {version}, this torch_precompile reads "
-            f"versions up to {FORMAT_VERSION}: upgrade torch_precompile to load it"
-        )
-    if version < 1:
-        raise _corrupted(path, f"invalid format version {version}")
-    if flags & ~_KNOWN_FLAGS:
-        raise _corrupted(path, f"unknown flags 0x{flags:x} for format version {version}")
-    signed = bool(flags & _FLAG_SIGNED)
-    # Where the HMAC (or, unsigned, the checksum) starts.
-    payload_end = size - _trailer_size(signed)
-    header_end = _FIXED.size + header_len
-    if header_end > payload_end:
-        raise _corrupted(path, f"header length {header_len} runs past the end of the file")
-
-    if verify_key is not None:
-        if not signed:
+    with _open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        fixed = memoryview(bytearray(min(size, _FIXED.size)))
+        _read_exactly(f, path, 0, fixed)
+        if size < len(MAGIC) or not looks_like_artifact(fixed):
+            what = (
+                "the file is empty"
+                if size == 0
+                else "it does not start with the torch_precompile magic bytes"
+            )
+            raise ArtifactCorruptedError(
+                f"{path!r} is not a torch_precompile artifact: {what}; "
+                "pass a file written by Precompile.save, or re-save the artifact"
+            )
+        if size < _MIN_SIZE:
+            raise _corrupted(
+                path,
+                f"the file is truncated ({size} bytes, a valid artifact has at least {_MIN_SIZE})",
+            )
+        _, version, flags, header_len, total = _FIXED.unpack_from(fixed)
+        known = 1 <= version <= FORMAT_VERSION
+        if known and total != size:
+            raise _corrupted(
+                path,
+                f"the file has {size} bytes but its header says {total} (truncated or appended to)",
+            )
+        signed = bool(flags & _FLAG_SIGNED)
+        if verify_key is not None and known and not signed and not flags & ~_KNOWN_FLAGS:
             raise UntrustedArtifactError(
                 f"artifact {path!r} is not signed but a verify_key was given: "
                 "re-save it with Precompile.save(..., sign_key=<the shared key>)"
             )
-        expected = hmac.new(verify_key, view[:payload_end], hashlib.sha256).digest()
-        if not hmac.compare_digest(expected, view[payload_end : payload_end + _DIGEST_SIZE]):
-            raise UntrustedArtifactError(
-                f"artifact {path!r} has a signature that does not match verify_key: it was "
-                "signed with another key or altered after signing; do not load it, re-save it "
-                "with the right sign_key"
+        # Where the HMAC (or, unsigned, the checksum) starts.
+        payload_end = size - _trailer_size(signed)
+        checked_end = size - _DIGEST_SIZE
+        digest = hashlib.sha256()
+        mac = hmac.new(verify_key, digestmod=hashlib.sha256) if verify_key is not None else None
+        data: bytes | None = None
+        if keep:  # one read, no zero-filled buffer: as fast as reading the file can be
+            f.seek(0)
+            data = f.read(size)
+            if len(data) != size:
+                raise _corrupted(path, "the file became shorter while it was read")
+            whole = memoryview(data)
+            for offset in range(0, checked_end, _CHUNK):
+                view = whole[offset : min(offset + _CHUNK, checked_end)]
+                digest.update(view)
+                if mac is not None and offset < payload_end:
+                    mac.update(view[: payload_end - offset])
+            trailer = whole[checked_end:]
+        else:  # one chunk in memory at a time
+            chunk = memoryview(bytearray(max(min(_CHUNK, size), _DIGEST_SIZE)))
+            for offset in range(0, checked_end, _CHUNK):
+                view = chunk[: min(_CHUNK, checked_end - offset)]
+                _read_exactly(f, path, offset, view)
+                digest.update(view)
+                if mac is not None and offset < payload_end:
+                    mac.update(view[: payload_end - offset])
+            trailer = chunk[:_DIGEST_SIZE]
+            _read_exactly(f, path, checked_end, trailer)
+        if not hmac.compare_digest(digest.digest(), trailer):
+            raise _corrupted(
+                path,
+                "the SHA-256 checksum does not match (the file was truncated or altered)",
             )
 
-    header = _parse_header(path, view[_FIXED.size : header_end])
-    data_len = payload_end - header_end
-    sections = _check_section_table(path, header["sections"], data_len)
+        if version > FORMAT_VERSION:
+            raise ArtifactVersionError(
+                f"artifact {path!r} has format version {version}, this torch_precompile reads "
+                f"versions up to {FORMAT_VERSION}: upgrade torch_precompile to load it"
+            )
+        if version < 1:
+            raise _corrupted(path, f"invalid format version {version}")
+        if flags & ~_KNOWN_FLAGS:
+            raise _corrupted(path, f"unknown flags 0x{flags:x} for format version {version}")
+        header_end = _FIXED.size + header_len
+        if header_end > payload_end:
+            raise _corrupted(path, f"header length {header_len} runs past the end of the file")
+
+        if mac is not None:
+            signature = memoryview(bytearray(_DIGEST_SIZE))
+            _read_exactly(f, path, payload_end, signature)
+            if not hmac.compare_digest(mac.digest(), signature):
+                raise UntrustedArtifactError(
+                    f"artifact {path!r} has a signature that does not match verify_key: it was "
+                    "signed with another key or altered after signing; do not load it, re-save "
+                    "it with the right sign_key"
+                )
+
+        if data is not None:
+            raw = memoryview(data)[_FIXED.size : header_end]
+        else:
+            raw = memoryview(bytearray(header_len))
+            _read_exactly(f, path, _FIXED.size, raw)
+    header = _parse_header(path, raw)
+    sections = _check_section_table(path, header["sections"], payload_end - header_end)
     info = ArtifactInfo(
         format_version=version,
         signed=signed,
@@ -390,7 +486,7 @@ def _parse(
         meta=header["meta"],
         sections=sections,
     )
-    return info, view, header_end
+    return info, data
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

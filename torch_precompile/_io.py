@@ -16,7 +16,7 @@ import torch
 
 from . import _compat, _format, _standin, _system
 from ._artifact import PrecompiledArtifact, Runtime
-from ._errors import ArtifactCorruptedError
+from ._errors import ArtifactCorruptedError, KernelDirectoryError
 from ._guards import Guards
 
 log = logging.getLogger("torch_precompile")
@@ -151,8 +151,7 @@ def load(
 ) -> PrecompiledArtifact:
     """Load an artifact; ``model=`` binds it to a live module instead of the saved weights."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        prefix = f.read(16)
+    prefix = _format.read_prefix(path, 16)  # a pipe or device is refused, never waited on
     if not _format.looks_like_artifact(prefix) and verify_key is None and prefix[:1] == b"\x80":
         return _load_torch_file(path, model)
     start = time.perf_counter()
@@ -242,6 +241,8 @@ def _load_fast(
         return None
     if os.environ.get("TORCH_PRECOMPILE_FAST_LOAD", "1") == "0":
         return None
+    if not _compat.shipped_kernels_enabled():
+        return None  # the user asked to compile the kernels: only the full path does
     try:
         return _compat.load_fast_compiled_function(
             sections["fastload" + suffix],
@@ -250,6 +251,8 @@ def _load_fast(
             f"<torch_precompile {path}{suffix}>",
             module_globals,
         )
+    except KernelDirectoryError:
+        raise  # the full path would need the same directory, or a compiler
     except Exception as exc:
         log.warning(
             "%s: fast load failed, loading through PyTorch (%s: %s)", path, type(exc).__name__, exc
@@ -343,8 +346,7 @@ def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -
 
 def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:
     """Files written by torch's own ``save_compiled_function`` (the ugly.py flow)."""
-    with open(path, "rb") as f:
-        data = f.read()
+    data = _format.read_file(path)
     try:
         compiled_function = _compat.deserialize_compiled_function(data)
     except Exception as exc:

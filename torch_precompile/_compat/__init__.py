@@ -61,7 +61,12 @@ from .joint import (
     joint_needs_autograd,
     set_joint_graph_module,
 )
-from .kernels import cpu_kernel_section, reusing_shipped_kernels, shipped_cpu_kernels
+from .kernels import (
+    cpu_kernel_section,
+    reusing_shipped_kernels,
+    shipped_cpu_kernels,
+    shipped_kernels_enabled,
+)
 
 __all__ = [
     "UNSERIALIZABLE_GUARD_KINDS",
@@ -102,6 +107,7 @@ __all__ = [
     "shape_env_symbol_sources",
     "shape_env_var_ranges",
     "shipped_cpu_kernels",
+    "shipped_kernels_enabled",
     "unresolved_globals",
     "wants_size_oblivious",
 ]

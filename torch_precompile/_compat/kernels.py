@@ -4,20 +4,26 @@ them in place of Inductor's compiles on PyTorch's full path."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib
 import importlib.util
 import json
 import logging
 import os
+import re
+import secrets
 import stat
 import struct
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+from .._errors import KernelDirectoryError
 
 log = logging.getLogger("torch_precompile")
 
@@ -52,27 +58,54 @@ def unpack_kernels(data: bytes) -> dict[str, memoryview]:
     return {key: view[off : off + length] for key, (off, length) in index.items()}
 
 
+KERNEL_DIR_ENV = "TORCH_PRECOMPILE_KERNEL_DIR"
+_DIGEST_NAME = re.compile(r"[0-9a-f]{24}")
+
+
+def kernel_root() -> str:
+    """Where artifacts' kernel directories live: ``$TORCH_PRECOMPILE_KERNEL_DIR`` if set,
+    else ``torch_precompile-<uid>`` in the system temp directory."""
+    configured = os.environ.get(KERNEL_DIR_ENV)
+    if configured:
+        return os.path.abspath(os.path.expanduser(configured))
+    user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    return os.path.join(tempfile.gettempdir(), f"torch_precompile-{user}")
+
+
 def kernel_dir(kernels_section: bytes) -> str:
     """A private directory for this artifact's shared objects (content-addressed).
 
-    Shared objects are loaded from it, so it must be ours alone: a directory
-    another user owns or can write to is never used (a fresh one is made).
+    Shared objects are loaded from it, so it must be ours alone, and the
+    filesystem must let us map them as code. Anything else raises
+    :class:`KernelDirectoryError` naming the directory, the cause and the fix;
+    no other directory is made in its place (a fresh one per load would pile
+    up), and the caller never falls back to compiling.
     """
     digest = hashlib.sha256(kernels_section).hexdigest()[:24]
-    user = str(os.getuid()) if hasattr(os, "getuid") else "user"
-    root = os.path.join(tempfile.gettempdir(), f"torch_precompile-{user}")
+    root = kernel_root()
+    path = os.path.join(root, digest)
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
-        path = os.path.join(root, digest)
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        if _private(root) and _private(path):
-            os.utime(path)  # in use: pruning goes by this time
-            _prune_kernel_dirs(root, keep=digest)
-            return path
-    except OSError:
-        pass
-    log.warning("%s is not private to this user; using a fresh temporary directory", root)
-    return tempfile.mkdtemp(prefix="torch_precompile-")
+        _check_private(root)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, mode=0o700)
+        _check_private(path)
+        _check_exec(path)
+        os.utime(path)  # in use: pruning goes by this time
+    except OSError as exc:
+        raise KernelDirectoryError(getattr(exc, "filename", None) or root, _os_cause(exc)) from exc
+    _prune_kernel_dirs(root, keep=digest)
+    return path
+
+
+def _os_cause(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
+        return f"the filesystem is full ({exc.strerror})"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"it is not writable ({exc.strerror})"
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return f"it is missing and cannot be made ({exc.strerror})"
+    return f"{type(exc).__name__}: {exc.strerror or exc}"
 
 
 KERNEL_DIR_MAX_AGE_S = 14 * 24 * 3600
@@ -83,7 +116,9 @@ def _prune_kernel_dirs(root: str, keep: str, max_age_s: float = KERNEL_DIR_MAX_A
 
     Each load marks its directory as used, so only directories no artifact
     loaded for two weeks go. A process still running such kernels keeps them:
-    Linux keeps a loaded shared object mapped after its file is removed.
+    Linux keeps a loaded shared object mapped after its file is removed. Only
+    names of our shape (24 hex digits) are touched: ``TORCH_PRECOMPILE_KERNEL_DIR``
+    may name a directory that holds other things.
     """
     import shutil
     import time
@@ -97,6 +132,7 @@ def _prune_kernel_dirs(root: str, keep: str, max_age_s: float = KERNEL_DIR_MAX_A
         try:
             if (
                 entry.name != keep
+                and _DIGEST_NAME.fullmatch(entry.name)
                 and entry.is_dir(follow_symlinks=False)
                 and entry.stat(follow_symlinks=False).st_mtime < cutoff
             ):
@@ -105,15 +141,46 @@ def _prune_kernel_dirs(root: str, keep: str, max_age_s: float = KERNEL_DIR_MAX_A
             continue
 
 
-def _private(path: str) -> bool:
+def _check_private(path: str) -> None:
+    """A directory of this user that no one else can write to, not a link; else the error."""
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_mode & 0o022:
-        return False
-    return not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    if not stat.S_ISDIR(st.st_mode):
+        raise KernelDirectoryError(path, "it is not a directory (a file or a symbolic link)")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise KernelDirectoryError(
+            path,
+            f"it belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}): shared "
+            "objects loaded from it would run another user's code; remove it if it is stale",
+        )
+    if st.st_mode & 0o022:
+        raise KernelDirectoryError(
+            path,
+            f"its mode {stat.S_IMODE(st.st_mode):04o} lets group or others write to it "
+            f"(chmod 700 {path} if it is yours)",
+        )
+
+
+def _check_exec(path: str) -> None:
+    noexec = getattr(os, "ST_NOEXEC", 0)
+    if noexec and hasattr(os, "statvfs") and os.statvfs(path).f_flag & noexec:
+        raise KernelDirectoryError(
+            path, "its filesystem is mounted noexec, so shared objects cannot be mapped from it"
+        )
+
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# Two threads importing one kernel module at once would both run its init.
+_IMPORT_LOCK = threading.Lock()
 
 
 def _materialize(directory: str, key: str, data: memoryview) -> str:
-    """Write one shared object unless an identical file is already there."""
+    """Write one shared object unless an identical file is already there.
+
+    Threads and processes may materialise the same kernel at once: each writes
+    its own temporary file (pid, thread and a random token in the name) and
+    renames it over the target, so a reader sees a whole file or none. On any
+    failure the temporary file is removed.
+    """
     path = os.path.join(directory, f"k{key[:40]}.so")
     try:
         with open(path, "rb") as f:
@@ -121,10 +188,18 @@ def _materialize(directory: str, key: str, data: memoryview) -> str:
                 return path
     except OSError:
         pass
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise KernelDirectoryError(directory, _os_cause(exc)) from exc
+        raise
     return path
 
 
@@ -152,14 +227,22 @@ class KernelLoader:
         # The bindings read this at import to find torch's tensor data_ptr helper.
         os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = self._data_ptr_env
         name = f"torch_precompile_k{key[:40]}.kernel"
-        module = sys.modules.get(name)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load kernel {path}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            sys.modules[name] = module
+        with _IMPORT_LOCK:
+            module = sys.modules.get(name)
+            if module is None:
+                spec = importlib.util.spec_from_file_location(name, path)
+                if spec is None or spec.loader is None:
+                    raise ImportError(f"cannot load kernel {path}")
+                try:
+                    module = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                except ImportError as exc:
+                    # dlopen refused the file: a noexec or otherwise restricted
+                    # filesystem (a corrupt file fails the artifact's checksums first).
+                    raise KernelDirectoryError(
+                        self._directory, f"the shared object {path} cannot be loaded ({exc})"
+                    ) from exc
+                sys.modules[name] = module
         return module.kernel
 
     def wait(self, scope: dict[str, Any]) -> None:
@@ -313,8 +396,10 @@ def shipped_cpu_kernels(kernels_section: bytes | None) -> Iterator[None]:
 
     A kernel whose key is in the section is written to the artifact's private
     directory and imported as the fast path does; any other kernel compiles as
-    before. PyTorch loads both the forward and the backward wrapper while
-    deserializing, so the patch lasts for that call only.
+    before. A shipped kernel that cannot be written or loaded raises
+    :class:`KernelDirectoryError` rather than compiling it. PyTorch loads both
+    the forward and the backward wrapper while deserializing, so the patch
+    lasts for that call only.
     """
     if not kernels_section or not shipped_kernels_enabled():
         yield
@@ -330,14 +415,12 @@ def shipped_cpu_kernels(kernels_section: bytes | None) -> Iterator[None]:
         if key not in kernels:
             log.debug("kernel %s is not shipped: compiling it", key[:12])
             return None
-        try:
-            if not directory:
-                directory.append(kernel_dir(kernels_section))
-            loader = KernelLoader(kernels, directory[0], data_ptr)
-            kernel = loader.cpp_pybinding(argtypes, source)
-        except Exception as exc:
-            log.warning("shipped kernel %s failed to load, compiling it: %s", key[:12], exc)
-            return None
+        # No fallback to compiling: a kernel directory that cannot hold or map the
+        # kernels raises KernelDirectoryError, which says how to choose another.
+        if not directory:
+            directory.append(kernel_dir(kernels_section))
+        loader = KernelLoader(kernels, directory[0], data_ptr)
+        kernel = loader.cpp_pybinding(argtypes, source)
         _SHIPPED_KERNELS[key] = kernel
         return kernel
 

@@ -115,7 +115,7 @@ import torch
 from conftest import assert_same_output
 from torch_precompile import Precompile
 
-cases, library = json.loads(sys.argv[1]), sys.argv[2]
+cases, library, tol = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 original_init = torch.nn.Module.__init__
 
 def importing_library():
@@ -144,7 +144,7 @@ for name, case in cases.items():
         for args, kwargs, want in torch.load(case["ref"], weights_only=False):
             with torch.no_grad():
                 got = art(*args, **kwargs)
-            diff = max(diff, assert_same_output(got, want))
+            diff = max(diff, assert_same_output(got, want, **tol))
         results[name] = {"ok": True, "max_diff": diff, "output": type(got).__name__}
     except Exception as exc:
         results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -181,12 +181,17 @@ def assert_same_output(got: Any, want: Any, rtol: float = 1e-4, atol: float = 1e
 
 
 def fresh_load_results(
-    cases: dict[str, dict[str, str]], library: str, env: dict[str, str], after: str = ""
+    cases: dict[str, dict[str, str]],
+    library: str,
+    env: dict[str, str],
+    after: str = "",
+    **tol: float,
 ) -> dict[str, Any]:
     """Run the fresh-process load of ``cases`` (see ``_FRESH_LOAD``); ``after`` is more
-    code for that process, which may add to ``results``. Returns ``results``."""
+    code for that process, which may add to ``results``; ``tol`` overrides
+    :func:`assert_same_output`'s tolerances. Returns ``results``."""
     source = _FRESH_LOAD + after + "\nprint(json.dumps(results))\n"
     tests_dir = str(Path(__file__).resolve().parent)
     env = dict(env, PYTHONPATH=os.pathsep.join([env.get("PYTHONPATH", str(ROOT)), tests_dir]))
-    proc = run_script(source, json.dumps(cases), library, env=env)
+    proc = run_script(source, json.dumps(cases), library, json.dumps(tol), env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])

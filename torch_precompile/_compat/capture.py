@@ -126,12 +126,16 @@ _LOG_METHODS = (
 
 def _logger_methods() -> set[Any]:
     """``logging.Logger``'s emitting methods, and the ones libraries add to the class
-    (transformers' ``warning_once``): each returns None, as Dynamo requires."""
+    (transformers' ``warning_once``, an ``lru_cache`` wrapper): each returns None, as
+    Dynamo requires."""
     standard = {getattr(logging.Logger, name) for name in _LOG_METHODS}
     added = {
         value
         for name, value in vars(logging.Logger).items()
-        if inspect.isfunction(value) and value.__module__ != "logging" and not name.startswith("_")
+        if callable(value)
+        and not isinstance(value, type)
+        and getattr(value, "__module__", "logging") != "logging"
+        and not name.startswith("_")
     }
     return standard | added
 

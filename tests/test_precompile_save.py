@@ -70,3 +70,30 @@ def test_a_failed_save_keeps_the_previous_file(staged, tmp_path, monkeypatch) ->
 def test_save_rejects_a_non_artifact(tmp_path) -> None:
     with pytest.raises(TypeError, match="save\\(\\) takes a PrecompiledArtifact"):
         Precompile.save(tmp_path / "x.pt", object())
+
+
+def test_save_and_load_need_no_numpy(staged, tmp_path) -> None:
+    """numpy is not a dependency: a process where it cannot be imported loads,
+    saves again (the weights' bytes included) and loads that copy, equal to eager."""
+    from conftest import run_script
+
+    torch.save((staged.example, staged.expected), tmp_path / "ref.pt")
+    proc = run_script(
+        """
+        import sys
+        sys.modules["numpy"] = None  # `import numpy` raises ImportError from here on
+        import torch
+        from torch_precompile import Precompile
+        src, dst, ref = sys.argv[1:]
+        ids, want = torch.load(ref)
+        Precompile.save(dst, Precompile.load(src))
+        with torch.no_grad():
+            got = Precompile.load(dst)(ids)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        print("numpy" in sys.modules and sys.modules["numpy"] is None)
+        """,
+        str(staged.path),
+        str(tmp_path / "again.pt"),
+        str(tmp_path / "ref.pt"),
+    )
+    assert proc.stdout.strip().endswith("True")

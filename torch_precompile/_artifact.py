@@ -16,14 +16,18 @@ import torch
 from . import _compat
 from ._errors import GuardError
 from ._guards import (
+    ROOT_SOURCE,
     Guard,
     Guards,
     IdentityChecks,
     describe_source,
     diagnose,
+    explain_hooks,
+    hooked_modules,
     identity_guard,
     range_guards,
 )
+from ._index_bounds import IndexChecks
 from ._inductor_stage import InductorOutput
 from ._signature import make_binder
 
@@ -63,6 +67,18 @@ class Runtime:
         self._params: list[torch.Tensor] = (
             list(bound_self.parameters()) if isinstance(bound_self, torch.nn.Module) else []
         )
+        # Module hooks the compiled code would not run: the model's own and global
+        # ones, checked here; the submodules' are in Dynamo's guard tree. An artifact
+        # saved before the ``hooks`` entry existed checks its bound model.
+        sources = hooked_modules(guards)
+        if sources is None:
+            is_module = isinstance(bound_self, torch.nn.Module)
+            sources = [ROOT_SOURCE] if is_module else []
+        root = bound_self if ROOT_SOURCE in sources else None
+        self._hook_sources = sources
+        self._hooks_present = _compat.hook_check(root, bool(sources))
+        # Out-of-range indices would abort the process inside Inductor's kernels.
+        self._index_checks = IndexChecks(guards)
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not self.training and torch.is_grad_enabled() != self.grad_enabled:
@@ -105,10 +121,31 @@ class Runtime:
                 f"arguments do not match the captured signature {self.signature}: {exc}"
             ) from None
         f_locals = {**self.closure_locals, **arguments} if self.closure_locals else arguments
+        failure = self.hooks_failure(f_locals)
+        if failure is not None:
+            return failure
         if not self.guard_manager.check(f_locals):
             reason = _compat.guard_failure_reason(self.guard_manager, f_locals)
             return diagnose(self.guards, f_locals, reason)
-        return self.identity.check(f_locals)
+        failure = self.identity.check(f_locals)
+        if failure is None:
+            self.check_indices(f_locals)
+        return failure
+
+    def hooks_failure(self, f_locals: dict[str, Any]) -> GuardError | None:
+        """The model's own or a global module hook the compiled code would not run."""
+        if self._hooks_present is None or not self._hooks_present():
+            return None
+        return explain_hooks(self._hook_sources, f_locals) or GuardError(
+            "a module hook is registered on the model or globally, and the compiled code "
+            "runs no module hooks; remove it (handle.remove()) before calling the artifact "
+            "[dynamo]"
+        )
+
+    def check_indices(self, f_locals: dict[str, Any]) -> None:
+        """Raise IndexError, as eager does, for an index input out of its range."""
+        if self._index_checks.checks:
+            self._index_checks.check(f_locals)
 
     def first_failure(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
         """The first guard this call breaks (None: the call may run), without running it."""

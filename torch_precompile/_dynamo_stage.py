@@ -187,6 +187,7 @@ def dynamo(
         _compat.shape_env_symbol_sources(capture),
         _compat.shape_env_guard_exprs(capture),
         _compat.global_state_snapshot(),
+        root_is_module=isinstance(model, torch.nn.Module),
     )
     guards = Guards(entries, capture_id=state.capture_id)
     return DynamoOutput(capture.graph_module, capture.graph_capture_output.bytecode, guards, state)

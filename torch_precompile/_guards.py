@@ -27,7 +27,6 @@ PHASES = ("dynamo", "aot_autograd", "inductor")
 # assumption; they are still checked, but summarised in one entry.
 _STRUCTURAL_KINDS = frozenset(
     {
-        "EMPTY_NN_MODULE_HOOKS_DICT",
         "NOT_PRESENT_IN_GENERIC_DICT",
         "DICT_KEYS_MATCH",
         "SEQUENCE_LENGTH",
@@ -60,7 +59,7 @@ class Guard:
     """One assumption of an artifact.
 
     ``phase`` is the stage that added it, ``kind`` its family (``tensor``,
-    ``value``, ``global``, ``shape``, ``system``, ``autograd``,
+    ``value``, ``global``, ``shape``, ``system``, ``autograd``, ``hooks``,
     ``structure``), ``expr`` a readable statement. ``subject`` and
     ``expected`` let the runtime re-check it to explain a failure.
     """
@@ -231,10 +230,16 @@ def dynamo_guards(
     shape_symbols: dict[str, str],
     shape_exprs: Sequence[str],
     global_state: dict[str, Any],
+    root_is_module: bool = False,
 ) -> list[Guard]:
-    """Translate Dynamo's guards into readable entries."""
+    """Translate Dynamo's guards into readable entries.
+
+    ``root_is_module``: the traced function is a module's ``forward``, so the
+    artifact stands for calling that module, whose own hooks then count.
+    """
     entries: list[Guard] = []
     structural: dict[str, int] = {}
+    hooked: list[str] = []  # modules whose hook dicts Dynamo read as empty
     seen: set[tuple[str, str]] = set()
     scope = {"L": local_scope}
     dyn_dims = _dynamic_dims(shape_symbols)
@@ -265,6 +270,10 @@ def dynamo_guards(
             structural[structural_name] = 1
         elif kind == "SHAPE_ENV":
             continue
+        elif kind == "EMPTY_NN_MODULE_HOOKS_DICT":
+            module = name.rsplit(".", 1)[0]
+            if module not in hooked:
+                hooked.append(module)
         else:
             structural[kind] = structural.get(kind, 0) + 1
     for key, value in global_state.items():
@@ -273,6 +282,8 @@ def dynamo_guards(
         entries.append(
             Guard("dynamo", "shape", _readable_shape_expr(expr, shape_symbols), None, expr)
         )
+    if hooked or root_is_module:
+        entries.append(hooks_guard(hooked, root_is_module))
     plumbing = {k: v for k, v in structural.items() if not k.startswith("global:")}
     if plumbing:
         total = sum(plumbing.values())
@@ -285,6 +296,87 @@ def dynamo_guards(
             )
         )
     return entries
+
+
+# ------------------------------------------------------------ module hooks
+
+ROOT_SOURCE = "L['self']"
+
+
+def hooks_guard(modules: Sequence[str], root_is_module: bool) -> Guard:
+    """The ``hooks`` entry: which modules' hook dicts each call checks are empty.
+
+    ``modules`` are the sources of the submodules whose ``__call__`` Dynamo
+    inlined (it read their hook dicts as empty); with ``root_is_module`` the
+    model itself is checked too. Global module hooks are checked whenever a
+    module is involved.
+    """
+    n = len(modules)
+    parts = []
+    if root_is_module:
+        parts.append("the model")
+    if n:
+        parts.append(f"the {n} submodule{'s' if n != 1 else ''} the compiled code calls")
+    expr = (
+        f"no module hooks: {' and '.join(parts)} have no forward, forward pre-, backward or "
+        "backward pre-hook, and no global module hook is registered (checked at each call: "
+        "the compiled code would not run them)"
+    )
+    sources = ([ROOT_SOURCE] if root_is_module else []) + list(modules)
+    return Guard("dynamo", "hooks", expr, ROOT_SOURCE if root_is_module else None, sources)
+
+
+def hooked_modules(guards: Sequence[Guard]) -> list[str] | None:
+    """The module sources a ``hooks`` entry covers (None: the guards have none)."""
+    for g in guards:
+        if g.kind == "hooks" and isinstance(g.expected, list):
+            return [str(s) for s in g.expected]
+    return None
+
+
+def _hook_name(hook: Any) -> str:
+    fn = getattr(hook, "__func__", hook)
+    qualname = getattr(fn, "__qualname__", None) or type(hook).__qualname__
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{qualname}" if module else qualname
+
+
+def explain_hooks(module_sources: Sequence[str], f_locals: dict[str, Any]) -> GuardError | None:
+    """The GuardError for the first registered hook the compiled code would not run, or None."""
+    from ._compat import registered_global_hooks, registered_hooks
+
+    scope = {"L": f_locals}
+    for src in module_sources:
+        module = _eval_source(src, scope)
+        if module is _MISSING:
+            continue
+        hooks = registered_hooks(module)
+        if not hooks:
+            continue
+        words, hook = hooks[0]
+        if src == ROOT_SOURCE:
+            return GuardError(
+                f"the model has a {words} ({_hook_name(hook)}): the artifact runs the compiled "
+                "forward without the model's hooks, so it would not run it; remove the hook "
+                "(handle.remove()) and do its work around the call, or call the model eagerly "
+                "while it is registered [dynamo]"
+            )
+        what = describe_source(src)
+        return GuardError(
+            f"{what} has a {words} ({_hook_name(hook)}): the compiled code calls {what} "
+            "without hooks (none was registered at capture), so it would not run it; remove the "
+            "hook (handle.remove()) before calling the artifact, or register it before capturing "
+            "and capture again [dynamo]"
+        )
+    hooks = registered_global_hooks()
+    if hooks:
+        words, hook = hooks[0]
+        return GuardError(
+            f"a {words} is registered ({_hook_name(hook)}): it would run on every module call, "
+            "and the compiled code runs no module hooks; remove it (handle.remove()) while the "
+            "artifact serves calls, or call the model eagerly [dynamo]"
+        )
+    return None
 
 
 def _dynamic_dims(shape_symbols: dict[str, str]) -> dict[str, dict[int, str]]:
@@ -378,7 +470,7 @@ def _inference_mode_hint(reason: str, f_locals: dict[str, Any]) -> str:
 
 
 def _diagnosis_rank(g: Guard) -> int:
-    if g.kind == "autograd":
+    if g.kind in ("autograd", "hooks"):
         return 0
     if g.kind == "shape" and isinstance(g.expected, dict):
         return 1
@@ -388,6 +480,9 @@ def _diagnosis_rank(g: Guard) -> int:
 def _check_one(g: Guard, scope: dict[str, Any], grad_enabled: bool) -> str | None:
     if g.kind == "autograd":
         return _check_autograd(g, grad_enabled)
+    if g.kind == "hooks" and isinstance(g.expected, list):
+        error = explain_hooks(g.expected, scope["L"])
+        return str(error).rsplit(" [", 1)[0] if error is not None else None
     if g.kind == "tensor" and g.subject:
         value = _eval_source(g.subject, scope)
         what = describe_source(g.subject)

@@ -14,6 +14,7 @@ from . import _compat, _system
 from ._aot_stage import AOTAutogradOutput, check_calling_convention, resolve_capture
 from ._dynamo_stage import CaptureState
 from ._guards import Guard, Guards
+from ._index_bounds import index_guards
 
 log = logging.getLogger("torch_precompile")
 
@@ -88,6 +89,7 @@ def inductor(
         Guard("inductor", "shape", expr, None, expr)
         for expr in _compat.shape_env_guard_exprs(capture)[shape_before:]
     ]
+    added.extend(index_guards(joint_gm, capture.input_sources))
     added.extend(system_guards(capture.device_type))
     out = InductorOutput(compiled, guards.extend(added), sources, aot.training, state)
     compiled._torch_precompile_output = out

@@ -17,7 +17,7 @@ import torch
 from . import _compat, _format, _standin, _system
 from ._artifact import PrecompiledArtifact, Runtime
 from ._errors import ArtifactCorruptedError, KernelDirectoryError
-from ._guards import Guards
+from ._guards import Guards, hooked_modules
 
 log = logging.getLogger("torch_precompile")
 
@@ -164,13 +164,16 @@ def load(
         f_globals = _compat.import_global_refs(external_refs) or None
     else:  # files written before external_refs: the model's whole module
         f_globals = _module_globals(meta.get("globals"), path)
+    guards = Guards.from_json(meta.get("guards", []))
     compiled_function = _load_fast(sections, path, f_globals)
     if compiled_function is None:
         with _compat.shipped_cpu_kernels(sections.get("kernels")):
             compiled_function = _compat.deserialize_compiled_function(
-                sections["compiled"], f_globals, cudagraphs=bool(meta.get("cudagraphs"))
+                sections["compiled"],
+                f_globals,
+                cudagraphs=bool(meta.get("cudagraphs")),
+                hook_guards=hooked_modules(guards) is not None,
             )
-    guards = Guards.from_json(meta.get("guards", []))
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
     runtime = Runtime(compiled_function, guards, bound, training, meta.get("grad_enabled"))
@@ -273,6 +276,7 @@ def _load_variants(
 
     variants = []
     for i, vmeta in enumerate(meta["variants"]):
+        guards = Guards.from_json(vmeta.get("guards", []))
         if i == 0:
             compiled_function = first
         else:
@@ -288,8 +292,8 @@ def _load_variants(
                         sections[f"compiled.{i}"],
                         f_globals or None,
                         cudagraphs=bool(meta.get("cudagraphs")),
+                        hook_guards=hooked_modules(guards) is not None,
                     )
-        guards = Guards.from_json(vmeta.get("guards", []))
         training = bool(vmeta.get("training"))
         variants.append(
             PrecompiledArtifact(

@@ -107,12 +107,16 @@ class RuntimeParts:
     def check_guards(self, f_locals: dict[str, Any]) -> None:
         """Dynamo's guard manager on the frame's locals; a GuardError in words on failure."""
         runtime = self.artifact._runtime
+        failure = runtime.hooks_failure(f_locals)
+        if failure is not None:
+            raise failure
         if not runtime.guard_manager.check(f_locals):
             raise diagnose(
                 runtime.guards,
                 f_locals,
                 _compat.guard_failure_reason(runtime.guard_manager, f_locals),
             )
+        runtime.check_indices(f_locals)
 
 
 def runtime_parts(artifact: PrecompiledArtifact) -> RuntimeParts:
@@ -863,7 +867,8 @@ def _emit_input_guards(e: _Emitter, artifact: PrecompiledArtifact, names: _Names
             e(f"if {_differs(expr, expected)}:", 1)
             got = _Code(f"_plain({expr})!r")
             _raise(e, 2, f"{what}: expected {g.expected!r}, got ", got, f"{_BAKED} [{g.phase}]")
-    other = [g for g in artifact.guards if g.kind in ("shape", "system", "structure", "dropped")]
+    kinds = ("shape", "system", "structure", "hooks", "index", "dropped")
+    other = [g for g in artifact.guards if g.kind in kinds]
     if other:
         e.section("guards checked elsewhere")
         for g in other:
@@ -871,6 +876,8 @@ def _emit_input_guards(e: _Emitter, artifact: PrecompiledArtifact, names: _Names
                 "shape": "Dynamo's guard manager below",
                 "system": "Precompile.load, at import",
                 "structure": "Dynamo's guard manager below",
+                "hooks": "_RT.check_guards below (submodules in Dynamo's guard manager)",
+                "index": "_RT.check_guards below (IndexError, as eager)",
                 "dropped": "no one (PyTorch cannot save them)",
             }[g.kind]
             e(f"# [{g.phase}] {g.expr}  -- checked by {where}", 1)

@@ -16,7 +16,8 @@ One module per concern, in pipeline order:
   directory, and loading them in place of compiling on PyTorch's full path);
 - ``wrapper``: Inductor's generated Python wrapper, run with light stand-ins;
 - ``fastload``: loading a CPU inference artifact without the compiler stack;
-- ``light_guards``: Dynamo's guard tree as a plain-Python check.
+- ``light_guards``: Dynamo's guard tree as a plain-Python check;
+- ``hooks``: the module hook dicts a call checks.
 """
 
 from .capture import (
@@ -53,6 +54,7 @@ from .functions import (
     serialize_compiled_function,
     unresolved_globals,
 )
+from .hooks import hook_check, registered_global_hooks, registered_hooks
 from .joint import (
     compile_joint,
     compiled_function_uses_cudagraphs,
@@ -93,6 +95,7 @@ __all__ = [
     "guard_filter_entry_derived_kinds",
     "guard_filter_entry_fields",
     "guard_filter_entry_source",
+    "hook_check",
     "import_global_refs",
     "is_capture_error",
     "joint_graph_module",
@@ -100,6 +103,8 @@ __all__ = [
     "load_fast_compiled_function",
     "make_compiled_function",
     "recording_compiled_graph",
+    "registered_global_hooks",
+    "registered_hooks",
     "reusing_shipped_kernels",
     "serialize_compiled_function",
     "set_joint_graph_module",

@@ -175,6 +175,7 @@ def cpu_kernel_binaries(fn: Any, bound_self: Any = None) -> tuple[bytes, bytes] 
         "original_code": marshal.dumps(fn._artifacts.original_code),
         "guards_state": fn._artifacts.guards_state,
         "light_guards": light_guard_spec(fn._artifacts.guard_manager, bound_self),
+        "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
     }
     return pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), pack_kernels(binaries)
 
@@ -213,7 +214,11 @@ def load_fast_compiled_function(
     guard_manager = TieredGuardManager(
         light,
         functools.partial(
-            load_dynamo_guard_manager, spec["guards_state"], original_code, fn.__globals__
+            load_dynamo_guard_manager,
+            spec["guards_state"],
+            original_code,
+            fn.__globals__,
+            bool(spec.get("hook_guards")),
         ),
     )
     if light is None:

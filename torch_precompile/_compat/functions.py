@@ -16,6 +16,7 @@ import torch
 
 from . import fastload
 from .capture import Capture
+from .light_guards import hook_guards_enabled
 
 
 @contextlib.contextmanager
@@ -145,6 +146,7 @@ def build_guard_manager(
         if torch_function_mode_stack_state_mgr.stack:
             stack.enter_context(torch_function_mode_stack_state_mgr.temp_restore_stack())
         stack.enter_context(_guard_state_pickled_portably())
+        stack.enter_context(hook_guards_enabled())
         # Dynamo checks the new guards against the current global state: restore the
         # capture's grad mode, so precompile() may run outside the capture's no_grad block.
         stack.enter_context(torch.set_grad_enabled(capture.grad_enabled))
@@ -353,7 +355,11 @@ def unresolved_globals(fn: Any) -> list[str]:
 
 
 def deserialize_compiled_function(
-    data: bytes, f_globals: dict[str, Any] | None = None, *, cudagraphs: bool = False
+    data: bytes,
+    f_globals: dict[str, Any] | None = None,
+    *,
+    cudagraphs: bool = False,
+    hook_guards: bool = False,
 ) -> Any:
     """Inverse of :func:`serialize_compiled_function`.
 
@@ -361,6 +367,10 @@ def deserialize_compiled_function(
     PyTorch's bundled AOTAutograd entry decides whether to wrap the graphs in
     CUDA graphs from ``config.triton.cudagraphs`` *at deserialization*, so we
     set it for the duration of the call.
+
+    ``hook_guards``: the guards were built under :func:`hook_guards_enabled`
+    (every artifact saved since; older files saved the hook dicts as missing
+    values, so their guard manager is rebuilt without those checks).
     """
     from torch._dynamo import convert_frame
     from torch._dynamo.aot_compile import AOTCompiledFunction
@@ -374,6 +384,8 @@ def deserialize_compiled_function(
             stack.enter_context(inductor_config.patch({"triton.cudagraphs": True}))
         stack.enter_context(compile_context(CompileContext(convert_frame.get_compile_id({}))))
         stack.enter_context(get_metrics_context())
+        if hook_guards:
+            stack.enter_context(hook_guards_enabled())  # the guard manager is rebuilt here
         fn = AOTCompiledFunction.deserialize(data, f_globals=f_globals)
     if cudagraphs:
         fn._artifacts.compiled_fn._torch_precompile_cudagraphs = True

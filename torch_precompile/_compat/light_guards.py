@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import types
@@ -90,6 +91,9 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
     if kind in ("NONE_MATCH", "TRUE_MATCH", "FALSE_MATCH"):
         return ["is", {"NONE_MATCH": None, "TRUE_MATCH": True, "FALSE_MATCH": False}[kind]]
     if kind in ("LENGTH_CHECK", "DICT_LENGTH"):
+        # Dynamo writes an expected length of 0 as ``not <source>`` (module hook dicts).
+        if text.startswith("not ") and " == " not in text:
+            return ["len", 0]
         return ["len", int(_rhs_after(text, " == "))]
     if kind == "DICT_CONTAINS":
         m = re.fullmatch(r"(not )?___dict_contains\((.+?), .*\)", text)
@@ -372,13 +376,38 @@ class LightGuards:
                         item = self._var()
                         self._lines.append(f"    {item} = {seq}[{int(i)}]")
                         self._emit_node(sub, item, _depth + 1)
+        # Children that must be empty and hold nothing else (a module's hook dicts, a
+        # dozen per module) are checked in one expression: empty means falsy for the
+        # dicts Dynamo guards this way, and the walk stays cheap.
+        empty = [
+            step[1]
+            for step, child in node["children"]
+            if step[0] == "item" and self._only_empty(child)
+        ]
+        if empty:
+            self._lines.append(
+                "    if "
+                + " or ".join(f"{var}[{self._const(key)}]" for key in empty)
+                + ": return False"
+            )
         for step, child in node["children"]:
+            if step[0] == "item" and self._only_empty(child):
+                continue
             item = self._var()
             if step[0] == "vars":
                 self._lines.append(f"    {item} = {var}.__dict__")
             else:
                 self._lines.append(f"    {item} = {var}[{self._const(step[1])}]")
             self._emit_node(child, item, _depth + 1)
+
+    def _only_empty(self, node: dict[str, Any]) -> bool:
+        """Whether ``node`` checks only that its value is empty (``len == 0``)."""
+        return (
+            node["leaves"] == [["len", 0]]
+            and not node["children"]
+            and node.get("dict") is None
+            and node["source"] not in self._alias_sources
+        )
 
     def _emit_leaf(self, leaf: list[Any], v: str) -> None:
         kind = leaf[0]
@@ -447,6 +476,22 @@ def _dispatch_key_set_raw(text: str) -> int:
     return keys.raw_repr()
 
 
+def hook_guards_enabled() -> contextlib.AbstractContextManager[None]:
+    """Make Dynamo guard the module hook dicts it read as empty.
+
+    Dynamo records an ``EMPTY_NN_MODULE_HOOKS_DICT`` guard for each hook dict
+    (forward, forward-pre, backward, backward-pre) of every submodule whose
+    ``__call__`` it inlined, but by default (``skip_nnmodule_hook_guards``)
+    builds nothing for it, so a hook added later is silently ignored. With
+    the flag off each becomes a dict-length check in the guard tree. The flag
+    is read when the guard manager is built, at precompile and again when
+    PyTorch rebuilds it from the saved state, so each build runs under this.
+    """
+    from torch._dynamo import config as dynamo_config
+
+    return dynamo_config.patch(skip_nnmodule_hook_guards=False)
+
+
 class TieredGuardManager:
     """Light guards first; Dynamo's guard manager, built on first need, decides the rest."""
 
@@ -471,9 +516,16 @@ class TieredGuardManager:
 
 
 def load_dynamo_guard_manager(
-    guards_state: bytes, original_code: types.CodeType, f_globals: dict[str, Any]
+    guards_state: bytes,
+    original_code: types.CodeType,
+    f_globals: dict[str, Any],
+    hook_guards: bool = False,
 ) -> Any:
-    """Dynamo's guard manager from its saved state (imports torch._dynamo, not the compilers)."""
+    """Dynamo's guard manager from its saved state (imports torch._dynamo, not the compilers).
+
+    ``hook_guards``: the state was saved with module hook guards (see
+    :func:`hook_guards_enabled`).
+    """
     from torch._dynamo import convert_frame
     from torch._dynamo.package import load_guard_manager, load_guards_state
     from torch._dynamo.utils import get_metrics_context
@@ -482,5 +534,6 @@ def load_dynamo_guard_manager(
     with (
         compile_context(CompileContext(convert_frame.get_compile_id({}))),
         get_metrics_context(),
+        hook_guards_enabled() if hook_guards else contextlib.nullcontext(),
     ):
         return load_guard_manager(load_guards_state(guards_state), original_code, f_globals)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +198,17 @@ def fresh_load_results(
     env = dict(env, PYTHONPATH=os.pathsep.join([env.get("PYTHONPATH", str(ROOT)), tests_dir]))
     proc = run_script(source, json.dumps(cases), library, json.dumps(tol), env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def package_warnings() -> Iterator[list[str]]:
+    """Collect the messages the ``torch_precompile`` logger emits at WARNING or above."""
+    messages: list[str] = []
+    handler = logging.Handler(level=logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("torch_precompile")
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)

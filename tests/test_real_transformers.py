@@ -17,7 +17,13 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_output, fresh_load_results, no_compiler_env, run_script
+from conftest import (
+    assert_same_output,
+    fresh_load_results,
+    no_compiler_env,
+    package_warnings,
+    run_script,
+)
 
 from torch_precompile import GuardError, Precompile
 
@@ -133,20 +139,12 @@ def _staged(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """name -> artifact, model, eager output and the saved file (each built once)."""
     out_dir = tmp_path_factory.mktemp("hf")
-    logger = logging.getLogger("torch_precompile")
     cases = {}
     for name, (_, args, kwargs) in MODELS.items():
         model = _build(name)
-        records: list[logging.LogRecord] = []
-        handler = logging.Handler(level=logging.WARNING)
-        handler.emit = records.append  # type: ignore[method-assign]
-        logger.addHandler(handler)
-        try:
-            with torch.no_grad():
-                want = model(*args, **kwargs)
-                artifact, bytecode, guards = _staged(model, args, kwargs)
-        finally:
-            logger.removeHandler(handler)
+        with package_warnings() as warnings, torch.no_grad():
+            want = model(*args, **kwargs)
+            artifact, bytecode, guards = _staged(model, args, kwargs)
         path = out_dir / f"{name}.pt2"
         Precompile.save(path, artifact, bytecode, guards)
         ref = out_dir / f"{name}.ref"
@@ -156,7 +154,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
             "want": want,
             "path": path,
             "ref": ref,
-            "warnings": [r.getMessage() for r in records],
+            "warnings": warnings,
         }
     return cases
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import no_compiler_env
+from conftest import no_compiler_env, package_warnings
 
 from examples.models import BUILDERS
 from torch_precompile import GuardError, Precompile
@@ -59,21 +58,13 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """name -> (artifact, model, args, kwargs, path, warnings logged at precompile)."""
     out_dir = tmp_path_factory.mktemp("zoo")
     built = {}
-    logger = logging.getLogger("torch_precompile")
     for name in ZOO:
         model, args, kwargs = BUILDERS[name]()
-        records: list[logging.LogRecord] = []
-        handler = logging.Handler(level=logging.WARNING)
-        handler.emit = records.append  # type: ignore[method-assign]
-        logger.addHandler(handler)
-        try:
-            with torch.no_grad():
-                artifact, bytecode, guards = _staged(model, args, kwargs)
-        finally:
-            logger.removeHandler(handler)
+        with package_warnings() as warnings, torch.no_grad():
+            artifact, bytecode, guards = _staged(model, args, kwargs)
         path = out_dir / f"{name}.pt2"
         Precompile.save(path, artifact, bytecode, guards)
-        built[name] = (artifact, model, args, kwargs, path, [r.getMessage() for r in records])
+        built[name] = (artifact, model, args, kwargs, path, warnings)
     return built
 
 

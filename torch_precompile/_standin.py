@@ -9,6 +9,7 @@ bytes (no pickle); tied parameters stay tied.
 
 from __future__ import annotations
 
+import enum
 import functools
 import importlib
 import json
@@ -81,6 +82,8 @@ def _encode_object(value: Any, memo: dict[int, int], depth: int) -> list[Any]:
         return ["dtype", str(value).replace("torch.", "")]
     if isinstance(value, torch.device):
         return ["device", str(value)]
+    if isinstance(value, enum.Enum):
+        return ["enum", [*_reference(type(value)), value.name]]
     if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
         return ["ref", _reference(value)]
     if isinstance(value, functools.partial):
@@ -95,6 +98,10 @@ def _encode_object(value: Any, memo: dict[int, int], depth: int) -> list[Any]:
             },
         ]
     if _is_config(value):
+        try:  # what load does: an instance without __init__, then its __dict__
+            type(value).__new__(type(value))
+        except Exception as exc:
+            raise _Unencodable(f"{type(value).__qualname__} cannot be made empty") from exc
         state = {k: encode_value(v, memo, depth + 1) for k, v in vars(value).items()}
         return ["object", {"class": _reference(type(value)), "state": state}]
     raise _Unencodable(type(value).__qualname__)
@@ -134,6 +141,8 @@ def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
         return torch.device(payload)
     if tag == "ref":
         return _find_class(*payload)
+    if tag == "enum":
+        return getattr(_find_class(*payload[:2]), payload[2])
     if tag == "partial":
         return functools.partial(
             decode_value(payload["func"], memo),

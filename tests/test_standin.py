@@ -1,0 +1,95 @@
+"""The stand-in module tree: what a saved model's attributes become after load."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+import threading
+
+import pytest
+import torch
+
+from torch_precompile import _standin
+
+
+class Mode(enum.Enum):
+    FAST = "fast"
+    SLOW = "slow"
+
+
+def _round_trip(module: torch.nn.Module) -> torch.nn.Module:
+    skeleton = json.loads(json.dumps(_standin.describe_module(module)))  # as in the file
+    tensors = _standin.unpack_tensors(_standin.pack_tensors(_standin.module_tensors(module)))
+    return _standin.build_standin(skeleton, tensors)
+
+
+def test_attributes_of_every_encodable_kind_come_back_equal() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    model.id2label = {0: "neg", 1: "pos"}  # int keys survive (JSON alone would make them str)
+    model.shape = (2, (3, None), [1.5, True])
+    model.tags = frozenset({"a", "b"})
+    model.dtype_ = torch.bfloat16
+    model.where = torch.device("cpu")
+    model.norm_layer = functools.partial(torch.nn.LayerNorm, eps=1e-6)
+    model.mode = Mode.SLOW
+    model.act = torch.nn.functional.gelu
+    rebuilt = _round_trip(model)
+    for name in ("id2label", "shape", "tags", "dtype_", "where", "norm_layer", "mode", "act"):
+        got, want = getattr(rebuilt, name), getattr(model, name)
+        if isinstance(want, functools.partial):
+            assert (got.func, got.args, got.keywords) == (want.func, want.args, want.keywords)
+        else:
+            assert got == want and type(got) is type(want), name
+    torch.testing.assert_close(getattr(rebuilt, "0").weight, model[0].weight)
+
+
+def test_shared_objects_stay_shared_and_tied_weights_stay_tied() -> None:
+    config = {"hidden": 3, "layers": [1, 2]}
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+    model[1].weight = model[0].weight
+    model.config = config
+    model[0].config = config
+    model[1].config = config
+    rebuilt = _round_trip(model)
+    assert rebuilt.config == config
+    assert rebuilt.config is getattr(rebuilt, "0").config is getattr(rebuilt, "1").config
+    assert getattr(rebuilt, "0").weight is getattr(rebuilt, "1").weight
+
+
+def test_library_config_round_trips() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000)
+    model = torch.nn.Linear(2, 2)
+    model.config = config
+    rebuilt = _round_trip(model).config
+    assert type(rebuilt) is type(config)
+    assert rebuilt.to_dict() == config.to_dict()
+    assert rebuilt.return_dict is True and rebuilt.num_hidden_layers == 2
+
+
+def test_unencodable_attributes_are_left_out_without_breaking_the_rest() -> None:
+    model = torch.nn.Linear(2, 2)
+    model.lock = threading.Lock()  # no way to carry it
+    model.closure = lambda x: x  # a local function: not importable by name
+    model.kept = {"a": 1}
+    model.also = {"lock": threading.Lock()}  # a container with one bad value
+    rebuilt = _round_trip(model)
+    assert rebuilt.kept == {"a": 1}
+    for name in ("lock", "closure", "also"):
+        assert not hasattr(rebuilt, name), name
+
+
+def test_version_1_skeletons_still_load() -> None:
+    skeleton = {
+        "modules": {
+            "": {
+                "attrs": {"n": ["int", 4], "pair": ["tuple", [1, [2, 3]]], "names": ["list", [1]]},
+                "params": {},
+                "buffers": {},
+                "children": [],
+            }
+        }
+    }
+    rebuilt = _standin.build_standin(skeleton, {})
+    assert (rebuilt.n, rebuilt.pair, rebuilt.names) == (4, (1, (2, 3)), [1])

@@ -18,6 +18,28 @@ class Mode(enum.Enum):
     SLOW = "slow"
 
 
+class Options:
+    """Options only its constructor can make (pickle can, through __getnewargs__)."""
+
+    def __new__(cls, scale: float) -> Options:
+        obj = super().__new__(cls)
+        obj.scale = scale
+        return obj
+
+    def __getnewargs__(self) -> tuple[float]:
+        return (self.scale,)
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.options = Options(2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.options.scale
+
+
 def _round_trip(module: torch.nn.Module) -> torch.nn.Module:
     skeleton = json.loads(json.dumps(_standin.describe_module(module)))  # as in the file
     tensors = _standin.unpack_tensors(_standin.pack_tensors(_standin.module_tensors(module)))
@@ -93,3 +115,28 @@ def test_version_1_skeletons_still_load() -> None:
     }
     rebuilt = _standin.build_standin(skeleton, {})
     assert (rebuilt.n, rebuilt.pair, rebuilt.names) == (4, (1, (2, 3)), [1])
+
+
+def test_save_says_when_the_stand_in_cannot_serve_and_load_with_model_does(
+    tmp_path: object,
+) -> None:
+    """An attribute the compiled code read but the file cannot carry (an object whose
+    class cannot be made without arguments) is named at save; a standalone load
+    refuses with a GuardError naming it; ``load(model=)`` serves eager's answer."""
+    from conftest import package_warnings
+
+    from torch_precompile import GuardError, Precompile
+
+    model = Scaled().eval()
+    x = torch.randn(2, 4)
+    path = tmp_path / "scaled.pt2"  # type: ignore[operator]
+    with torch.no_grad():
+        artifact = Precompile.compile(model, (x,))
+        with package_warnings() as warnings:
+            Precompile.save(path, artifact)
+        want = model(x)
+    assert any("without model=" in w and "options.scale" in w for w in warnings), warnings
+    with torch.no_grad(), pytest.raises(GuardError, match=r"options\.scale"):
+        Precompile.load(path)(x)
+    with torch.no_grad():
+        torch.testing.assert_close(Precompile.load(path, model=model)(x), want)

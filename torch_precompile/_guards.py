@@ -437,6 +437,18 @@ def diagnose(guards: Guards, f_locals: dict[str, Any], fallback: str) -> GuardEr
     return GuardError(f"a guard failed: {fallback}{hint} [dynamo]")
 
 
+def unmet_by(guards: Sequence[Guard], self_value: Any) -> list[str]:
+    """The tensor and value guards on ``self`` that ``self_value`` (a stand-in) breaks."""
+    scope = {"L": {"self": self_value}}
+    problems = []
+    for g in guards:
+        if g.kind in ("tensor", "value") and (g.subject or "").startswith("L['self']"):
+            problem = _check_one(g, scope, torch.is_grad_enabled())
+            if problem:
+                problems.append(problem)
+    return problems
+
+
 def _tensors_in(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value

@@ -17,7 +17,7 @@ import torch
 from . import _compat, _format, _standin, _system
 from ._artifact import PrecompiledArtifact, Runtime
 from ._errors import ArtifactCorruptedError, KernelDirectoryError
-from ._guards import Guards, hooked_modules
+from ._guards import Guards, hooked_modules, unmet_by
 
 log = logging.getLogger("torch_precompile")
 
@@ -66,8 +66,11 @@ def save(
     kind = "function"
     if isinstance(bound, torch.nn.Module):
         kind = "module"
-        sections["skeleton"] = json.dumps(_standin.describe_module(bound)).encode()
-        sections["weights"] = _standin.pack_tensors(_standin.module_tensors(bound))
+        skeleton = _standin.describe_module(bound)
+        tensors = _standin.module_tensors(bound)
+        sections["skeleton"] = json.dumps(skeleton).encode()
+        sections["weights"] = _standin.pack_tensors(tensors)
+        _warn_if_standin_falls_short(path, artifact, skeleton, tensors)
     elif bound is not None:
         kind = "object"
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
@@ -141,6 +144,29 @@ def save(
     artifact._sizes.clear()
     artifact._sizes.update(sizes)
     artifact._origin.update(path=os.path.abspath(path), created=meta["created"])
+
+
+def _warn_if_standin_falls_short(
+    path: str | os.PathLike[str],
+    artifact: PrecompiledArtifact,
+    skeleton: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+) -> None:
+    """Say at save, not at the first call after load, when the stand-in rebuilt from
+    the file would break a guard (an attribute the compiled code read that the file
+    cannot carry, such as an object of a class defined in ``__main__``)."""
+    standin = _standin.build_standin(json.loads(json.dumps(skeleton)), tensors)
+    guards = [g for v in artifact.variants or (artifact,) for g in v.guards]
+    problems = unmet_by(guards, standin)
+    if problems:
+        log.warning(
+            "%s: Precompile.load(path) without model= will refuse every call: the file "
+            "cannot carry what %d guard(s) of the compiled code read (first: %s); load it "
+            "with model=your_module, or make that attribute a plain value",
+            os.fspath(path),
+            len(problems),
+            problems[0],
+        )
 
 
 def load(

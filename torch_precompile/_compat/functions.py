@@ -37,6 +37,11 @@ def _guard_state_pickled_portably() -> Iterator[None]:
       module-level class by reference, so loading would need the model's class
       to be importable. Guards on module *types* are dropped by our filter, so
       a plain module with the same attributes rebuilds the same guard tree.
+      Its state is ``nn.Module``'s (the instance ``__dict__``), whatever
+      ``__getstate__`` its class defines: the guards read the instance's
+      attributes, as on the stand-in, and a class's own pickling rules are for
+      pickling the model (a module with a parametrization, such as
+      ``weight_norm``, refuses to be pickled at all).
     - A function pickle cannot find by qualified name (the undecorated
       function a ``functools.wraps`` decorator keeps in its closure) is saved
       by value. PyTorch would save a ``_Missing`` placeholder, and the guards
@@ -50,12 +55,11 @@ def _guard_state_pickled_portably() -> Iterator[None]:
         if (
             isinstance(obj, torch.nn.Module)
             and type(obj) is not torch.nn.Module
-            and type(obj).__getstate__ is torch.nn.Module.__getstate__
             and id(obj) in self.guard_tree_values
             and not isinstance(obj, torch.nn.parallel.DistributedDataParallel)
         ):
             original(self, obj)  # records missing values as a side effect
-            return GuardsStatePickler._unpickle_module, (obj.__getstate__(),)
+            return GuardsStatePickler._unpickle_module, (torch.nn.Module.__getstate__(obj),)
         if (
             inspect.isfunction(obj)
             and id(obj) not in self.missing_values

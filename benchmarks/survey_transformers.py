@@ -12,7 +12,10 @@ eager at ``rtol=atol=1e-4``.
 
 Usage (repository root)::
 
-    python benchmarks/survey_transformers.py [--models mistral,bart] [--out DIR] [--json]
+    python benchmarks/survey_transformers.py [--models mistral,bart] [--extra] [--out DIR] [--json]
+
+``--extra`` adds variants (sliding windows, ALiBi, left padding) and more
+architectures (Mixtral, BLOOM, GPT-J, Mamba, DeBERTa-v2, ...).
 
 Prints one line per model: capture / in-process / save / fresh-load status and
 the largest difference, or the failing step's error type and first line. A
@@ -217,6 +220,162 @@ def _models() -> dict[str, tuple[Callable[[], torch.nn.Module], tuple, dict]]:
     }
 
 
+def _extra_models() -> dict[str, tuple[Callable[[], torch.nn.Module], tuple, dict]]:
+    """Variants and more architectures (``--extra``): sliding windows, ALiBi, padding
+    masks, mixture of experts, state-space models, more encoders."""
+    import transformers as T
+
+    small = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+    )
+    decoder = dict(small, num_key_value_heads=2, max_position_embeddings=64)
+    text = (_ids(2, 16),)
+    left_padded = torch.ones(2, 16, dtype=torch.long)
+    left_padded[1, :5] = 0
+    audio = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+    )
+    return {
+        "llama_left_padded": (
+            lambda: T.LlamaForCausalLM(T.LlamaConfig(**decoder)),
+            text,
+            {"attention_mask": left_padded},
+        ),
+        "mistral_sliding": (
+            lambda: T.MistralForCausalLM(T.MistralConfig(**decoder, sliding_window=4)),
+            text,
+            {},
+        ),
+        "gemma2_sliding": (
+            lambda: T.Gemma2ForCausalLM(T.Gemma2Config(**decoder, head_dim=16, sliding_window=4)),
+            text,
+            {},
+        ),
+        "gemma3_text": (
+            lambda: T.Gemma3ForCausalLM(
+                T.Gemma3TextConfig(**decoder, head_dim=16, sliding_window=4)
+            ),
+            text,
+            {},
+        ),
+        "mixtral": (
+            lambda: T.MixtralForCausalLM(
+                T.MixtralConfig(**decoder, num_local_experts=4, num_experts_per_tok=2)
+            ),
+            text,
+            {},
+        ),
+        "falcon_alibi": (
+            lambda: T.FalconForCausalLM(
+                T.FalconConfig(
+                    hidden_size=64,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    vocab_size=VOCAB,
+                    alibi=True,
+                    new_decoder_architecture=False,
+                )
+            ),
+            text,
+            {"attention_mask": left_padded},
+        ),
+        "bloom": (
+            lambda: T.BloomForCausalLM(
+                T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=VOCAB)
+            ),
+            text,
+            {},
+        ),
+        "gptj": (
+            lambda: T.GPTJForCausalLM(
+                T.GPTJConfig(
+                    n_embd=64,
+                    n_layer=2,
+                    n_head=4,
+                    rotary_dim=8,
+                    vocab_size=VOCAB,
+                    bos_token_id=1,
+                    eos_token_id=2,
+                )
+            ),
+            text,
+            {},
+        ),
+        "mamba": (
+            lambda: T.MambaForCausalLM(
+                T.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB, state_size=8)
+            ),
+            text,
+            {},
+        ),
+        "deberta_v2": (
+            lambda: T.DebertaV2Model(
+                T.DebertaV2Config(
+                    **small,
+                    max_position_embeddings=64,
+                    relative_attention=True,
+                    pos_att_type=["p2c", "c2p"],
+                )
+            ),
+            text,
+            {},
+        ),
+        "electra": (
+            lambda: T.ElectraModel(
+                T.ElectraConfig(**small, embedding_size=32, max_position_embeddings=64)
+            ),
+            text,
+            {},
+        ),
+        "modernbert": (
+            lambda: T.ModernBertModel(
+                T.ModernBertConfig(
+                    **small,
+                    max_position_embeddings=64,
+                    local_attention=8,
+                    pad_token_id=0,
+                    bos_token_id=1,
+                    eos_token_id=2,
+                    cls_token_id=1,
+                    sep_token_id=2,
+                )
+            ),
+            text,
+            {},
+        ),
+        "dinov2": (
+            lambda: T.Dinov2Model(
+                T.Dinov2Config(
+                    hidden_size=64,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    image_size=32,
+                    patch_size=8,
+                )
+            ),
+            (_images(),),
+            {},
+        ),
+        "hubert": (
+            lambda: T.HubertModel(T.HubertConfig(**audio)),
+            (),
+            {"input_values": torch.randn(2, 400, generator=torch.Generator().manual_seed(0))},
+        ),
+    }
+
+
 def output_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
     """Every tensor in an output: tuples, lists, mappings and plain objects (caches)."""
     if isinstance(value, torch.Tensor):
@@ -323,7 +482,7 @@ def survey(
     from torch_precompile import CaptureError, Precompile
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    models = _models()
+    models = {**_models(), **_extra_models()}
     rows: dict[str, dict] = {}
     cases: dict[str, dict[str, str]] = {}
     for name in names:
@@ -398,16 +557,20 @@ def main() -> int:
     parser.add_argument("--models", default="", help="comma-separated names (default: all)")
     parser.add_argument("--out", default="", help="keep artifacts in DIR (default: temporary)")
     parser.add_argument("--with-compiler", action="store_true", help="leave CC/PATH as they are")
+    parser.add_argument("--extra", action="store_true", help="add the variants and extra models")
     parser.add_argument(
         "--fresh-only", action="store_true", help="only load what --out DIR already holds"
     )
     parser.add_argument("--json", action="store_true", help="also print the rows as JSON")
     parser.add_argument("-v", "--verbose", action="store_true", help="print failing tracebacks")
     opts = parser.parse_args()
+    known = list(_models()) + list(_extra_models())
     names = [n for n in opts.models.split(",") if n] or list(_models())
-    unknown = sorted(set(names) - set(_models()))
+    if opts.extra:
+        names += [n for n in _extra_models() if n not in names]
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        parser.error(f"unknown models {unknown}; known: {', '.join(_models())}")
+        parser.error(f"unknown models {unknown}; known: {', '.join(known)}")
     if opts.fresh_only and not opts.out:
         parser.error("--fresh-only needs --out DIR")
     out_dir = opts.out or tempfile.mkdtemp(prefix="survey-")
@@ -417,14 +580,14 @@ def main() -> int:
     finally:
         if not opts.out:
             shutil.rmtree(out_dir, ignore_errors=True)
-    print(f"{'model':<10} {'capture':<12} {'in-proc':<8} {'save':<5} {'fresh':<6} max diff / error")
+    print(f"{'model':<18} {'capture':<12} {'in-proc':<8} {'save':<5} {'fresh':<6} max diff / error")
     failed = 0
     for name, row in rows.items():
         ok = "error" not in row
         failed += not ok
         tail = f"{row['fresh_diff']:.2e}" if ok else row["error"]
         print(
-            f"{name:<10} {row['capture']:<12} {row['in_process']:<8} {row['save']:<5} "
+            f"{name:<18} {row['capture']:<12} {row['in_process']:<8} {row['save']:<5} "
             f"{row['fresh']:<6} {tail}"
         )
         if not ok and opts.verbose:

@@ -131,6 +131,15 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[Any, ...], dict[str
         (),
         {"input_values": torch.randn(2, 400, generator=torch.Generator().manual_seed(0))},
     ),
+    # Traced code asks pytree about its inputs: Dynamo guards on the pytree registry,
+    # a source rooted at an import (not saved, as other process globals are not).
+    "mamba": (
+        lambda: T.MambaForCausalLM(
+            T.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB, state_size=8)
+        ),
+        (_ids(2, 16),),
+        {},
+    ),
 }
 
 

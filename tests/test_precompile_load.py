@@ -116,3 +116,49 @@ def test_not_an_artifact_is_a_corrupted_error(tmp_path) -> None:
     torch.save({"a": torch.randn(3)}, tmp_path / "weights.pt")
     with pytest.raises(ArtifactCorruptedError):
         Precompile.load(tmp_path / "weights.pt")
+
+
+class _PytreeLeaf(torch.nn.Module):
+    """Traced code that asks pytree whether its input is a leaf: Dynamo guards on
+    ``torch.utils._pytree.SUPPORTED_NODES``, a registry it reaches by import."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if torch.utils._pytree.tree_is_leaf(x):
+            x = x + 1
+        return self.fc(x)
+
+
+class _WeightNormed(torch.nn.Module):
+    """A weight_norm parametrization: its module's class refuses to be pickled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        conv = torch.nn.Conv1d(4, 4, 3, padding=1)
+        self.conv = torch.nn.utils.parametrizations.weight_norm(conv, dim=2)
+
+    def forward(self, x):
+        return self.conv(x).relu()
+
+
+@pytest.mark.parametrize(
+    "model_cls, shape", [(_PytreeLeaf, (2, 4)), (_WeightNormed, (2, 4, 8))], ids=["pytree", "wn"]
+)
+def test_modules_dynamo_guards_specially_save_and_load(tmp_path, model_cls, shape) -> None:
+    """Guards on an import-rooted registry are not saved (they would not even
+    unpickle outside a trace); a parametrized module is saved as a plain one."""
+    torch.manual_seed(0)
+    model = model_cls().eval()
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        art = Precompile.compile(model, (x,))
+    path = tmp_path / "model.pt2"
+    Precompile.save(path, art)
+    loaded = Precompile.load(path)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x))
+    with torch.no_grad(), pytest.raises(GuardError):
+        loaded(torch.randn(3, *shape[1:]))

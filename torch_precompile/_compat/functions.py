@@ -38,6 +38,11 @@ def _guard_state_pickled_portably() -> Iterator[None]:
       module-level class by reference, so loading would need the model's class
       to be importable. Guards on module *types* are dropped by our filter, so
       a plain module with the same attributes rebuilds the same guard tree.
+      Its state is ``nn.Module``'s (the instance ``__dict__``), whatever
+      ``__getstate__`` its class defines: the guards read the instance's
+      attributes, as on the stand-in, and a class's own pickling rules are for
+      pickling the model (a module with a parametrization, such as
+      ``weight_norm``, refuses to be pickled at all).
     - A function pickle cannot find by qualified name (the undecorated
       function a ``functools.wraps`` decorator keeps in its closure) is saved
       by value. PyTorch would save a ``_Missing`` placeholder, and the guards
@@ -51,12 +56,11 @@ def _guard_state_pickled_portably() -> Iterator[None]:
         if (
             isinstance(obj, torch.nn.Module)
             and type(obj) is not torch.nn.Module
-            and type(obj).__getstate__ is torch.nn.Module.__getstate__
             and id(obj) in self.guard_tree_values
             and not isinstance(obj, torch.nn.parallel.DistributedDataParallel)
         ):
             original(self, obj)  # records missing values as a side effect
-            return GuardsStatePickler._unpickle_module, (obj.__getstate__(),)
+            return GuardsStatePickler._unpickle_module, (torch.nn.Module.__getstate__(obj),)
         if (
             inspect.isfunction(obj)
             and id(obj) not in self.missing_values
@@ -71,8 +75,34 @@ def _guard_state_pickled_portably() -> Iterator[None]:
 
 
 def guard_filter_entry_fields(entry: Any) -> tuple[str, str, bool, Any]:
-    """(name, guard_type, is_global, value) of a Dynamo GuardFilterEntry."""
-    return entry.name, entry.guard_type, entry.is_global, entry.value
+    """(name, guard_type, is_global, value) of a Dynamo GuardFilterEntry.
+
+    ``is_global``: the source is rooted in the capturing process's globals, as
+    Dynamo's own flag says, or in a module it reached by import, which Dynamo's
+    flag leaves out (see :func:`_rooted_in_process_globals`).
+    """
+    orig = getattr(entry, "orig_guard", None)
+    source = getattr(orig, "originating_source", None)
+    is_global = entry.is_global or (source is not None and _rooted_in_process_globals(source))
+    return entry.name, entry.guard_type, is_global, entry.value
+
+
+def _rooted_in_process_globals(source: Any) -> bool:
+    """Whether a Dynamo source reads the process's state rather than the call's inputs:
+    a global of the traced code's module, or a module Dynamo imports itself
+    (``__import__('torch').utils._pytree.SUPPORTED_NODES``, a registry that
+    libraries fill as they are imported, guarded when traced code uses pytree).
+
+    Dynamo rebuilds an import-rooted source only inside a trace, so such a
+    source in the saved guard state would also fail to load.
+    """
+    from torch._dynamo.source import ChainedSource, ImportSource, get_global_source_name
+
+    if get_global_source_name(source) is not None:
+        return True
+    while isinstance(source, ChainedSource):
+        source = source.base
+    return isinstance(source, ImportSource)
 
 
 def guard_filter_entry_derived_kinds(entry: Any) -> tuple[str, ...]:
@@ -102,7 +132,6 @@ def _pruning_key_order_sources(
     in-process manager and the saved state alike) only sources that
     ``keep_source`` accepts and some kept guard reads are key-order guarded.
     """
-    from torch._dynamo.source import get_global_source_name
 
     def wrapped(entries: Sequence[Any]) -> list[bool]:
         keep = list(guard_filter(entries))
@@ -110,7 +139,7 @@ def _pruning_key_order_sources(
         output_graph.guard_on_key_order = {
             source
             for source in output_graph.guard_on_key_order
-            if keep_source(source.name, get_global_source_name(source) is not None)
+            if keep_source(source.name, _rooted_in_process_globals(source))
             and any(source.name in name for name in kept_names)
         }
         return keep

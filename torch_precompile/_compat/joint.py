@@ -83,7 +83,15 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     Node ``meta`` dicts are copied one level deep (fake tensors are shared, as
     FX's own ``graph_copy`` does); the module's ``meta`` likewise.
     """
-    new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+    graph = torch.fx.Graph(tracer_cls=gm.graph._tracer_cls)
+    output = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    # The code generator is shared, not deep-copied (its tree specs are immutable).
+    graph._codegen = gm.graph._codegen
+    if output is not None:
+        value, old_output = output
+        new_output = graph.output(value, type_expr=getattr(old_output, "type", None))
+        new_output.meta = copy.copy(old_output.meta)
+    new = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     new.meta.update(gm.meta)
     return new
 
@@ -93,8 +101,9 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
 
     What AOTAutograd's compile mutates in its metadata (``make_runtime_safe``
     sets ``traced_tangent_metas`` and clears ``traced_tangents``; the
-    partitioner records saved-tensor counts) are fields of dataclasses and
-    lists; tensors, symbolic sizes and the fake mode are shared, unchanged.
+    partitioner records saved-tensor counts) are fields of mutable dataclasses
+    and lists; tensors, symbolic sizes, frozen dataclasses (tree specs, alias
+    infos) and the fake mode are shared, unchanged.
     """
     key = id(obj)
     if key in memo:
@@ -113,7 +122,12 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
         memo[key] = new_dict
         new_dict.update((k, _fresh(v, memo)) for k, v in obj.items())
         return new_dict
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and hasattr(obj, "__dict__"):
+    if (
+        dataclasses.is_dataclass(obj)
+        and not isinstance(obj, type)
+        and not obj.__dataclass_params__.frozen  # type: ignore[attr-defined]
+        and hasattr(obj, "__dict__")
+    ):
         new = copy.copy(obj)
         memo[key] = new
         for name, value in vars(obj).items():

@@ -234,9 +234,9 @@ def run_case(name: str, builder: str, training: bool, mode: str | None, tmp: str
     path = os.path.join(tmp, f"{name}.pt")
     Precompile.save(path, art, bytecode, guards)
     rep["file_bytes"] = os.path.getsize(path)
+    aot_out = joint.meta["torch_precompile_stage_output"]  # the AOTAutogradOutput
     rep["static_input_indices"] = len(
-        compiled._torch_precompile_output._state.aot_output._joint._aot_state.fw_metadata.static_input_indices
-        or []
+        aot_out._joint._aot_state.fw_metadata.static_input_indices or []
     )
     if mode == "reduce-overhead":
         with ctx:

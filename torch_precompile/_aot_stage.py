@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from . import _capture_registry, _compat
-from ._dynamo_stage import CaptureState, DynamoOutput
+from ._dynamo_stage import CaptureState, DynamoOutput, stage_timings
 from ._guards import Guard, Guards, describe_source
 
 log = logging.getLogger("torch_precompile")
@@ -26,6 +26,7 @@ class AOTAutogradOutput:
     _state: CaptureState = dataclasses.field(repr=False, compare=False)
     _joint: Any = dataclasses.field(repr=False, compare=False)
     _dynamo_graph: torch.fx.GraphModule = dataclasses.field(repr=False, compare=False)
+    _timings: Mapping[str, float] = dataclasses.field(repr=False, compare=False)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.joint_graph, self.guards))
@@ -86,6 +87,7 @@ def aot_autograd(
     if isinstance(gm_or_dynamo_output, DynamoOutput):
         gm, guards = gm_or_dynamo_output.graph_module, guards or gm_or_dynamo_output.guards
         state = gm_or_dynamo_output._state
+        earlier: Mapping[str, float] = gm_or_dynamo_output._timings
     else:
         gm = gm_or_dynamo_output
         if not isinstance(gm, torch.fx.GraphModule):
@@ -93,6 +95,8 @@ def aot_autograd(
                 f"expected a DynamoOutput or torch.fx.GraphModule, got {type(gm).__name__}"
             )
         state = resolve_capture(gm, guards, "this graph module")
+        dynamo_out = _capture_registry.output_of(DynamoOutput, gm, guards)
+        earlier = dynamo_out._timings if dynamo_out is not None else {}
         guards = guards if guards is not None else Guards(capture_id=state.capture_id)
     capture = state.capture
     check_calling_convention(
@@ -104,21 +108,21 @@ def aot_autograd(
     # Later stages run under the capture's grad mode: it decides training vs inference.
     with torch.set_grad_enabled(state.grad_enabled):
         jd = _compat.export_joint(capture, gm, decompositions)
-    state.timings["aot_autograd"] = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
     training = _compat.joint_needs_autograd(jd)
     log.info(
         "aot_autograd: done in %.2f s (%s graph)",
-        state.timings["aot_autograd"],
+        elapsed,
         "joint forward+backward" if training else "inference",
     )
-    state.training = training
     joint_gm = _compat.joint_graph_module(jd)
     _capture_registry.tag(joint_gm, state.capture_id, state)
     added = [_grad_mode_guard(training), _requires_grad_guard(capture, training)]
     for expr in _compat.shape_env_guard_exprs(capture)[shape_before:]:
         added.append(Guard("aot_autograd", "shape", expr, None, expr))
-    out = AOTAutogradOutput(joint_gm, guards.extend(added), state, jd, gm)
-    state.aot_output = out
+    timings = stage_timings(earlier, "aot_autograd", elapsed)
+    out = AOTAutogradOutput(joint_gm, guards.extend(added), state, jd, gm, timings)
+    _capture_registry.link_output(out, joint_gm, out.guards)
     return out
 
 

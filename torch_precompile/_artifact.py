@@ -574,8 +574,8 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     compiled_function = _compat.make_compiled_function(
         capture, out.compiled, guard_manager, guards_state
     )
-    state.timings["precompile"] = time.perf_counter() - start
-    log.info("precompile: done in %.2f s", state.timings["precompile"])
+    elapsed = time.perf_counter() - start
+    log.info("precompile: done in %.2f s", elapsed)
     guards = out.guards.extend(translated)
     # Ranges read after Inductor, so bounds added while lowering are included.
     guards = guards.extend(
@@ -604,7 +604,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         system=_system.current_system(),
         training=out.training,
         device_type=capture.device_type,
-        timings=dict(state.timings),
+        timings={**out._timings, "precompile": elapsed},
         bytecode=capture.graph_capture_output.bytecode,
         compiled_function=compiled_function,
         _runtime=runtime,

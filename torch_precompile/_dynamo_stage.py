@@ -8,7 +8,7 @@ import logging
 import re
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -23,7 +23,11 @@ log = logging.getLogger("torch_precompile")
 
 @dataclasses.dataclass
 class CaptureState:
-    """What later stages need from the capture; private, shared by reference."""
+    """What later stages need from the capture; private, shared by reference.
+
+    Set once by the Dynamo stage and only read afterwards: what a later stage
+    learns (its timing, training or inference) lives in that stage's output.
+    """
 
     capture: _compat.Capture
     model: Any
@@ -31,9 +35,7 @@ class CaptureState:
     kwargs: dict[str, Any]
     training: bool
     input_signature: dict[str, Any]
-    timings: dict[str, float]
     capture_id: str = ""
-    aot_output: Any = None
 
     @property
     def grad_enabled(self) -> bool:
@@ -52,6 +54,7 @@ class DynamoOutput:
     bytecode: types.CodeType
     guards: Guards
     _state: CaptureState = dataclasses.field(repr=False, compare=False)
+    _timings: Mapping[str, float] = dataclasses.field(repr=False, compare=False)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.graph_module, self.bytecode, self.guards))
@@ -177,7 +180,6 @@ def dynamo(
         kwargs=kwargs,
         training=_wants_grad(model, args, kwargs),
         input_signature=describe_inputs(capture.signature, capture.bound_self, args, kwargs),
-        timings={"dynamo": elapsed},
     )
     state.capture_id = _capture_registry.register(state)
     _capture_registry.tag(capture.graph_module, state.capture_id, state)
@@ -190,4 +192,17 @@ def dynamo(
         root_is_module=isinstance(model, torch.nn.Module),
     )
     guards = Guards(entries, capture_id=state.capture_id)
-    return DynamoOutput(capture.graph_module, capture.graph_capture_output.bytecode, guards, state)
+    out = DynamoOutput(
+        capture.graph_module,
+        capture.graph_capture_output.bytecode,
+        guards,
+        state,
+        stage_timings({}, "dynamo", elapsed),
+    )
+    _capture_registry.link_output(out, capture.graph_module, guards)
+    return out
+
+
+def stage_timings(earlier: Mapping[str, float], stage: str, seconds: float) -> Mapping[str, float]:
+    """An earlier output's timings plus this stage's, as a new read-only mapping."""
+    return types.MappingProxyType({**earlier, stage: seconds})

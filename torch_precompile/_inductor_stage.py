@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-from . import _compat, _system
+from . import _capture_registry, _compat, _system
 from ._aot_stage import AOTAutogradOutput, check_calling_convention, resolve_capture
-from ._dynamo_stage import CaptureState
+from ._dynamo_stage import CaptureState, stage_timings
 from ._guards import Guard, Guards
 from ._index_bounds import index_guards
 
@@ -28,6 +28,7 @@ class InductorOutput:
     source_code: dict[str, str]
     training: bool
     _state: CaptureState = dataclasses.field(repr=False, compare=False)
+    _timings: Mapping[str, float] = dataclasses.field(repr=False, compare=False)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.compiled, self.guards))
@@ -59,39 +60,38 @@ def inductor(
                 "expected an AOTAutogradOutput or torch.fx.GraphModule, "
                 f"got {type(joint_gm).__name__}"
             )
-        state = resolve_capture(joint_gm, guards, "this joint graph")
-        aot = state.aot_output  # type: ignore[attr-defined]
-        if aot is None:
+        resolve_capture(joint_gm, guards, "this joint graph")
+        found = _capture_registry.output_of(AOTAutogradOutput, joint_gm, guards)
+        if found is None:
             raise ValueError(
-                "this graph was not produced by Precompile.aot_autograd; run that stage first"
+                "this graph was not produced by Precompile.aot_autograd; run that stage first, "
+                "and pass its output, or the joint graph and the guards it returned"
             )
+        aot = found
         guards = guards if guards is not None else aot.guards
     state = aot._state
     jd = aot._joint
-    original = _compat.joint_graph_module(jd)
-    if joint_gm is not original:
-        check_calling_convention(
-            joint_gm,
-            sum(1 for n in original.graph.nodes if n.op == "placeholder"),
-            None,
-            "inductor",
-        )
-        _compat.set_joint_graph_module(jd, joint_gm)
+    if joint_gm is not _compat.joint_graph_module(jd):
+        check_calling_convention(joint_gm, _compat.joint_placeholder_count(jd), None, "inductor")
     capture = state.capture
     shape_before = len(_compat.shape_env_guard_exprs(capture))
     log.info("inductor: compiling %s", "forward and backward" if aot.training else "forward")
     start = time.perf_counter()
+    # The compile works on private copies: ``aot`` can compile again (another config).
     with torch.set_grad_enabled(state.grad_enabled):
-        compiled, sources = _compat.compile_joint(capture, jd, aot._dynamo_graph, mode, options)
-    state.timings["inductor"] = time.perf_counter() - start
-    log.info("inductor: done in %.2f s", state.timings["inductor"])
+        compiled, sources = _compat.compile_joint(
+            capture, jd, joint_gm, aot._dynamo_graph, mode, options
+        )
+    elapsed = time.perf_counter() - start
+    log.info("inductor: done in %.2f s", elapsed)
     added = [
         Guard("inductor", "shape", expr, None, expr)
         for expr in _compat.shape_env_guard_exprs(capture)[shape_before:]
     ]
     added.extend(index_guards(joint_gm, capture.input_sources))
     added.extend(system_guards(capture.device_type))
-    out = InductorOutput(compiled, guards.extend(added), sources, aot.training, state)
+    timings = stage_timings(aot._timings, "inductor", elapsed)
+    out = InductorOutput(compiled, guards.extend(added), sources, aot.training, state, timings)
     compiled._torch_precompile_output = out
     return out
 

@@ -61,7 +61,6 @@ from .joint import (
     export_joint,
     joint_graph_module,
     joint_needs_autograd,
-    set_joint_graph_module,
 )
 from .kernels import (
     cpu_kernel_section,
@@ -107,7 +106,6 @@ __all__ = [
     "registered_hooks",
     "reusing_shipped_kernels",
     "serialize_compiled_function",
-    "set_joint_graph_module",
     "shape_env_guard_exprs",
     "shape_env_symbol_sources",
     "shape_env_var_ranges",

@@ -62,6 +62,7 @@ def save(
     sections: dict[str, bytes] = {
         "compiled": _compat.serialize_compiled_function(artifact.compiled_function)
     }
+    fast_refusal: str | None = None
     bound = artifact.module
     kind = "function"
     if isinstance(bound, torch.nn.Module):
@@ -79,7 +80,7 @@ def save(
         # ("fastload" for variant 0, "fastload.<i>" for variant i); the one
         # "kernels" section holds every variant's kernels.
         for i, variant in enumerate(artifact.variants):
-            fast = _fast_sections(variant, artifact.module)
+            fast, _ = _fast_sections(variant, artifact.module)
             if fast is not None:
                 sections["fastload" + (f".{i}" if i else "")] = fast[0]
         kernels = _kernel_section(artifact)
@@ -89,7 +90,7 @@ def save(
             for name in [n for n in sections if n.startswith("fastload")]:
                 del sections[name]
     else:
-        fast = _fast_sections(artifact, artifact.module)
+        fast, fast_refusal = _fast_sections(artifact, artifact.module)
         if fast is not None:
             sections["fastload"], sections["kernels"] = fast
         else:
@@ -119,6 +120,8 @@ def save(
         else None,
         "cudagraphs": _compat.compiled_function_uses_cudagraphs(artifact.compiled_function),
     }
+    if not artifact.variants and fast_refusal is not None:
+        meta["fast_load_refusal"] = fast_refusal  # said at load, in one INFO line
     if artifact.variants:
         # Layout: "compiled" is variant 0, "compiled.<i>" variant i; weights are shared.
         meta["variants"] = []
@@ -192,6 +195,12 @@ def load(
         f_globals = _module_globals(meta.get("globals"), path)
     guards = Guards.from_json(meta.get("guards", []))
     compiled_function = _load_fast(sections, path, f_globals)
+    if compiled_function is None and "fastload" not in sections and not meta.get("variants"):
+        log.info(
+            "%s: loading through PyTorch's full path (Dynamo, AOTAutograd, Inductor): %s",
+            path,
+            meta.get("fast_load_refusal") or "the file has no fast-load section",
+        )
     if compiled_function is None:
         with _compat.shipped_cpu_kernels(sections.get("kernels")):
             compiled_function = _compat.deserialize_compiled_function(
@@ -223,20 +232,25 @@ def load(
     )
 
 
-def _fast_sections(artifact: PrecompiledArtifact, bound: Any) -> tuple[bytes, bytes] | None:
-    """The shipped-kernel sections that let a CPU inference artifact (or one variant of a
-    bundle, bound to the bundle's model) load without a compiler or Inductor."""
-    if artifact.training or artifact.device_type != "cpu" or artifact.variants:
-        return None
+def _fast_sections(
+    artifact: PrecompiledArtifact, bound: Any
+) -> tuple[tuple[bytes, bytes] | None, str | None]:
+    """The shipped-kernel sections that let a CPU artifact (inference or training, or
+    one variant of a bundle, bound to the bundle's model) load without a compiler,
+    Inductor or AOTAutograd; or None and why not."""
+    if artifact.device_type != "cpu":
+        return None, f"device {artifact.device_type}"
+    if artifact.variants:
+        return None, "a bundle of variants"
     if _compat.compiled_function_uses_cudagraphs(artifact.compiled_function):
-        return None  # mode="reduce-overhead": its runtime steps CUDA-graph generations
+        return None, 'mode="reduce-overhead"'  # its runtime steps CUDA-graph generations
     try:
         # Kernels this process loaded from a file are read back, not rebuilt.
         with _compat.reusing_shipped_kernels():
-            return _compat.cpu_kernel_binaries(artifact.compiled_function, bound)
+            return _compat.cpu_fast_sections(artifact.compiled_function, bound)
     except Exception as exc:  # never fail a save over the optional fast path
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
-        return None
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def _kernel_section(artifact: PrecompiledArtifact) -> bytes | None:

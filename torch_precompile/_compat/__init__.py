@@ -30,7 +30,7 @@ from .capture import (
     shape_env_var_ranges,
     wants_size_oblivious,
 )
-from .fastload import cpu_kernel_binaries, load_fast_compiled_function
+from .fastload import cpu_fast_sections, cpu_kernel_binaries, load_fast_compiled_function
 from .functions import (
     begin_cudagraph_step,
     build_guard_manager,
@@ -83,6 +83,7 @@ __all__ = [
     "compiled_function_signature",
     "compiled_function_uses_cudagraphs",
     "compiled_graph_callable",
+    "cpu_fast_sections",
     "cpu_kernel_binaries",
     "cpu_kernel_section",
     "deserialize_compiled_function",

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _profiler_state
 
-from . import wrapper
+from . import lean_autograd, wrapper
 from .kernels import kernel_key, pack_kernels
 from .light_guards import (
     LightGuards,
@@ -78,7 +78,8 @@ class FastCompiledFunction:
 
 
 def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
-    """Why ``fn`` cannot take the fast path (None if it can), its AOTAutograd entry and graph."""
+    """Why ``fn`` cannot take the fast path (None if it can), its compiled graphs
+    (forward, and backward for training) and, for training, the autograd spec."""
     artifacts = fn._artifacts
     if artifacts.device_type != "cpu":
         return f"device {artifacts.device_type}", None, None
@@ -87,7 +88,15 @@ def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
         return "the traced function has a closure", None, None
     entry = artifacts.compiled_fn.compiled_fn.serialize()
     if entry.compiled_bw is not None or entry.num_fw_outs_saved_for_bw:
-        return "training artifact", None, None
+        reason, autograd = lean_autograd.autograd_refusal(entry)
+        if reason is not None:
+            return f"training artifact: {reason}", None, None
+        graphs = [entry.compiled_fw.result, entry.compiled_bw.result]
+        for graph in graphs:
+            reason = _graph_refusal(graph)
+            if reason is not None:
+                return reason, None, None
+        return None, graphs, autograd
     if entry.maybe_subclass_meta is not None:
         return "tensor subclass inputs", None, None
     if any(getattr(w, "needs_post_compile", True) for w in entry.dispatch_wrappers):
@@ -104,65 +113,81 @@ def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
     if meta.num_intermediate_bases or meta.tokens or getattr(meta, "num_unsafe_view_outputs", 0):
         return "intermediate bases or effect tokens", None, None
     graph = entry.compiled_fw.result
+    reason = _graph_refusal(graph)
+    if reason is not None:
+        return reason, None, None
+    return None, [graph], None
+
+
+def _graph_refusal(graph: Any) -> str | None:
     if set(graph.device_types) - {"cpu"}:
-        return f"devices {sorted(graph.device_types)}", None, None
+        return f"devices {sorted(graph.device_types)}"
     if graph.constants or graph.torchbind_constants or graph.mutated_inputs or graph.partition_maps:
-        return "constants, mutated inputs or partitions in the compiled graph", None, None
-    return None, entry, graph
+        return "constants, mutated inputs or partitions in the compiled graph"
+    return wrapper.wrapper_refusal(graph.source_code)
 
 
 def cpu_kernel_binaries(fn: Any, bound_self: Any = None) -> tuple[bytes, bytes] | None:
-    """The ``fastload`` and ``kernels`` sections of a CPU inference artifact, or None.
+    """The ``fastload`` and ``kernels`` sections of a CPU artifact, or None."""
+    sections, _ = cpu_fast_sections(fn, bound_self)
+    return sections
+
+
+def cpu_fast_sections(
+    fn: Any, bound_self: Any = None
+) -> tuple[tuple[bytes, bytes] | None, str | None]:
+    """The ``fastload`` and ``kernels`` sections of a CPU artifact, or None and why not.
 
     Run at save, in a process where Inductor built (or can build) the kernels:
-    each C++ kernel of the wrapper is looked up in Inductor's code cache (a
-    hit right after compiling) and its shared object is read back.
+    each C++ kernel of the wrappers (forward, and backward for training) is
+    looked up in Inductor's code cache (a hit right after compiling) and its
+    shared object is read back.
     """
     import marshal
 
     if isinstance(fn, FastCompiledFunction):
-        return fn.fastload, fn.kernels
+        return (fn.fastload, fn.kernels), None
     if not hasattr(fn, "_artifacts"):
-        return None
+        return None, "not a compiled function PyTorch can serialize"
     try:
-        reason, _, graph = _fast_load_refusal(fn)
+        reason, graphs, autograd = _fast_load_refusal(fn)
     except Exception as exc:  # an unexpected PyTorch structure: keep the full path
-        reason = f"{type(exc).__name__}: {exc}"
+        reason, graphs, autograd = f"{type(exc).__name__}: {exc}", None, None
     if reason is not None:
         logging.getLogger("torch_precompile").debug("no fast load: %s", reason)
-        return None
-    source = graph.source_code
-    refusal = wrapper.wrapper_refusal(source)
-    if refusal is not None:
-        logging.getLogger("torch_precompile").debug("no fast load: %s", refusal)
-        return None
+        return None, reason
     from torch._inductor import select_algorithm
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
-    extern_names = sorted(set(re.findall(r"\bextern_kernels\.(\w+)", source)))
+    sources = [graph.source_code for graph in graphs]
+    extern_names = sorted(
+        {name for src in sources for name in re.findall(r"\bextern_kernels\.(\w+)", src)}
+    )
     for name in extern_names:
         kernel = getattr(select_algorithm.extern_kernels, name, None)
         if kernel is None or kernel is not getattr(torch, name, None):
-            logging.getLogger("torch_precompile").debug("no fast load: extern kernel %s", name)
-            return None
+            return None, f"extern kernel {name}"
     binaries: dict[str, bytes] = {}
-    for argtypes, kernel_source in wrapper.recorded_kernels(source):
-        kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, kernel_source)
-        with open(kernel.__self__.__file__, "rb") as f:
-            binaries[kernel_key(argtypes, kernel_source)] = f.read()
+    for source in sources:
+        for argtypes, kernel_source in wrapper.recorded_kernels(source):
+            key = kernel_key(argtypes, kernel_source)
+            if key in binaries:
+                continue
+            kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, kernel_source)
+            with open(kernel.__self__.__file__, "rb") as f:
+                binaries[key] = f.read()
     env = fn._artifacts.runtime_env
     try:
         used_globals = pickle.dumps(dict(env.used_globals), protocol=pickle.HIGHEST_PROTOCOL)
         signature = pickle.dumps(fn._artifacts.signature, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
-        logging.getLogger("torch_precompile").debug("no fast load: %s", exc)
-        return None
+        return None, f"{type(exc).__name__}: {exc}"
     spec = {
         "version": FASTLOAD_VERSION,
         "torch": torch.__version__,
-        "wrapper": source,
+        "wrapper": sources[0],
         "extern_kernels": extern_names,
-        "inputs_to_check": [int(i) for i in (graph.inputs_to_check or ())],
+        "inputs_to_check": [int(i) for i in (graphs[0].inputs_to_check or ())],
         "bytecode": marshal.dumps(env.bytecode),
         "import_sources": dict(env.import_sources),
         "used_globals": used_globals,
@@ -177,7 +202,16 @@ def cpu_kernel_binaries(fn: Any, bound_self: Any = None) -> tuple[bytes, bytes] 
         "light_guards": light_guard_spec(fn._artifacts.guard_manager, bound_self),
         "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
     }
-    return pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), pack_kernels(binaries)
+    if autograd is not None:
+        # Training: the backward's wrapper and how autograd runs the pair
+        # (absent: an inference artifact).
+        spec["backward"] = {
+            "version": lean_autograd.AUTOGRAD_SPEC_VERSION,
+            "wrapper": sources[1],
+            "inputs_to_check": [int(i) for i in (graphs[1].inputs_to_check or ())],
+            "autograd": dataclasses.asdict(autograd),
+        }
+    return (pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), pack_kernels(binaries)), None
 
 
 def load_fast_compiled_function(
@@ -203,6 +237,23 @@ def load_fast_compiled_function(
         data_ptr,
         filename,
     )
+    backward = spec.get("backward")
+    if backward is not None:
+        if backward.get("version") != lean_autograd.AUTOGRAD_SPEC_VERSION:
+            raise ValueError("the fast-load backward was written by another version")
+        bw_call = wrapper.build_graph_call(
+            backward["wrapper"],
+            spec["extern_kernels"],
+            backward["inputs_to_check"],
+            kernels,
+            data_ptr,
+            filename + " (backward)",
+        )
+        graph_call = lean_autograd.make_autograd_call(
+            lean_autograd.AutogradSpec(**backward["autograd"]),
+            graph_call.call_list,
+            bw_call.call_list,
+        )
     fn = bytecode_function(spec, graph_call, module_globals)
     original_code = marshal.loads(spec["original_code"])
     light = None
@@ -268,7 +319,7 @@ class _DynamoUtils:
 
 def bytecode_function(
     spec: dict[str, Any],
-    graph_call: wrapper.GraphCall,
+    graph_call: Callable[..., Any],
     module_globals: dict[str, Any] | None = None,
 ) -> types.FunctionType:
     """Dynamo's transformed bytecode as a function, with the graph bound to its backend name."""

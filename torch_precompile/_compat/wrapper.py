@@ -89,7 +89,10 @@ class GraphCall:
         self._inputs_to_check = tuple(inputs_to_check)
 
     def __call__(self, *args: Any) -> Any:
-        inputs = list(args)
+        return self.call_list(list(args))
+
+    def call_list(self, inputs: list[Any]) -> Any:
+        """Inductor's boxed convention: ``call`` takes (and empties) the list."""
         for i in self._inputs_to_check:
             t = inputs[i]
             if t.data_ptr() % ALIGNMENT:

@@ -1,0 +1,214 @@
+"""Training artifacts on the fast path: an ``autograd.Function`` around Inductor's
+compiled forward and backward, without AOTAutograd.
+
+At save, :func:`autograd_spec` reads from AOTAutograd's cache entry the little
+its runtime (``_AOTDispatchAutogradFunctionFactory`` in
+``torch/_functorch/_aot_autograd/runtime_wrappers.py``) needs for a plain
+graph: which forward outputs are the user's, which are tensors and sizes saved
+for backward, which outputs are viewed with ``_unsafe_view`` or do not need a
+gradient, which outputs' gradients the backward takes (and in what layout).
+Anything else (input mutation, outputs aliasing inputs, RNG state, tensor
+subclasses, effect tokens, a lazily compiled backward) is refused with a reason,
+and the artifact loads through PyTorch's full path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+AUTOGRAD_SPEC_VERSION = 1
+
+# Inductor's CPU lowering of random ops (dropout, rand*) draws a seed with
+# ``aten.randint`` and generates in its kernels (``normalized_rand_cpu``).
+_RNG_IN_WRAPPER = re.compile(
+    r"inductor_seeds|inductor_random|inductor_randint|aten\.rand|normalized_rand|rand\w*_cpu"
+    r"|\brand(?!_strided)\w*\(|bernoulli|philox"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AutogradSpec:
+    """What running the compiled forward and backward under autograd needs.
+
+    Indices count the compiled forward's outputs: the user's outputs come
+    first (``num_forward_returns``), then what the backward reads.
+    """
+
+    num_forward_returns: int
+    saved_vc_check: slice  # saved with ``save_for_backward`` (version-checked)
+    saved_no_vc_check: slice  # kept on ctx as is (AOTAutograd's no-vc-check tensors)
+    saved_symints: slice
+    unsafe_view_outputs: tuple[int, ...]
+    non_differentiable: tuple[int, ...]
+    tangent_outputs: tuple[int, ...]  # outputs whose gradients the backward takes, in order
+    tangent_layouts: tuple[Any, ...]  # per tangent: (size, stride) or a torch.memory_format
+    donated_buffers: bool  # the backward reuses saved buffers: no retain_graph
+    nondeterministic: bool  # compiled with deterministic algorithms off
+
+
+def autograd_refusal(entry: Any) -> tuple[str | None, AutogradSpec | None]:
+    """Why AOTAutograd's training entry cannot run as a plain ``autograd.Function``
+    (None if it can), and the spec when it can."""
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    if entry.compiled_bw is None:
+        return "the backward is compiled lazily", None
+    if entry.maybe_subclass_meta is not None:
+        return "tensor subclass inputs", None
+    if any(getattr(w, "needs_post_compile", True) for w in entry.dispatch_wrappers):
+        return "duplicated or aliased inputs", None
+    if entry.indices_of_inps_to_detach:
+        return "inputs to detach", None
+    if getattr(entry.compiled_bw, "backward_state_indices", None):
+        return "a BackwardState input (compiled autograd)", None
+    meta = entry.runtime_metadata
+    for info in meta.input_info:
+        if info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata:
+            return "the graph mutates an input", None
+    allowed = {OutputType.non_alias, OutputType.unsafe_view_alias}
+    for info in meta.output_info:
+        if info.output_type not in allowed:
+            return f"an output is {info.output_type.name}", None
+        if info.dynamic_dims:
+            return "an output has dynamic dimensions", None
+    if meta.num_intermediate_bases or meta.tokens or meta.num_backward_tokens:
+        return "intermediate bases or effect tokens", None
+    if meta.num_graphsafe_rng_states or meta.is_rng_op_functionalized:
+        return "RNG state threaded through the graph", None
+    if meta.grad_enabled_mutation is not None:
+        return "the graph changes the grad mode", None
+    if meta.dynamic_saved_tensors_idxs:
+        return "dynamic saved tensors", None
+    if meta.indices_of_inputs_that_requires_grad_with_mutations_in_bw:
+        return "the backward mutates an input", None
+    opaque = meta.opaque_objects_saved_for_backwards_slice
+    if opaque.stop is not None and opaque.stop != opaque.start:
+        return "opaque objects saved for backward", None
+    for graph in (entry.compiled_fw.result, entry.compiled_bw.result):
+        if _RNG_IN_WRAPPER.search(graph.source_code.split('\nif __name__ == "__main__":')[0]):
+            return "random ops (e.g. dropout) in the compiled graph", None
+    n = meta.num_forward_returns
+    if n != meta.num_outputs:
+        return "forward returns other than the user's outputs", None
+    tangent_outputs = []
+    for i, info in enumerate(meta.output_info):
+        if issubclass(info.raw_type, torch.Tensor) and info.requires_grad_for_backward:
+            tangent_outputs.append(i)
+    layouts: list[Any] = []
+    tangent_metas = list(meta.subclass_tangent_meta)
+    if len(tangent_metas) != len(tangent_outputs):
+        return "tangents do not match the outputs that need gradients", None
+    for tm in tangent_metas:
+        fmt = tm.memory_format
+        if fmt.memory_format is not None:
+            layouts.append(fmt.memory_format)
+        else:
+            size, stride = fmt.size, fmt.stride
+            if not all(isinstance(s, int) for s in (*size, *stride)):
+                return "a tangent of symbolic shape", None
+            layouts.append((tuple(int(s) for s in size), tuple(int(s) for s in stride)))
+    spec = AutogradSpec(
+        num_forward_returns=n,
+        saved_vc_check=meta.tensors_saved_for_backwards_with_vc_check_slice,
+        saved_no_vc_check=meta.tensors_saved_for_backwards_no_vc_check_slice,
+        saved_symints=meta.symints_saved_for_backwards_slice,
+        unsafe_view_outputs=tuple(int(i) for i in meta.unsafe_view_out_indices),
+        non_differentiable=tuple(
+            i for i, info in enumerate(meta.output_info) if not info.requires_grad
+        ),
+        tangent_outputs=tuple(tangent_outputs),
+        tangent_layouts=tuple(layouts),
+        donated_buffers=bool(meta.bw_donated_idxs),
+        nondeterministic=meta.deterministic is False,
+    )
+    return None, spec
+
+
+def _coerce_tangent(x: Any, layout: Any) -> Any:
+    """AOTAutograd's ``coerce_to_expected_memory_format`` for a plain tensor."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if isinstance(layout, torch.memory_format):
+        return x if x.is_contiguous(memory_format=layout) else x.contiguous(memory_format=layout)
+    size, stride = layout
+    if tuple(x.shape) == size and x.stride() == stride:
+        return x
+    out = torch.empty_strided(size, stride, dtype=x.dtype, device=x.device)
+    out.copy_(x)
+    return out
+
+
+def make_autograd_call(
+    spec: AutogradSpec,
+    forward: Callable[[list[Any]], Any],
+    backward: Callable[[list[Any]], Any],
+) -> Callable[..., Any]:
+    """``fn(*graph_inputs)`` returning the user's outputs, differentiable through
+    the compiled backward (Dynamo's calling convention for the graph)."""
+    # As AOTAutograd's cache entry decides at load: autocast on now means the
+    # compiled graphs (which already hold its casts) run with it off.
+    amp_off = torch._C._DisableAutocast if torch._C._is_any_autocast_enabled() else None
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:
+            if amp_off is not None:
+                with amp_off():
+                    fw_outs = forward(list(args))
+            else:
+                fw_outs = forward(list(args))
+            saved = [x.detach() if x._is_view() else x for x in fw_outs[spec.saved_vc_check]]
+            ctx.save_for_backward(*saved)
+            ctx.no_vc_check = [
+                x.detach() if x._is_view() else x for x in fw_outs[spec.saved_no_vc_check]
+            ]
+            ctx.symints = fw_outs[spec.saved_symints]
+            raw = list(fw_outs[: spec.num_forward_returns])
+            for i in spec.unsafe_view_outputs:
+                raw[i] = torch.ops.aten._unsafe_view(raw[i], raw[i].shape)
+            ctx.mark_non_differentiable(
+                *[raw[i] for i in spec.non_differentiable if isinstance(raw[i], torch.Tensor)]
+            )
+            ctx._materialize_non_diff_grads = False
+            return tuple(raw)
+
+        @staticmethod
+        @once_differentiable  # as AOTAutograd: no double backward through compiled code
+        def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+            if spec.donated_buffers and torch._C._autograd._get_current_graph_task_keep_graph():
+                raise RuntimeError(
+                    "This backward function was compiled with donated buffers, which "
+                    "requires retain_graph=False; keep backward(retain_graph=False)"
+                )
+            if spec.nondeterministic and torch.are_deterministic_algorithms_enabled():
+                raise RuntimeError(
+                    "This compiled backward is being run with "
+                    "torch.use_deterministic_algorithms(True), but it was compiled with it off"
+                )
+            saved = (*ctx.saved_tensors, *ctx.no_vc_check)
+            tangents = [
+                _coerce_tangent(grads[i], layout)
+                for i, layout in zip(spec.tangent_outputs, spec.tangent_layouts)
+            ]
+            all_args = [*ctx.symints, *saved, *tangents]
+            del saved, tangents
+            ctx.maybe_clear_saved_tensors()
+            ctx.no_vc_check = None
+            if amp_off is not None:
+                with amp_off():
+                    out = backward(all_args)
+            else:
+                out = backward(all_args)
+            return tuple(out)
+
+    def call(*args: Any) -> Any:
+        with torch.enable_grad():
+            return CompiledFunction.apply(*args)
+
+    return call

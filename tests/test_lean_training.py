@@ -48,7 +48,7 @@ from examples import models
 from torch_precompile import Precompile
 
 path, builder, how, kind = sys.argv[1:5]
-HEAVY = %r
+HEAVY = __HEAVY__
 
 def inputs():
     torch.manual_seed(1)
@@ -105,7 +105,7 @@ for step in range(4):
         ls.append(loss.item())
 torch.testing.assert_close(torch.tensor(losses), torch.tensor(elosses), rtol=1e-4, atol=1e-5)
 print("OK", losses)
-""" % (HEAVY,)
+""".replace("__HEAVY__", repr(HEAVY))
 
 
 def _capture(build, args, path: Path) -> Path:

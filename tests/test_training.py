@@ -389,7 +389,7 @@ def test_without_shipped_kernels_training_load_needs_a_compiler(
 ) -> None:
     """The control: the same file and environment with the shipped kernels turned off."""
     _, sections = _format.read_artifact(transformer.path)
-    assert "kernels" in sections and "fastload" not in sections
+    assert "kernels" in sections  # and "fastload" since lean training; the env var turns both off
     env = no_compiler_env(tmp_path)
     env["TORCH_PRECOMPILE_SHIPPED_KERNELS"] = "0"
     script = tmp_path / "control.py"

@@ -16,18 +16,13 @@ import pytest
 import torch
 from conftest import run_script
 
-from examples.models import build_transformer
 from torch_precompile import GuardError, Precompile
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, torch.Tensor, Any, Path]:
-    model, (ids,), _ = build_transformer()
-    with torch.no_grad():
-        art = Precompile.compile(model, ids)
-    path = tmp_path_factory.mktemp("hooks") / "transformer.pt"
-    Precompile.save(path, art)
-    return model, ids, art, path
+def built(staged: Any) -> tuple[Any, torch.Tensor, Any, Path]:
+    """The session's reference transformer artifact (conftest), compiled once for all."""
+    return staged.model, staged.example, staged.artifact, staged.path
 
 
 def _double(module: Any, args: Any, out: torch.Tensor) -> torch.Tensor:

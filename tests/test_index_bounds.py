@@ -17,7 +17,6 @@ import pytest
 import torch
 from conftest import run_script
 
-from examples.models import build_transformer
 from torch_precompile import Precompile
 
 BAD = [1000, -1, 10**9, -(10**9)]
@@ -33,13 +32,9 @@ def _gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def transformer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, torch.Tensor, Any, Path]:
-    model, (ids,), _ = build_transformer()
-    with torch.no_grad():
-        art = Precompile.compile(model, ids)
-    path = tmp_path_factory.mktemp("bounds") / "transformer.pt"
-    Precompile.save(path, art)
-    return model, ids, art, path
+def transformer(staged: Any) -> tuple[Any, torch.Tensor, Any, Path]:
+    """The session's reference transformer artifact (conftest), compiled once for all."""
+    return staged.model, staged.example, staged.artifact, staged.path
 
 
 @pytest.fixture(scope="module")

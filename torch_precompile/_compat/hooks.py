@@ -48,6 +48,15 @@ def hook_check(root: Any, inlined_modules: bool) -> Callable[[], bool] | None:
     by assignment is still seen.
     """
     g = _nn_module
+
+    def check_global() -> bool:
+        return bool(
+            g._global_forward_pre_hooks
+            or g._global_forward_hooks
+            or g._global_backward_pre_hooks
+            or g._global_backward_hooks
+        )
+
     if isinstance(root, torch.nn.Module):
         m = root
 
@@ -57,25 +66,11 @@ def hook_check(root: Any, inlined_modules: bool) -> Callable[[], bool] | None:
                 or m._forward_hooks
                 or m._backward_pre_hooks
                 or m._backward_hooks
-                or g._global_forward_pre_hooks
-                or g._global_forward_hooks
-                or g._global_backward_pre_hooks
-                or g._global_backward_hooks
+                or check_global()
             )
 
         return check
-    if inlined_modules:
-
-        def check_global() -> bool:
-            return bool(
-                g._global_forward_pre_hooks
-                or g._global_forward_hooks
-                or g._global_backward_pre_hooks
-                or g._global_backward_hooks
-            )
-
-        return check_global
-    return None
+    return check_global if inlined_modules else None
 
 
 def registered_hooks(module: Any) -> list[tuple[str, Any]]:

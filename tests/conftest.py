@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from examples.hf_models import assert_same_output  # noqa: E402, F401 (for the tests)
 from examples.models import build_transformer  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
 
@@ -115,7 +116,7 @@ def no_compiler_env(root: Path) -> dict[str, str]:
 _FRESH_LOAD = """
 import json, sys
 import torch
-from conftest import assert_same_output
+from examples.hf_models import assert_same_output
 from torch_precompile import Precompile
 
 cases, library, tol = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
@@ -154,35 +155,6 @@ for name, case in cases.items():
 """
 
 
-def output_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
-    """Every tensor in a model's output, in order: through tuples, lists, mappings
-    (``ModelOutput``) and plain objects (a transformers ``DynamicCache``'s layers)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if depth > 8:
-        return []
-    if isinstance(value, dict):
-        items = list(value.values())
-    elif isinstance(value, (list, tuple)):
-        items = list(value)
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-        items = list(vars(value).values())
-    else:
-        return []
-    return [t for item in items for t in output_tensors(item, depth + 1)]
-
-
-def assert_same_output(got: Any, want: Any, rtol: float = 1e-4, atol: float = 1e-4) -> float:
-    """``got`` has ``want``'s type and tensors (compared with tolerances); returns the
-    largest absolute difference."""
-    assert type(got) is type(want), (type(got), type(want))
-    got_t, want_t = output_tensors(got), output_tensors(want)
-    assert len(got_t) == len(want_t) > 0, (len(got_t), len(want_t))
-    for g, w in zip(got_t, want_t):
-        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
-    return max((g.float() - w.float()).abs().max().item() for g, w in zip(got_t, want_t))
-
-
 def fresh_load_results(
     cases: dict[str, dict[str, str]],
     library: str,
@@ -194,8 +166,6 @@ def fresh_load_results(
     code for that process, which may add to ``results``; ``tol`` overrides
     :func:`assert_same_output`'s tolerances. Returns ``results``."""
     source = _FRESH_LOAD + after + "\nprint(json.dumps(results))\n"
-    tests_dir = str(Path(__file__).resolve().parent)
-    env = dict(env, PYTHONPATH=os.pathsep.join([env.get("PYTHONPATH", str(ROOT)), tests_dir]))
     proc = run_script(source, json.dumps(cases), library, json.dumps(tol), env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -28,6 +28,9 @@ from conftest import (
 from torch_precompile import GuardError, Precompile
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
+from examples.hf_models import extra_models, survey_models  # noqa: E402
+
+CATALOGUE = {**survey_models(), **extra_models()}
 T = transformers
 
 VOCAB = 1000
@@ -118,35 +121,13 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[Any, ...], dict[str
         (_images(),),
         {},
     ),
-    # The positional convolution has a weight_norm parametrization: a module whose
-    # class refuses pickling, saved in Dynamo's guard state as a plain module.
-    "wav2vec2": (
-        lambda: T.Wav2Vec2Model(
-            T.Wav2Vec2Config(
-                hidden_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                intermediate_size=128,
-                conv_dim=(16, 16),
-                conv_stride=(5, 2),
-                conv_kernel=(10, 3),
-                num_conv_pos_embeddings=16,
-                num_conv_pos_embedding_groups=4,
-            )
-        ),
-        (),
-        {"input_values": torch.randn(2, 400, generator=torch.Generator().manual_seed(0))},
-    ),
-    # Traced code asks pytree about its inputs: Dynamo guards on the pytree registry,
-    # a source rooted at an import (not saved, as other process globals are not).
-    "mamba": (
-        lambda: T.MambaForCausalLM(
-            T.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB, state_size=8)
-        ),
-        (_ids(2, 16),),
-        {},
-    ),
 }
+
+# From the survey's catalogue, each guarding a fix: Wav2Vec2's positional convolution
+# has a weight_norm parametrization (a module whose class refuses pickling, saved in
+# Dynamo's guard state as a plain module); Mamba's traced code asks pytree about its
+# inputs, so Dynamo guards the pytree registry, a process global.
+MODELS.update({name: CATALOGUE[name] for name in ("wav2vec2", "mamba")})
 
 
 def _build(name: str) -> torch.nn.Module:

@@ -76,8 +76,8 @@ def _ids(batch: int, seq: int) -> torch.Tensor:
 
 def test_ranges_are_recorded_as_shape_guards(gpt_dynamic: tuple[Any, Any, Path]) -> None:
     artifact = gpt_dynamic[0]
-    ranges = [g for g in artifact.guards if g.kind == "shape" and isinstance(g.expected, dict)]
-    got = {(g.expected["dim"], g.expected["min"], g.expected["max"]) for g in ranges}
+    ranges = [g for g in artifact.guards if g.kind == "range"]
+    got = {(g.dim, g.min, g.max) for g in ranges}
     assert got == {(0, 1, 8), (1, 1, 128)}, [g.expr for g in ranges]
     assert all(g.subject == "L['ids']" for g in ranges)
     assert "input 'ids': dimension 0" in str(artifact.guards)
@@ -233,10 +233,10 @@ def test_fresh_process_serves_all_sizes_without_compiling(
 
 def test_size_oblivious_serves_batch_one(mlp_size_oblivious: tuple[Any, Any]) -> None:
     artifact, model = mlp_size_oblivious
-    ranges = [g for g in artifact.guards if g.kind == "shape" and isinstance(g.expected, dict)]
-    batch_range = [g for g in ranges if g.expected["dim"] == 0]
+    ranges = [g for g in artifact.guards if g.kind == "range"]
+    batch_range = [g for g in ranges if g.dim == 0]
     assert len(batch_range) == 1, [g.expr for g in ranges]
-    assert batch_range[0].expected["min"] <= 1 and not batch_range[0].expected["note"]
+    assert batch_range[0].min <= 1 and not batch_range[0].note
     for batch in (1, 3, 64):
         x = torch.randn(batch, 32)
         with torch.no_grad():

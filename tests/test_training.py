@@ -150,7 +150,7 @@ def test_stages_build_a_training_artifact(case: Case) -> None:
     assert case.inductor.source_code["backward"].strip()
     assert "training" in repr(case.artifact)
     autograd = [g for g in case.artifact.guards.by_phase("aot_autograd") if g.kind == "autograd"]
-    assert autograd and autograd[0].expected is True
+    assert autograd and autograd[0].training is True
 
 
 @pytest.mark.parametrize("source", ["built", "loaded"])

@@ -127,8 +127,8 @@ def _compare(got: Any, want: Any, name: str) -> None:
 @pytest.mark.parametrize("name", list(DYNAMIC))
 def test_dynamic_zoo_serves_other_sizes(dynamic_zoo: dict[str, Any], name: str) -> None:
     artifact, model, _ = dynamic_zoo[name]
-    ranges = [g for g in artifact.guards if g.kind == "shape" and isinstance(g.expected, dict)]
-    assert ranges and all(g.expected["min"] <= 2 for g in ranges), [g.expr for g in ranges]
+    ranges = [g for g in artifact.guards if g.kind == "range"]
+    assert ranges and all(g.min <= 2 for g in ranges), [g.expr for g in ranges]
     for size in DYNAMIC_SIZES[name]:
         args, kwargs = _resized(name, size)
         with torch.no_grad():
@@ -140,8 +140,8 @@ def test_dynamic_zoo_batch_one_runs_or_states_the_range(
     dynamic_zoo: dict[str, Any], name: str
 ) -> None:
     artifact, model, _ = dynamic_zoo[name]
-    ranges = [g for g in artifact.guards if g.kind == "shape" and isinstance(g.expected, dict)]
-    lowest = max(g.expected["min"] for g in ranges)
+    ranges = [g for g in artifact.guards if g.kind == "range"]
+    lowest = max(g.min for g in ranges)
     args, kwargs = _resized(name, 1)
     if lowest <= 1:
         with torch.no_grad():
@@ -157,9 +157,7 @@ def test_resnet_batch_one_variant_fills_the_narrowed_range(
     """Inductor's convolutions narrow ResNet's batch range to [2, 8]; a static batch-1
     variant bundled in front serves batch 1, and the file serves 1..8 after load."""
     dynamic, model, _ = dynamic_zoo["resnet"]
-    ranges = [
-        g.expected for g in dynamic.guards if g.kind == "shape" and isinstance(g.expected, dict)
-    ]
+    ranges = [g.expected for g in dynamic.guards if g.kind == "range"]
     assert min(r["min"] for r in ranges) == 2, ranges  # the narrowing this test is about
     args, kwargs = _resized("resnet", 1)
     with torch.no_grad():
@@ -221,13 +219,13 @@ def test_decorated_forward_identity_guard_is_saved(zoo: dict[str, Any]) -> None:
     identity = [g for g in artifact.guards if g.kind == "identity"]
     closure = [g for g in identity if g.subject == "L['forward']"]
     assert len(closure) == 1, [g.expr for g in identity]
-    exp = closure[0].expected
-    assert exp["qualname"] == "DecoratedModel.forward"
-    assert exp["file"].endswith("examples/models.py")
-    assert len(exp["code_hash"]) == 64
+    exp = closure[0].identity
+    assert exp.qualname == "DecoratedModel.forward"
+    assert exp.file.endswith("examples/models.py")
+    assert len(exp.code_hash) == 64
     assert "closure variable 'forward'" in closure[0].expr
     # Global functions Dynamo inlined (F.layer_norm) are checked by name and bytecode too.
-    assert any("layer_norm" in g.expr and g.expected["what"] == "function" for g in identity)
+    assert any("layer_norm" in g.expr and g.identity.what == "function" for g in identity)
 
 
 def test_dropped_guards_are_summarised_in_one_warning_line(zoo: dict[str, Any]) -> None:
@@ -238,8 +236,8 @@ def test_dropped_guards_are_summarised_in_one_warning_line(zoo: dict[str, Any]) 
     assert "torch-precompile inspect" in warnings[0]
     dropped = [g for g in zoo["decorated"][0].guards if g.kind == "dropped"]
     assert len(dropped) == 1
-    assert any(line.startswith("TYPE_MATCH self") for line in dropped[0].expected)
-    assert str(len(dropped[0].expected)) in warnings[0]
+    assert any(line.startswith("TYPE_MATCH self") for line in dropped[0].entries)
+    assert str(len(dropped[0].entries)) in warnings[0]
 
 
 def test_identity_guard_detects_a_changed_function(zoo: dict[str, Any]) -> None:
@@ -251,11 +249,9 @@ def test_identity_guard_detects_a_changed_function(zoo: dict[str, Any]) -> None:
     def forward(self: Any, x: Any, mask: Any = None) -> Any:  # same name, other code
         return x
 
-    from torch_precompile._guards import check_identity
-
-    problem = check_identity(guard, forward)
+    problem = guard.check_value(forward)
     assert problem is not None and "DecoratedModel.forward" in problem and "changed" in problem
-    assert check_identity(guard, runtime.closure_locals["forward"]) is None
+    assert guard.check_value(runtime.closure_locals["forward"]) is None
 
 
 def test_config_object_guards(zoo: dict[str, Any]) -> None:

@@ -25,8 +25,8 @@ from ._errors import (
     PrecompileError,
     UntrustedArtifactError,
 )
-from ._guards import Guard, Guards
 from ._inductor_stage import InductorOutput
+from .guards import Guard, Guards
 
 __version__ = "0.1.0"
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
-from . import _capture_registry, _compat
+from . import _compat
 from ._dynamo_stage import CaptureState, DynamoOutput, stage_timings
-from ._guards import Guard, Guards, describe_source
+from ._handoff import hand_out, received
+from .guards import AutogradGuard, Guard, Guards, ShapeGuard, requires_grad_note, shape_guards
 
 log = logging.getLogger("torch_precompile")
 
@@ -42,14 +43,20 @@ class AOTAutogradOutput:
         return f"# AOTAutograd {kind} graph\n" + self.joint_graph.code.strip()
 
 
-def resolve_capture(obj: Any, guards: Guards | None, what: str) -> CaptureState:
-    state = _capture_registry.lookup(obj, guards)
-    if state is None:
-        raise ValueError(
-            f"{what} does not come from Precompile.dynamo (or its capture is gone); "
-            "pass the previous stage's output, or the graph module and guards it returned"
-        )
-    return state
+def new_shape_guards(capture: _compat.Capture, guards: Guards, phase: str) -> list[Guard]:
+    """The capture's symbolic-shape guards that ``guards`` does not hold yet, as ``phase``'s."""
+    known = {g.expression for g in guards.of_kind(ShapeGuard)}
+    return shape_guards(
+        phase, [e for e in _compat.shape_env_guard_exprs(capture) if e not in known]
+    )
+
+
+def not_from_a_stage(what: str, stage: str) -> ValueError:
+    """The error for a graph module or guards that no stage handed out."""
+    return ValueError(
+        f"{what} does not come from Precompile.{stage}; pass that stage's output, "
+        "or the graph module and guards it returned"
+    )
 
 
 def check_calling_convention(
@@ -84,25 +91,22 @@ def aot_autograd(
     decompositions: dict[Any, Callable[..., Any]] | None = None,
 ) -> AOTAutogradOutput:
     """Trace the ATen graph of a Dynamo graph once, with AOTAutograd."""
-    if isinstance(gm_or_dynamo_output, DynamoOutput):
-        gm, guards = gm_or_dynamo_output.graph_module, guards or gm_or_dynamo_output.guards
-        state = gm_or_dynamo_output._state
-        earlier: Mapping[str, float] = gm_or_dynamo_output._timings
+    gm = gm_or_dynamo_output
+    if isinstance(gm, DynamoOutput):
+        dynamo_out: DynamoOutput | None = gm
+        gm = gm.graph_module
+    elif isinstance(gm, torch.fx.GraphModule):
+        dynamo_out = received(DynamoOutput, gm, guards)
     else:
-        gm = gm_or_dynamo_output
-        if not isinstance(gm, torch.fx.GraphModule):
-            raise TypeError(
-                f"expected a DynamoOutput or torch.fx.GraphModule, got {type(gm).__name__}"
-            )
-        state = resolve_capture(gm, guards, "this graph module")
-        dynamo_out = _capture_registry.output_of(DynamoOutput, gm, guards)
-        earlier = dynamo_out._timings if dynamo_out is not None else {}
-        guards = guards if guards is not None else Guards(capture_id=state.capture_id)
+        raise TypeError(f"expected a DynamoOutput or torch.fx.GraphModule, got {type(gm).__name__}")
+    if dynamo_out is None:
+        raise not_from_a_stage("this graph module", "dynamo")
+    guards = guards if guards is not None else dynamo_out.guards
+    state = dynamo_out._state
     capture = state.capture
     check_calling_convention(
         gm, len(capture.fake_inputs), count_outputs(capture.graph_module), "aot_autograd"
     )
-    shape_before = len(_compat.shape_env_guard_exprs(capture))
     log.info("aot_autograd: tracing the ATen graph")
     start = time.perf_counter()
     # Later stages run under the capture's grad mode: it decides training vs inference.
@@ -116,41 +120,11 @@ def aot_autograd(
         "joint forward+backward" if training else "inference",
     )
     joint_gm = _compat.joint_graph_module(jd)
-    _capture_registry.tag(joint_gm, state.capture_id, state)
-    added = [_grad_mode_guard(training), _requires_grad_guard(capture, training)]
-    for expr in _compat.shape_env_guard_exprs(capture)[shape_before:]:
-        added.append(Guard("aot_autograd", "shape", expr, None, expr))
-    timings = stage_timings(earlier, "aot_autograd", elapsed)
+    added = [
+        AutogradGuard.of(training),
+        requires_grad_note(capture.input_sources, capture.local_scope, training),
+        *new_shape_guards(capture, guards, "aot_autograd"),
+    ]
+    timings = stage_timings(dynamo_out._timings, "aot_autograd", elapsed)
     out = AOTAutogradOutput(joint_gm, guards.extend(added), state, jd, gm, timings)
-    _capture_registry.link_output(out, joint_gm, out.guards)
-    return out
-
-
-def _grad_mode_guard(training: bool) -> Guard:
-    if training:
-        expr = "training artifact: call with grad enabled (outputs carry grad_fn)"
-    else:
-        expr = (
-            "inference artifact: runs without autograd; "
-            "with grad enabled, nothing it reads may require grad"
-        )
-    return Guard("aot_autograd", "autograd", expr, "grad mode", training)
-
-
-def _requires_grad_guard(capture: _compat.Capture, training: bool) -> Guard:
-    scope = {"L": capture.local_scope}
-    names = []
-    for source in capture.input_sources:
-        try:
-            value = eval(source, {"__builtins__": {}}, scope)
-        except Exception:
-            continue
-        if isinstance(value, torch.Tensor) and value.requires_grad:
-            names.append(describe_source(source))
-    if not training:
-        expr = "no gradients are computed"
-    elif len(names) > 6:
-        expr = f"gradients flow to {len(names)} inputs: {', '.join(names[:6])}, ..."
-    else:
-        expr = f"gradients flow to: {', '.join(names) or 'nothing'}"
-    return Guard("aot_autograd", "requires_grad", expr)
+    return hand_out(out, joint_gm)

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._aot_stage import aot_autograd
-from ._artifact import PrecompiledArtifact, precompile
+from ._artifact import PrecompiledArtifact
 from ._dynamo_stage import dynamo
 from ._inductor_stage import inductor
 from ._io import load, save
+from ._precompile_stage import precompile
 
 log = logging.getLogger("torch_precompile")
 

@@ -238,7 +238,7 @@ def _timings_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
 
 
 def _guards_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
-    from ._guards import Guards
+    from .guards import Guards
 
     entries = meta.get("guards", [])
     for entry in entries:

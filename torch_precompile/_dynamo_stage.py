@@ -8,15 +8,17 @@ import logging
 import re
 import time
 import types
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-from . import _capture_registry, _compat
+from . import _compat
 from ._errors import CaptureError
-from ._guards import Guards, describe_source, dynamo_guards
+from ._handoff import hand_out
 from ._signature import describe_inputs
+from .guards import Guards, capture_guards, describe_source
 
 log = logging.getLogger("torch_precompile")
 
@@ -26,7 +28,10 @@ class CaptureState:
     """What later stages need from the capture; private, shared by reference.
 
     Set once by the Dynamo stage and only read afterwards: what a later stage
-    learns (its timing, training or inference) lives in that stage's output.
+    learns (its timing, training or inference, its guards) lives in that
+    stage's output. (Later stages trace with the capture's shape environment,
+    which records their symbolic-shape guards; each stage reports as its own
+    the ones not already in its input's guards.)
     """
 
     capture: _compat.Capture
@@ -181,9 +186,8 @@ def dynamo(
         training=_wants_grad(model, args, kwargs),
         input_signature=describe_inputs(capture.signature, capture.bound_self, args, kwargs),
     )
-    state.capture_id = _capture_registry.register(state)
-    _capture_registry.tag(capture.graph_module, state.capture_id, state)
-    entries = dynamo_guards(
+    state.capture_id = uuid.uuid4().hex
+    entries = capture_guards(
         capture.guards,
         capture.local_scope,
         _compat.shape_env_symbol_sources(capture),
@@ -199,8 +203,7 @@ def dynamo(
         state,
         stage_timings({}, "dynamo", elapsed),
     )
-    _capture_registry.link_output(out, capture.graph_module, guards)
-    return out
+    return hand_out(out, capture.graph_module)
 
 
 def stage_timings(earlier: Mapping[str, float], stage: str, seconds: float) -> Mapping[str, float]:

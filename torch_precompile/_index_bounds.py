@@ -11,17 +11,18 @@ checks those inputs with one ``aminmax`` each before the kernels run.
 An index reaches a gather-like op through value-preserving views (``view``,
 ``reshape``, ``unsqueeze``, ``expand``, a dtype cast...); an index computed
 from an input by arithmetic, or a part of one (``slice``, ``select``), is not
-recorded and keeps Inductor's own check.
+recorded and keeps Inductor's own check. The check itself is
+:class:`torch_precompile.guards.IndexChecks`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ._guards import Guard, describe_source, parse_source
+from .guards import Guard, IndexGuard, describe_source
 
 _aten = torch.ops.aten
 
@@ -125,58 +126,8 @@ def index_guards(gm: torch.fx.GraphModule, input_sources: Sequence[str]) -> list
             f"{describe_source(source)}: values in [{entry['min']}, {entry['max']}) "
             f"({'; '.join(entry['uses'])}); checked at each call, IndexError otherwise"
         )
-        guards.append(Guard("inductor", "index", expr, source, entry))
+        guard = IndexGuard(
+            "inductor", expr, source, entry["min"], entry["max"], tuple(entry["uses"])
+        )
+        guards.append(guard)
     return guards
-
-
-class IndexChecks:
-    """The ``index`` guards of an artifact, checked before each call (CPU tensors).
-
-    One ``torch.aminmax`` per index input. CUDA tensors are not checked here
-    (it would synchronise every call): Inductor's Triton kernels assert on the
-    device, as eager's CUDA embedding does.
-    """
-
-    def __init__(self, guards: Sequence[Guard]) -> None:
-        self.checks: list[tuple[Callable[[dict[str, Any]], Any], int, int, Guard]] = []
-        for g in guards:
-            if g.kind != "index" or not g.subject or not isinstance(g.expected, dict):
-                continue
-            getter = _getter(g.subject)
-            if getter is not None:
-                self.checks.append((getter, int(g.expected["min"]), int(g.expected["max"]), g))
-
-    def check(self, f_locals: dict[str, Any]) -> None:
-        """Raise IndexError naming the input and the range if an index is out of range."""
-        for getter, low, high, g in self.checks:
-            try:
-                t = getter(f_locals)
-            except (KeyError, IndexError, TypeError, AttributeError):
-                continue  # the guards decide on a missing input
-            if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.numel() == 0:
-                continue
-            if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-                continue
-            lo, hi = torch.aminmax(t)
-            lo_v, hi_v = int(lo), int(hi)
-            if lo_v < low or hi_v >= high:
-                uses = "; ".join(g.expected.get("uses", ()))
-                raise IndexError(
-                    f"{describe_source(g.subject or '')}: index out of range: values must be in "
-                    f"[{low}, {high}) ({uses}), got values in [{lo_v}, {hi_v}]"
-                )
-
-
-def _getter(source: str) -> Callable[[dict[str, Any]], Any] | None:
-    parsed = parse_source(source)
-    if parsed is None or parsed[0] != "L":
-        return None
-    _, root, steps = parsed
-
-    def get(f_locals: dict[str, Any]) -> Any:
-        obj = f_locals[root]
-        for kind, key in steps:
-            obj = getattr(obj, key) if kind == "attr" else obj[key]
-        return obj
-
-    return get

@@ -10,11 +10,17 @@ from typing import Any
 
 import torch
 
-from . import _capture_registry, _compat, _system
-from ._aot_stage import AOTAutogradOutput, check_calling_convention, resolve_capture
+from . import _compat, _system
+from ._aot_stage import (
+    AOTAutogradOutput,
+    check_calling_convention,
+    new_shape_guards,
+    not_from_a_stage,
+)
 from ._dynamo_stage import CaptureState, stage_timings
-from ._guards import Guard, Guards
+from ._handoff import hand_out, received
 from ._index_bounds import index_guards
+from .guards import Guard, Guards, SystemGuard
 
 log = logging.getLogger("torch_precompile")
 
@@ -49,32 +55,24 @@ def inductor(
     options: dict[str, Any] | None = None,
 ) -> InductorOutput:
     """Compile the AOTAutograd graph with Inductor (``mode``/``options`` as in torch.compile)."""
-    if isinstance(joint_or_aot_output, AOTAutogradOutput):
-        aot = joint_or_aot_output
-        joint_gm = aot.joint_graph
-        guards = guards or aot.guards
+    joint_gm = joint_or_aot_output
+    if isinstance(joint_gm, AOTAutogradOutput):
+        aot: AOTAutogradOutput | None = joint_gm
+        joint_gm = joint_gm.joint_graph
+    elif isinstance(joint_gm, torch.fx.GraphModule):
+        aot = received(AOTAutogradOutput, joint_gm, guards)
     else:
-        joint_gm = joint_or_aot_output
-        if not isinstance(joint_gm, torch.fx.GraphModule):
-            raise TypeError(
-                "expected an AOTAutogradOutput or torch.fx.GraphModule, "
-                f"got {type(joint_gm).__name__}"
-            )
-        resolve_capture(joint_gm, guards, "this joint graph")
-        found = _capture_registry.output_of(AOTAutogradOutput, joint_gm, guards)
-        if found is None:
-            raise ValueError(
-                "this graph was not produced by Precompile.aot_autograd; run that stage first, "
-                "and pass its output, or the joint graph and the guards it returned"
-            )
-        aot = found
-        guards = guards if guards is not None else aot.guards
+        raise TypeError(
+            f"expected an AOTAutogradOutput or torch.fx.GraphModule, got {type(joint_gm).__name__}"
+        )
+    if aot is None:
+        raise not_from_a_stage("this joint graph", "aot_autograd")
+    guards = guards if guards is not None else aot.guards
     state = aot._state
     jd = aot._joint
     if joint_gm is not _compat.joint_graph_module(jd):
         check_calling_convention(joint_gm, _compat.joint_placeholder_count(jd), None, "inductor")
     capture = state.capture
-    shape_before = len(_compat.shape_env_guard_exprs(capture))
     log.info("inductor: compiling %s", "forward and backward" if aot.training else "forward")
     start = time.perf_counter()
     # The compile works on private copies: ``aot`` can compile again (another config).
@@ -84,39 +82,30 @@ def inductor(
         )
     elapsed = time.perf_counter() - start
     log.info("inductor: done in %.2f s", elapsed)
-    added = [
-        Guard("inductor", "shape", expr, None, expr)
-        for expr in _compat.shape_env_guard_exprs(capture)[shape_before:]
-    ]
+    added = new_shape_guards(capture, guards, "inductor")
     added.extend(index_guards(joint_gm, capture.input_sources))
     added.extend(system_guards(capture.device_type))
     timings = stage_timings(aot._timings, "inductor", elapsed)
     out = InductorOutput(compiled, guards.extend(added), sources, aot.training, state, timings)
     compiled._torch_precompile_output = out
-    return out
+    return hand_out(out, None)
 
 
 def system_guards(device_type: str) -> list[Guard]:
     """What the generated kernels assume about the machine; checked at load."""
     info = _system.current_system()
-    entries = [
-        Guard("inductor", "system", f"device type == {device_type}", "device_type", device_type),
-        Guard("inductor", "system", f"torch version == {info['torch']}", "torch", info["torch"]),
-        Guard("inductor", "system", f"python == {info['python']}", "python", info["python"]),
+    facts = [
+        ("device_type", f"device type == {device_type}", device_type),
+        ("torch", f"torch version == {info['torch']}", info["torch"]),
+        ("python", f"python == {info['python']}", info["python"]),
     ]
     if device_type == "cpu":
-        entries.append(
-            Guard(
-                "inductor",
-                "system",
-                f"CPU instruction set >= {info['cpu_isa']}",
-                "cpu_isa",
-                info["cpu_isa"],
-            )
-        )
+        facts.append(("cpu_isa", f"CPU instruction set >= {info['cpu_isa']}", info["cpu_isa"]))
     elif info.get("cuda"):
         cap = info["cuda"]["capability"]
-        entries.append(
-            Guard("inductor", "system", f"CUDA compute capability == {cap}", "cuda_capability", cap)
-        )
-    return entries
+        facts.append(("cuda_capability", f"CUDA compute capability == {cap}", cap))
+    return [SystemGuard("inductor", expr, key, _frozen(value)) for key, expr, value in facts]
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value

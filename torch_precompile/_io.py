@@ -15,9 +15,11 @@ from typing import Any
 import torch
 
 from . import _compat, _format, _standin, _system
-from ._artifact import PrecompiledArtifact, Runtime
+from ._artifact import PrecompiledArtifact
 from ._errors import ArtifactCorruptedError, KernelDirectoryError
-from ._guards import Guards, hooked_modules, unmet_by
+from ._precompile_stage import bundle_variants
+from ._runtime import Runtime
+from .guards import Guards, hooks_entry, unmet_by
 
 log = logging.getLogger("torch_precompile")
 
@@ -207,7 +209,7 @@ def load(
                 sections["compiled"],
                 f_globals,
                 cudagraphs=bool(meta.get("cudagraphs")),
-                hook_guards=hooked_modules(guards) is not None,
+                hook_guards=hooks_entry(guards) is not None,
             )
     bound = _bind(meta.get("kind"), sections, model, path)
     training = bool(meta.get("training"))
@@ -312,8 +314,6 @@ def _load_variants(
     start: float,
 ) -> PrecompiledArtifact:
     """A bundle of variants (see ``Precompile.precompile([...])``), sharing one model."""
-    from ._artifact import bundle_variants
-
     variants = []
     for i, vmeta in enumerate(meta["variants"]):
         guards = Guards.from_json(vmeta.get("guards", []))
@@ -332,7 +332,7 @@ def _load_variants(
                         sections[f"compiled.{i}"],
                         f_globals or None,
                         cudagraphs=bool(meta.get("cudagraphs")),
-                        hook_guards=hooked_modules(guards) is not None,
+                        hook_guards=hooks_entry(guards) is not None,
                     )
         training = bool(vmeta.get("training"))
         variants.append(

@@ -54,6 +54,7 @@ from .functions import (
     serialize_compiled_function,
     unresolved_globals,
 )
+from .guard_vocab import CapturedGuard, SaveCandidate, captured_guards, save_candidate
 from .hooks import hook_check, registered_global_hooks, registered_hooks
 from .joint import (
     compile_joint,
@@ -72,8 +73,11 @@ from .kernels import (
 __all__ = [
     "UNSERIALIZABLE_GUARD_KINDS",
     "Capture",
+    "CapturedGuard",
+    "SaveCandidate",
     "begin_cudagraph_step",
     "build_guard_manager",
+    "captured_guards",
     "compile_joint",
     "compiled_function_bytecode",
     "compiled_function_closure_locals",
@@ -106,6 +110,7 @@ __all__ = [
     "registered_global_hooks",
     "registered_hooks",
     "reusing_shipped_kernels",
+    "save_candidate",
     "serialize_compiled_function",
     "shape_env_guard_exprs",
     "shape_env_symbol_sources",

@@ -1,0 +1,258 @@
+"""The call path: what runs between ``artifact(*args)`` and the compiled kernels.
+
+An artifact's runtime is a short list of steps built once (at ``precompile``
+or ``load``): bind the arguments, check module hooks, check the guards, check
+identities and index ranges, step CUDA graphs, call the compiled code. The
+runtime executes the list; ``to_python()`` prints the same list as plain
+Python, so the two describe one thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import _compat
+from ._errors import GuardError
+from ._signature import make_binder
+from .guards import (
+    ROOT_SOURCE,
+    AutogradGuard,
+    Guards,
+    HooksGuard,
+    IdentityChecks,
+    IndexChecks,
+    call_of,
+    diagnose,
+    hooks_entry,
+)
+
+
+@dataclasses.dataclass
+class Frame:
+    """One call as the steps see it: the arguments, then the traced frame's locals."""
+
+    full: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    f_locals: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Step:
+    """One step of the call path. ``check`` returns a GuardError to refuse the call."""
+
+    def check(self, frame: Frame) -> GuardError | None:
+        return None
+
+
+@dataclasses.dataclass
+class BindArguments(Step):
+    """Map the call's arguments to the traced function's parameters (defaults applied)."""
+
+    signature: inspect.Signature
+    closure_locals: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        self._bind = make_binder(self.signature)
+
+    def check(self, frame: Frame) -> GuardError | None:
+        try:
+            arguments = self._bind(*frame.full, **frame.kwargs)
+        except TypeError as exc:
+            raise TypeError(
+                f"arguments do not match the captured signature {self.signature}: {exc}"
+            ) from None
+        frame.f_locals = {**self.closure_locals, **arguments} if self.closure_locals else arguments
+        return None
+
+
+@dataclasses.dataclass
+class CheckHooks(Step):
+    """Module hooks the compiled code would not run: the model's own and global ones
+    here (the submodules' are in PyTorch's guard tree)."""
+
+    guard: HooksGuard | None
+    bound_self: Any
+
+    def __post_init__(self) -> None:
+        sources = self.guard.modules if self.guard is not None else ()
+        if self.guard is None and isinstance(self.bound_self, torch.nn.Module):
+            sources = (ROOT_SOURCE,)  # saved before the ``hooks`` entry existed
+        self.sources = sources
+        root = self.bound_self if ROOT_SOURCE in sources else None
+        self._present = _compat.hook_check(root, bool(sources))
+
+    def check(self, frame: Frame) -> GuardError | None:
+        if self._present is None or not self._present():
+            return None
+        guard = self.guard or HooksGuard.of((), True)
+        return guard.error(call_of((), frame.f_locals)) or GuardError(
+            f"{HooksGuard.NO_HOOKS_RUN} [dynamo]"
+        )
+
+
+@dataclasses.dataclass
+class CheckGuards(Step):
+    """PyTorch's guard manager (or its plain-Python translation after a lean load);
+    when it refuses, the typed guards say which assumption broke."""
+
+    guard_manager: Any
+    guards: Guards
+
+    def check(self, frame: Frame) -> GuardError | None:
+        if self.guard_manager.check(frame.f_locals):
+            return None
+        reason = _compat.guard_failure_reason(self.guard_manager, frame.f_locals)
+        return diagnose(self.guards, frame.f_locals, reason)
+
+
+@dataclasses.dataclass
+class CheckIdentities(Step):
+    """Functions, classes and modules the traced code used, by identity across processes."""
+
+    identities: IdentityChecks
+
+    def check(self, frame: Frame) -> GuardError | None:
+        return self.identities.check(frame.f_locals)
+
+
+@dataclasses.dataclass
+class CheckIndices(Step):
+    """Index inputs in range, else IndexError as eager (Inductor's kernels would abort)."""
+
+    indices: IndexChecks
+
+    def check(self, frame: Frame) -> GuardError | None:
+        self.indices.check(frame.f_locals)
+        return None
+
+
+@dataclasses.dataclass
+class CallCompiled(Step):
+    """Dynamo's transformed bytecode: extracts the graph inputs, calls the compiled
+    graph, rebuilds the output (and steps CUDA graphs first, under reduce-overhead)."""
+
+    fn: Any
+    cudagraphs: bool
+
+    def call(self, frame: Frame) -> Any:
+        if self.cudagraphs:
+            _compat.begin_cudagraph_step()
+        return self.fn(*frame.full, **frame.kwargs)
+
+
+class Runtime:
+    """Runs PyTorch's compiled function through the artifact's steps.
+
+    ``bound_self`` is what the traced code sees as ``self``: the live model,
+    or a stand-in rebuilt from the file's weights. ``grad_enabled`` is the grad
+    mode Dynamo captured under (it guards it): an inference artifact whose
+    inputs need no grad runs under it whatever the caller's mode.
+    """
+
+    def __init__(
+        self,
+        compiled_function: Any,
+        guards: Guards,
+        bound_self: Any,
+        training: bool,
+        grad_enabled: bool | None = None,
+    ) -> None:
+        guard_manager, fn, signature = _compat.compiled_function_parts(compiled_function)
+        self.compiled_function = compiled_function
+        self.guard_manager = guard_manager
+        self.fn = fn
+        self.signature: inspect.Signature = signature
+        self.closure_locals = _compat.compiled_function_closure_locals(compiled_function)
+        self.guards = guards
+        self.bound_self = bound_self
+        self.training = training
+        self.grad_enabled = training if grad_enabled is None else grad_enabled
+        self._params: list[torch.Tensor] = (
+            list(bound_self.parameters()) if isinstance(bound_self, torch.nn.Module) else []
+        )
+        self.checks: tuple[Step, ...] = (
+            BindArguments(signature, self.closure_locals),
+            CheckHooks(hooks_entry(guards), bound_self),
+            CheckGuards(guard_manager, guards),
+            CheckIdentities(IdentityChecks(guards, getattr(fn, "__globals__", {}))),
+            CheckIndices(IndexChecks(guards)),
+        )
+        self.call_step = CallCompiled(
+            fn, _compat.compiled_function_uses_cudagraphs(compiled_function)
+        )
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The call path in order: the checks, then the compiled call."""
+        return (*self.checks, self.call_step)
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        failure, result = self.try_call(args, kwargs)
+        if failure is not None:
+            raise failure
+        return result
+
+    def try_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """``(None, result)``, or ``(GuardError, None)`` without running the compiled code."""
+        with self.grad_mode(args, kwargs) as refusal:
+            if refusal is not None:
+                return refusal, None
+            frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+            for step in self.checks:
+                failure = step.check(frame)
+                if failure is not None:
+                    return failure, None
+            return None, self.call_step.call(frame)
+
+    @contextlib.contextmanager
+    def grad_mode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run under the captured grad mode; yields a GuardError when that would change
+        the result (an inference artifact called while something requires grad)."""
+        if self.training or torch.is_grad_enabled() == self.grad_enabled:
+            if self.training and not torch.is_grad_enabled():
+                yield GuardError(f"{AutogradGuard.TRAINING_UNDER_NO_GRAD} [aot_autograd]")
+            else:
+                yield None
+            return
+        culprit = self._requires_grad(args, kwargs) if torch.is_grad_enabled() else None
+        if culprit is not None:
+            yield GuardError(f"{AutogradGuard.inference_under_grad(culprit)} [aot_autograd]")
+            return
+        # Nothing requires grad, so either grad mode gives eager's result.
+        with torch.set_grad_enabled(self.grad_enabled):
+            yield None
+
+    def _requires_grad(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                return "an input"
+        if any(p.requires_grad for p in self._params):
+            return "a parameter of the model"
+        return None
+
+
+class VariantRuntime:
+    """Runs the first of several compiled variants whose guards hold for the call
+    (each variant's guards are checked once per call)."""
+
+    def __init__(self, variants: Sequence[Any], labels: Sequence[str]) -> None:
+        self.variants = tuple(variants)
+        self.labels = tuple(labels)
+        first = self.variants[0]._runtime
+        self.bound_self = first.bound_self
+        self.training = first.training
+        self.grad_enabled = first.grad_enabled
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        failures = []
+        for i, (variant, label) in enumerate(zip(self.variants, self.labels)):
+            failure, result = variant._runtime.try_call(args, kwargs)
+            if failure is None:
+                return result
+            failures.append(f"variant {i} ({label}): {failure}")
+        raise GuardError("no variant's guards hold for this call:\n  " + "\n  ".join(failures))

@@ -1,0 +1,162 @@
+"""Checks at call time that run beside PyTorch's guard manager, and the diagnosis
+that says in words which guard a refused call breaks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .._errors import GuardError
+from ._base import Call, Guard
+from ._objects import HooksGuard, IdentityGuard, IndexGuard
+from ._python import render
+from ._shapes import RangeGuard
+from ._source import MISSING, Source
+from ._values import AutogradGuard, TensorGuard, ValueGuard
+
+
+def call_of(guards: Sequence[Guard], f_locals: dict[str, Any]) -> Call:
+    """A call's view for the checks: its locals, grad mode and dynamic sizes."""
+    sizes = {}
+    for g in guards:
+        if isinstance(g, RangeGuard):
+            size = g.size(f_locals)
+            if size is not None:
+                sizes[g.symbol] = size
+    return Call(f_locals, torch.is_grad_enabled(), sizes)
+
+
+def _rank(g: Guard) -> int:
+    # Grad mode and hooks first, then the recorded ranges (they say what sizes
+    # are served), then everything else in stage order.
+    if isinstance(g, (AutogradGuard, HooksGuard)):
+        return 0
+    return 1 if isinstance(g, RangeGuard) else 2
+
+
+def diagnose(guards: Sequence[Guard], f_locals: dict[str, Any], fallback: str) -> GuardError:
+    """Which guard the call breaks, as a GuardError (``fallback``: PyTorch's own reason)."""
+    call = call_of(guards, f_locals)
+    for g in sorted(guards, key=_rank):
+        error = g.error(call)
+        if error is not None:
+            return error
+    return GuardError(
+        f"a guard failed: {fallback}{_inference_mode_hint(fallback, f_locals)} [dynamo]"
+    )
+
+
+def unmet_by(guards: Sequence[Guard], self_value: Any) -> list[str]:
+    """The tensor and value guards on ``self`` that ``self_value`` (a stand-in) breaks."""
+    call = Call({"self": self_value}, torch.is_grad_enabled())
+    problems = []
+    for g in guards:
+        if isinstance(g, (TensorGuard, ValueGuard)) and g.source.startswith("L['self']"):
+            problem = g.problem(call)
+            if problem:
+                problems.append(problem)
+    return problems
+
+
+def hooks_entry(guards: Sequence[Guard]) -> HooksGuard | None:
+    """The ``hooks`` entry (None: the guards were saved before it existed)."""
+    return next((g for g in guards if isinstance(g, HooksGuard)), None)
+
+
+def _tensors_in(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item, depth + 1)
+    elif depth < 4 and isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item, depth + 1)
+
+
+def _inference_mode_hint(reason: str, f_locals: dict[str, Any]) -> str:
+    """What to do when a dispatch-key mismatch comes from ``torch.inference_mode()``."""
+    m = re.search(r"expected (DispatchKeySet\([^)]*\)), actual (DispatchKeySet\([^)]*\))", reason)
+    if m is None:
+        return ""
+    expected, actual = m.groups()
+    if "ADInplaceOrView" in expected and "ADInplaceOrView" not in actual:
+        if any(t.is_inference() for t in _tensors_in(f_locals)):
+            return (
+                "; an input is an inference tensor (made under torch.inference_mode()) and the "
+                "capture saw normal tensors: make the inputs outside inference_mode, or capture "
+                "under torch.inference_mode()"
+            )
+    elif "Autograd" in actual and "Autograd" not in expected:
+        return (
+            "; the capture ran under torch.inference_mode() with inference tensors: call it "
+            "under torch.inference_mode() with inputs made there, or capture without it"
+        )
+    return ""
+
+
+class IdentityChecks:
+    """The identity guards of an artifact, checked cheaply.
+
+    Globals are checked once (when the artifact is built or loaded); locals
+    (closure variables, arguments) on each call, by full comparison only when
+    the object differs from the last one that passed.
+    """
+
+    def __init__(self, guards: Sequence[Guard], f_globals: dict[str, Any]) -> None:
+        entries = [g for g in guards if isinstance(g, IdentityGuard)]
+        self.local = [(g, Source.parse(g.source)) for g in entries if g.source.startswith("L[")]
+        self.global_failure: GuardError | None = None
+        for g in entries:
+            source = Source.parse(g.source)
+            if source is not None and not source.is_local:
+                problem = g.check_value(source.resolve({}, f_globals, g.scope_module))
+                if problem:
+                    self.global_failure = GuardError(f"{problem} [{g.phase}]")
+                    break
+        self._passed: dict[int, Any] = {}
+
+    def check(self, f_locals: dict[str, Any]) -> GuardError | None:
+        if self.global_failure is not None:
+            return self.global_failure
+        for i, (g, source) in enumerate(self.local):
+            value = source.resolve(f_locals) if source is not None else MISSING
+            if value is not MISSING and self._passed.get(i) is value:
+                continue
+            problem = g.check_value(value)
+            if problem:
+                return GuardError(f"{problem} [{g.phase}]")
+            self._passed[i] = value
+        return None
+
+
+class IndexChecks:
+    """The ``index`` guards of an artifact, checked before each call (CPU tensors).
+
+    One ``torch.aminmax`` per index input. CUDA tensors are not checked here
+    (it would synchronise every call): Inductor's Triton kernels assert on the
+    device, as eager's CUDA embedding does.
+    """
+
+    def __init__(self, guards: Sequence[Guard]) -> None:
+        self.checks: list[tuple[Callable[[dict[str, Any]], Any], IndexGuard]] = []
+        for g in guards:
+            source = Source.parse(g.source) if isinstance(g, IndexGuard) else None
+            if source is not None and source.is_local:
+                self.checks.append((source.resolve, g))  # type: ignore[arg-type]
+
+    def check(self, f_locals: dict[str, Any]) -> None:
+        """Raise IndexError naming the input and the range if an index is out of range."""
+        for resolve, g in self.checks:
+            t = resolve(f_locals)
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.numel() == 0:
+                continue
+            if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+                continue
+            lo, hi = torch.aminmax(t)
+            lo_v, hi_v = int(lo), int(hi)
+            if lo_v < g.min or hi_v >= g.max:
+                raise IndexError(render(g.out_of_range(str(lo_v), str(hi_v))))

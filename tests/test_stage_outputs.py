@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import platform
 import types
 
@@ -77,7 +78,7 @@ def test_inductor_text_is_the_generated_code(staged) -> None:
 
 def test_each_stage_keeps_the_guards_it_was_given_and_adds_its_own(staged) -> None:
     chain = [staged.dynamo.guards, staged.aot.guards, staged.inductor.guards]
-    for before, after in zip(chain, chain[1:]):
+    for before, after in itertools.pairwise(chain):
         assert list(after)[: len(before)] == list(before)
     added = staged.aot.guards.by_phase("aot_autograd")
     assert any(g.kind == "autograd" and g.training is False for g in added)
@@ -112,5 +113,5 @@ def test_unpacked_pieces_find_their_stage_without_the_output_object(staged) -> N
         gc.collect()
         assert isinstance(guards.stage_output, AOTAutogradOutput)
         assert guards.stage_output.joint_graph is joint
-    with pytest.raises(ValueError, match="does not come from Precompile.dynamo"):
+    with pytest.raises(ValueError, match=r"does not come from Precompile\.dynamo"):
         Precompile.aot_autograd(torch.fx.symbolic_trace(torch.nn.Linear(2, 2)))

@@ -172,6 +172,9 @@ class Runtime:
         self.bound_self = bound_self
         self.training = training
         self.grad_enabled = training if grad_enabled is None else grad_enabled
+        # A training artifact is refused under no_grad by its own guard; a file of
+        # torch's save_compiled_function has none, and its guard manager decides.
+        self._needs_grad = any(isinstance(g, AutogradGuard) and g.training for g in guards)
         self._params: list[torch.Tensor] = (
             list(bound_self.parameters()) if isinstance(bound_self, torch.nn.Module) else []
         )
@@ -214,7 +217,7 @@ class Runtime:
         """Run under the captured grad mode; yields a GuardError when that would change
         the result (an inference artifact called while something requires grad)."""
         if self.training or torch.is_grad_enabled() == self.grad_enabled:
-            if self.training and not torch.is_grad_enabled():
+            if self._needs_grad and not torch.is_grad_enabled():
                 yield GuardError(f"{AutogradGuard.TRAINING_UNDER_NO_GRAD} [aot_autograd]")
             else:
                 yield None

@@ -12,7 +12,8 @@ from ._aot_stage import aot_autograd
 from ._artifact import PrecompiledArtifact, precompile
 from ._dynamo_stage import dynamo
 from ._inductor_stage import inductor
-from ._io import load, save
+from .file.load import load
+from .file.save import save
 
 log = logging.getLogger("torch_precompile")
 

@@ -313,7 +313,7 @@ def _measure_sizes(artifact: PrecompiledArtifact) -> dict[str, int]:
         log.debug("could not measure the compiled function's size: %s", exc)
     mod = artifact.module
     if isinstance(mod, torch.nn.Module):
-        from ._standin import module_tensors
+        from .file.standin import module_tensors
 
         sizes["weights"] = sum(t.numel() * t.element_size() for t in module_tensors(mod).values())
     return sizes

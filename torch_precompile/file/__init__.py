@@ -7,6 +7,35 @@
 - :mod:`.standin`: a model's weights and plain attributes, without its class;
 - :mod:`.save`, :mod:`.load`: ``Precompile.save`` / ``Precompile.load``.
 
-Importing this package imports nothing: ``torch-precompile inspect`` reads a
-header with :mod:`.read` and :mod:`.header` alone, without torch's compiler.
+The package exports the container (no torch import): ``torch-precompile
+inspect`` reads a header with it and :mod:`.header`, without torch's compiler.
 """
+
+from __future__ import annotations
+
+from .layout import FORMAT_VERSION, MAGIC, ArtifactInfo, looks_like_artifact
+from .read import (
+    ArtifactReader,
+    open_artifact,
+    read_artifact,
+    read_file,
+    read_info,
+    read_meta,
+    read_prefix,
+)
+from .write import write_artifact
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "ArtifactInfo",
+    "ArtifactReader",
+    "looks_like_artifact",
+    "open_artifact",
+    "read_artifact",
+    "read_file",
+    "read_info",
+    "read_meta",
+    "read_prefix",
+    "write_artifact",
+]

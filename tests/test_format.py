@@ -27,7 +27,6 @@ import pytest
 
 from torch_precompile import _system
 from torch_precompile import file as container
-from torch_precompile.file import read as file_read
 from torch_precompile._errors import (
     ArtifactCorruptedError,
     ArtifactVersionError,
@@ -45,6 +44,7 @@ from torch_precompile.file import (
     read_meta,
     write_artifact,
 )
+from torch_precompile.file import read as file_read
 
 PKG_DIR = str(Path(container.__file__).resolve().parent.parent)
 # Makes `from torch_precompile import file` work in a child without the package __init__.

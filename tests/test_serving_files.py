@@ -32,9 +32,9 @@ from torch_precompile import (
     UntrustedArtifactError,
 )
 from torch_precompile import file as container
-from torch_precompile.file import read as file_read
 from torch_precompile._cli import main as cli_main
 from torch_precompile._cli import printable
+from torch_precompile.file import read as file_read
 from torch_precompile.file.header import Header, VariantRecord
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,6 +55,8 @@ META = Header(
 def _meta(variant: dict[str, Any] | None = None, **top: Any) -> dict[str, Any]:
     """META with top-level fields and fields of its variant replaced."""
     return {**META, **top, "variants": [{**META["variants"][0], **(variant or {})}]}
+
+
 SECTIONS = {"compiled": b"c" * 5000, "weights": bytes(range(256)) * 40}
 
 
@@ -244,7 +246,9 @@ def test_streamed_checks_across_chunk_boundaries(
 
 
 @pytest.mark.parametrize(
-    ("read", "at_call"), [(container.read_info, 3), (container.read_artifact, 1)], ids=["info", "all"]
+    ("read", "at_call"),
+    [(container.read_info, 3), (container.read_artifact, 1)],
+    ids=["info", "all"],
 )
 def test_file_shrinking_while_read_is_corrupted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read: Callable[[Path], Any], at_call: int

@@ -19,8 +19,8 @@ from torch_precompile import (
     IncompatibleSystemError,
     Precompile,
     UntrustedArtifactError,
-    _format,
 )
+from torch_precompile import file as container
 
 KEY = b"build-server-secret"
 
@@ -36,10 +36,10 @@ class _Marker:
 
 
 def _rewrite(src, dst, *, meta_update=None, section_update=None, sign_key=None) -> None:
-    meta, sections = _format.read_artifact(src)
+    meta, sections = container.read_artifact(src)
     meta.update(meta_update or {})
     sections.update(section_update or {})
-    _format.write_artifact(dst, meta, sections, sign_key=sign_key)
+    container.write_artifact(dst, meta, sections, sign_key=sign_key)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_artifact_from_another_system_is_refused_before_unpickling(
     staged, tmp_path, field, value, needle
 ) -> None:
     marker = tmp_path / "executed"
-    meta, _ = _format.read_artifact(staged.path)
+    meta, _ = container.read_artifact(staged.path)
     system = dict(meta["system"], **{field: value})
     path = tmp_path / f"foreign_{field}.pt"
     _rewrite(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,8 @@ import torch
 from conftest import no_compiler_env
 
 from examples.models import build_scalar_fn, build_tiny_mlp
-from torch_precompile import GuardError, Precompile, _format
+from torch_precompile import GuardError, Precompile
+from torch_precompile import file as container
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,16 +59,20 @@ def _run(root: Path, body: str, env: dict[str, str]) -> subprocess.CompletedProc
     )
 
 
-def test_saved_artifact_ships_kernel_binaries(saved: dict[str, Path]) -> None:
-    meta, sections = _format.read_artifact(saved["artifact"])
-    assert "kernels" in sections and "fastload" in sections
-    from torch_precompile._compat import kernels as shipped
+def _kernel_sections(sections: dict[str, bytes]) -> dict[str, bytes]:
+    return {name: data for name, data in sections.items() if name.startswith("kernel/")}
 
-    kernels = shipped.unpack_kernels(sections["kernels"])
+
+def test_saved_artifact_ships_kernel_binaries(saved: dict[str, Path]) -> None:
+    meta, sections = container.read_artifact(saved["artifact"])
+    assert "fastload" in sections
+    # One section per kernel, named by its key: one level of sections, no nested index.
+    kernels = {n[len("kernel/") :]: v for n, v in sections.items() if n.startswith("kernel/")}
     assert len(kernels) >= 1
     for data in kernels.values():
         assert bytes(data[:4]) == b"\x7fELF"  # shared objects, not C++ source
-    assert meta["sizes"]["kernels"] == len(sections["kernels"])
+    assert all(re.fullmatch("[0-9a-f]{64}", key) for key in kernels)  # SHA-256 of each source
+    assert meta["sizes"]["kernels"] == sum(len(v) for v in kernels.values())
 
 
 def test_load_needs_no_compiler(saved: dict[str, Path]) -> None:
@@ -134,9 +140,9 @@ def test_full_path_loads_the_shipped_kernels(saved: dict[str, Path], tmp_path: P
     proc = _run(root, body, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert proc.stdout.strip().endswith("OK")
-    _, sections = _format.read_artifact(again)
-    _, original = _format.read_artifact(saved["artifact"])
-    assert sections["kernels"] == original["kernels"]
+    _, sections = container.read_artifact(again)
+    _, original = container.read_artifact(saved["artifact"])
+    assert _kernel_sections(sections) == _kernel_sections(original)
     assert "fastload" in sections
 
 
@@ -177,9 +183,9 @@ def test_fast_loaded_artifact_saves_again(saved: dict[str, Path], tmp_path: Path
     """
     proc = _run(tmp_path, body, env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    _, sections = _format.read_artifact(copy)
-    _, original = _format.read_artifact(saved["artifact"])
-    assert sections["kernels"] == original["kernels"]
+    _, sections = container.read_artifact(copy)
+    _, original = container.read_artifact(saved["artifact"])
+    assert _kernel_sections(sections) == _kernel_sections(original)
 
 
 def test_in_process_load_matches_eager(saved: dict[str, Path]) -> None:
@@ -349,7 +355,7 @@ def test_kernel_directories_unused_for_two_weeks_are_pruned(
     from torch_precompile._compat import kernels as shipped
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    section = shipped.pack_kernels({"k": b"not really a shared object"})
+    section = {"k": b"not really a shared object"}
     first = Path(shipped.kernel_dir(section))
     root = first.parent
     stale, recent = root / ("5" * 24), root / ("7" * 24)  # named as kernel_dir names them

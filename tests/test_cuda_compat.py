@@ -28,7 +28,8 @@ import pytest
 import torch
 
 from examples.models import build_transformer
-from torch_precompile import Precompile, _format
+from torch_precompile import Precompile
+from torch_precompile import file as container
 from torch_precompile._compat import joint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,7 +180,7 @@ def reduce_overhead_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_reduce_overhead_is_recorded_in_the_file(reduce_overhead_file: str) -> None:
-    meta, _ = _format.read_artifact(reduce_overhead_file)
+    meta, _ = container.read_artifact(reduce_overhead_file)
     assert meta["cudagraphs"] is True
 
 

@@ -23,7 +23,8 @@ import torch
 from conftest import no_compiler_env
 
 from examples.models import build_dropout_mlp, build_gpt
-from torch_precompile import GuardError, Precompile, _format
+from torch_precompile import GuardError, Precompile
+from torch_precompile import file as container
 
 # Every batch 1..8 with these lengths (the boundaries, powers of two and their
 # neighbours); set TORCH_PRECOMPILE_FULL_GRID=1 to serve all 128 lengths.
@@ -247,10 +248,11 @@ def test_without_shipped_kernels_the_dynamic_load_needs_a_compiler(
     gpt_dynamic: tuple[Any, Any, Path], tmp_path: Path
 ) -> None:
     """The control: the same file without its shipped kernels, in the same environment."""
-    meta, sections = _format.read_artifact(gpt_dynamic[2])
-    del sections["kernels"], sections["fastload"]  # the fast path needs the kernels too
+    meta, sections = container.read_artifact(gpt_dynamic[2])
+    for name in [n for n in sections if n.startswith("kernel/")] + ["fastload"]:
+        del sections[name]  # the fast path needs the kernels too
     stripped = tmp_path / "no_kernels.pt2"
-    _format.write_artifact(stripped, meta, sections)
+    container.write_artifact(stripped, meta, sections)
     script = tmp_path / "load.py"
     script.write_text(
         textwrap.dedent(

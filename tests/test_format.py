@@ -1,6 +1,6 @@
-"""Tests of the artifact container (_format) and the system compatibility check (_system).
+"""Tests of the artifact container (torch_precompile.file) and the system check (_system).
 
-No compilation happens here. Subprocesses import ``torch_precompile._format``
+No compilation happens here. Subprocesses import ``torch_precompile.file``
 without running the package ``__init__`` (which imports torch), so that spawning
 one costs tens of milliseconds.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import hmac
 import json
 import os
 import random
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from torch_precompile import _format, _system
+from torch_precompile import _system
+from torch_precompile import file as container
 from torch_precompile._errors import (
     ArtifactCorruptedError,
     ArtifactVersionError,
@@ -32,24 +34,26 @@ from torch_precompile._errors import (
     PrecompileError,
     UntrustedArtifactError,
 )
-from torch_precompile._format import (
+from torch_precompile.file import (
     FORMAT_VERSION,
     MAGIC,
     looks_like_artifact,
+    open_artifact,
     read_artifact,
     read_info,
     read_meta,
     write_artifact,
 )
+from torch_precompile.file import read as file_read
 
-PKG_DIR = str(Path(_format.__file__).resolve().parent)
-# Makes `from torch_precompile import _format` work in a child without the package __init__.
+PKG_DIR = str(Path(container.__file__).resolve().parent.parent)
+# Makes `from torch_precompile import file` work in a child without the package __init__.
 BOOTSTRAP = f"""
 import sys, types
 _pkg = types.ModuleType("torch_precompile")
 _pkg.__path__ = [{PKG_DIR!r}]
 sys.modules["torch_precompile"] = _pkg
-from torch_precompile import _format
+from torch_precompile import file as container
 """
 
 FIXED = struct.Struct("<8sIIQQ")
@@ -78,10 +82,13 @@ def _temps(directory: Path, target: str) -> list[str]:
 
 
 def _reseal(data: bytes, *, fix_total: bool = True) -> bytes:
-    """Recompute the total length and the trailing SHA-256, as an attacker could."""
+    """Recompute the total length, the header digest and the trailing SHA-256, as an
+    attacker could."""
     body = bytearray(data[:-32])
     if fix_total:
         struct.pack_into("<Q", body, 24, len(body) + 32)
+    (_, _, _, hlen, _) = FIXED.unpack_from(body)
+    body[32:64] = hashlib.sha256(body[64 : 64 + hlen]).digest()
     return bytes(body) + hashlib.sha256(body).digest()
 
 
@@ -89,14 +96,16 @@ def _build(
     header: bytes,
     payload: bytes = b"",
     *,
-    version: int = 1,
+    version: int = FORMAT_VERSION,
     flags: int = 0,
     header_len=None,
 ) -> bytes:
-    """A file with arbitrary header bytes and a valid checksum (unsigned)."""
+    """A file with arbitrary header bytes and valid checksums (unsigned); version 1 has
+    no header digest."""
     hlen = len(header) if header_len is None else header_len
-    total = FIXED.size + len(header) + len(payload) + 32
-    body = FIXED.pack(MAGIC, version, flags, hlen, total) + header + payload
+    digest = b"" if version == 1 else hashlib.sha256(header).digest()
+    total = FIXED.size + len(digest) + len(header) + len(payload) + 32
+    body = FIXED.pack(MAGIC, version, flags, hlen, total) + digest + header + payload
     return body + hashlib.sha256(body).digest()
 
 
@@ -246,13 +255,14 @@ def test_truncation_anywhere(tmp_path: Path) -> None:
     data = path.read_bytes()
     size = len(data)
     (_, _, _, hlen, _) = FIXED.unpack_from(data)
-    data_start = FIXED.size + hlen
+    data_start = FIXED.size + 32 + hlen
     cuts = {
         3,  # inside the magic
         10,  # inside the version
         20,  # inside the header length
         30,  # inside the total length
-        FIXED.size + hlen // 2,  # inside the header JSON
+        FIXED.size + 16,  # inside the header digest
+        FIXED.size + 32 + hlen // 2,  # inside the header JSON
         data_start,  # header complete, no sections
         data_start + 150,  # inside section a
         data_start + 300,  # end of a / the empty section
@@ -265,7 +275,7 @@ def test_truncation_anywhere(tmp_path: Path) -> None:
         size - 1,
         1,
     }
-    assert len(cuts) == 16
+    assert len(cuts) == 17
     for cut in sorted(cuts):
         truncated = tmp_path / f"cut{cut}.tpc"
         truncated.write_bytes(data[:cut])
@@ -284,9 +294,9 @@ import json
 from torch_precompile import _errors
 key = b"flip-key"
 modes = {
-    "meta": lambda p: _format.read_meta(p),
-    "plain": lambda p: _format.read_artifact(p),
-    "verified": lambda p: _format.read_artifact(p, verify_key=key),
+    "meta": lambda p: container.read_meta(p),
+    "plain": lambda p: container.read_artifact(p),
+    "verified": lambda p: container.read_artifact(p, verify_key=key),
 }
 for line in sys.stdin:
     path, mode_names = json.loads(line)
@@ -429,6 +439,123 @@ def test_newer_version(tmp_path: Path) -> None:
     _expect_corrupted(path)
 
 
+def _version_1(meta: dict, sections: dict[str, bytes], key: bytes | None = None) -> bytes:
+    """A format-version-1 file: no header digest; its HMAC covers the sections too."""
+    table, offset = [], 0
+    for name, data in sections.items():
+        table.append(_entry(name, offset, data))
+        offset += len(data)
+    header = _header(table, meta)
+    payload = b"".join(sections.values())
+    total = FIXED.size + len(header) + len(payload) + (32 if key else 0) + 32
+    body = FIXED.pack(MAGIC, 1, 1 if key else 0, len(header), total) + header + payload
+    if key:
+        body += hmac.new(key, body, hashlib.sha256).digest()
+    return body + hashlib.sha256(body).digest()
+
+
+@pytest.mark.parametrize("key", [None, b"k1"])
+def test_version_1_files_still_read(tmp_path: Path, key) -> None:
+    """The previous layout (no header digest, HMAC over the sections) reads as it did,
+    whole or header first (which then checks the whole file, having no header digest)."""
+    path = tmp_path / "v1.tpc"
+    sections = _sections()
+    path.write_bytes(_version_1(META, sections, key))
+    assert read_artifact(path, verify_key=key) == (META, sections)
+    info = read_info(path)
+    assert info.format_version == 1 and info.signed is (key is not None)
+    with open_artifact(path, verify_key=key) as reader:
+        assert reader.info.format_version == 1
+        assert {n: reader.read(n) for n in reader.names()} == sections
+    if key:
+        with pytest.raises(UntrustedArtifactError):
+            read_artifact(path, verify_key=b"another key")
+        with pytest.raises(UntrustedArtifactError):
+            open_artifact(path, verify_key=b"another key")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1  # in the sections: only the whole-file checksum sees it
+    path.write_bytes(bytes(data))
+    _expect_corrupted(path)
+    with pytest.raises(ArtifactCorruptedError):
+        open_artifact(path)
+
+
+# ---------------------------------------------------------------- header first
+
+
+def test_header_first_reads_only_the_header_and_the_asked_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """open_artifact reads the fixed fields and the header; read(name) reads that section."""
+    path = tmp_path / "big.tpc"
+    big = random.Random(3).randbytes(8 << 20)
+    write_artifact(path, META, {"big": big, "small": b"tiny", "empty": b""}, sign_key=b"k")
+    read_bytes = []
+    real = file_read._read_exactly
+
+    def counting(f, p, offset, into):
+        read_bytes.append(into.nbytes)
+        return real(f, p, offset, into)
+
+    monkeypatch.setattr(file_read, "_read_exactly", counting)
+    with open_artifact(path, verify_key=b"k") as reader:
+        assert reader.info.meta == META and reader.names() == ["big", "small", "empty"]
+        assert sum(read_bytes) < 4096  # fixed fields, header, HMAC: not the 8 MiB section
+        assert reader.read("small") == b"tiny" and reader.read("empty") == b""
+        assert sum(read_bytes) < 4096
+        assert reader.read("big") == big
+        with pytest.raises(KeyError):
+            reader.read("missing")
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+def test_header_first_never_returns_altered_bytes(tmp_path: Path, signed: bool) -> None:
+    """Flip each bit position of a small file once: the header-first reader raises, or
+    returns exactly the original sections (a flip in the trailing checksum, which it does
+    not need, or, unsigned, nowhere else)."""
+    key = b"flip-key" if signed else None
+    sections = {"code": b"print(1)" * 20, "empty": b"", "weights": bytes(range(200))}
+    path = tmp_path / "orig.tpc"
+    write_artifact(path, META, sections, sign_key=key)
+    original = path.read_bytes()
+    rng = random.Random(5)
+    flipped = tmp_path / "flipped.tpc"
+    returned = []
+    for pos in range(len(original)):
+        data = bytearray(original)
+        data[pos] ^= 1 << rng.randrange(8)
+        flipped.write_bytes(bytes(data))
+        try:
+            with open_artifact(flipped, verify_key=key) as reader:
+                got = {n: reader.read(n) for n in reader.names()}
+                meta = reader.info.meta
+        except (ArtifactCorruptedError, UntrustedArtifactError):
+            continue
+        assert (meta, got) == (META, sections), pos
+        returned.append(pos)
+    # Only the trailing checksum is not read (a flip there is harmless to what is returned).
+    assert returned == list(range(len(original) - 32, len(original)))
+
+
+def test_header_first_checks_the_signature(tmp_path: Path) -> None:
+    signed, unsigned = tmp_path / "s.tpc", tmp_path / "u.tpc"
+    write_artifact(signed, {"role": "user"}, {"code": b"ok"}, sign_key=b"k")
+    write_artifact(unsigned, {"role": "user"}, {"code": b"ok"})
+    with open_artifact(signed, verify_key=b"k") as reader:
+        assert reader.read("code") == b"ok"
+    with pytest.raises(UntrustedArtifactError, match="does not match"):
+        open_artifact(signed, verify_key=b"another key")
+    with pytest.raises(UntrustedArtifactError, match="not signed"):
+        open_artifact(unsigned, verify_key=b"k")
+    # Header edited and every digest recomputed: only the HMAC (over the header) catches it.
+    tampered = tmp_path / "t.tpc"
+    tampered.write_bytes(_reseal(signed.read_bytes().replace(b"user", b"root")))
+    with open_artifact(tampered) as reader:
+        assert reader.info.meta == {"role": "root"}
+    with pytest.raises(UntrustedArtifactError):
+        open_artifact(tampered, verify_key=b"k")
+
+
 # --------------------------------------------------------------------- signing
 
 
@@ -508,14 +635,14 @@ def test_failed_save_keeps_previous_file(tmp_path: Path, monkeypatch: pytest.Mon
 
     for target in ("replace", "fsync"):
         with monkeypatch.context() as m:
-            m.setattr(_format.os, target, boom)
+            m.setattr(os, target, boom)
             with pytest.raises(OSError, match="disk on fire"):
                 write_artifact(path, {"v": 2}, {"a": b"new" * 1000})
         assert path.read_bytes() == before, target
         assert _temps(tmp_path, "a.tpc") == [], target
 
     with monkeypatch.context() as m:
-        m.setattr(_format.os, "replace", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+        m.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
         with pytest.raises(KeyboardInterrupt):
             write_artifact(path, {"v": 2}, {"a": b"new"})
     assert path.read_bytes() == before and _temps(tmp_path, "a.tpc") == []
@@ -554,7 +681,7 @@ n = 0
 while count < 0 or n < count:
     payload = hashlib.sha256(f"{writer}-{n}".encode()).digest() * (size // 32)
     meta = {"writer": writer, "n": n, "sha256": hashlib.sha256(payload).hexdigest()}
-    _format.write_artifact(path, meta, {"payload": payload, "small": b"%d" % n})
+    container.write_artifact(path, meta, {"payload": payload, "small": b"%d" % n})
     n += 1
 """
 )

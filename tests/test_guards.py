@@ -1,7 +1,7 @@
 """Typed guards: one class per kind, each with its data, check, message and Python form.
 
 The same guard objects serve the runtime's diagnosis, the file's header
-(JSON round trip, and the untyped entries of format-2 files), and
+(JSON round trip, and the untyped entries of format-1 files), and
 ``to_python()`` (the generated check raises the runtime's message).
 """
 
@@ -79,7 +79,7 @@ def test_every_kind_round_trips_through_json(staged) -> None:
     assert {"tensor", "value", "global", "autograd", "system", "hooks", "index"} <= kinds
 
 
-def test_untyped_entries_of_format_2_files_load_as_typed_guards() -> None:
+def test_untyped_entries_of_format_1_files_load_as_typed_guards() -> None:
     legacy = [
         {"phase": "dynamo", "kind": "tensor", "expr": "input 'x': float32 (2,) on cpu",
          "subject": "L['x']",

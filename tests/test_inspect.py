@@ -23,7 +23,8 @@ import tomllib
 import torch
 
 from examples.models import build_nested_fn
-from torch_precompile import Precompile, _format
+from torch_precompile import Precompile
+from torch_precompile import file as container
 from torch_precompile._artifact import human_size
 from torch_precompile._cli import main as cli_main
 
@@ -140,7 +141,7 @@ def test_artifact_as_text(art: dict) -> None:
     for phase in ("dynamo (", "aot_autograd (", "inductor ("):
         assert phase in text
     assert "input 'ids': int64 (2, 32) on cpu" in text
-    sizes = _format.read_meta(saved_to)["sizes"]
+    sizes = container.read_meta(saved_to)["sizes"]
     assert f"sizes: compiled={human_size(sizes['compiled'])}, " in text
     assert f"weights={human_size(sizes['weights'])}" in text
 
@@ -153,7 +154,7 @@ def test_sizes_known_before_save_and_match_the_file(art: dict, tmp_path: Path) -
     assert sizes["weights"] == n_weights
     assert "sizes: compiled=" in fresh.as_text() and "file:" not in fresh.as_text()
     Precompile.save(tmp_path / "copy.pt", fresh)
-    saved = _format.read_meta(tmp_path / "copy.pt")["sizes"]
+    saved = container.read_meta(tmp_path / "copy.pt")["sizes"]
     # The same PyTorch serialization, measured in process and written to the file.
     assert sizes["compiled"] == saved["compiled"]
     assert n_weights < saved["weights"] < n_weights + 16384  # the section adds its index
@@ -196,8 +197,8 @@ def test_inspect_prints_the_header(art: dict) -> None:
     proc = _cli("inspect", art["path"])
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    meta = _format.read_meta(art["path"])
-    assert "torch_precompile artifact, format version 1" in out
+    meta = container.read_meta(art["path"])
+    assert f"torch_precompile artifact, format version {container.FORMAT_VERSION}" in out
     assert f"torch {torch.__version__}" in out
     assert f"Python {meta['system']['python']}" in out
     assert f"CPU instruction set {meta['system']['cpu_isa']}" in out
@@ -215,28 +216,32 @@ def test_inspect_json(art: dict) -> None:
     proc = _cli("inspect", art["path"], "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["format_version"] == _format.FORMAT_VERSION
+    assert data["format_version"] == container.FORMAT_VERSION
     assert data["signed"] is False
     assert data["file_size"] == os.path.getsize(art["path"])
-    assert [s["name"] for s in data["sections"]] == [
+    names = [s["name"] for s in data["sections"]]
+    kernels = [n for n in names if n.startswith("kernel/")]
+    assert kernels and names == [
         "compiled",
         "skeleton",
         "weights",
         "fastload",  # CPU inference: what loads without a compiler (test_coldstart.py)
-        "kernels",
+        *sorted(kernels),  # one section per shipped kernel
     ]
     meta = data["meta"]
     assert meta["system"]["torch"] == torch.__version__
-    assert meta["signature"]["graph_inputs"] == art["dynamo"].input_sources
-    assert meta["signature"]["parameters"]["ids"]["tensor"]["shape"] == [2, 32]
-    assert {g["phase"] for g in meta["guards"]} == {"dynamo", "aot_autograd", "inductor"}
-    assert set(meta["timings"]) == {"dynamo", "aot_autograd", "inductor", "precompile"}
+    assert meta["bundle"] is False and len(meta["variants"]) == 1
+    variant = meta["variants"][0]
+    assert variant["signature"]["graph_inputs"] == art["dynamo"].input_sources
+    assert variant["signature"]["parameters"]["ids"]["tensor"]["shape"] == [2, 32]
+    assert {g["phase"] for g in variant["guards"]} == {"dynamo", "aot_autograd", "inductor"}
+    assert set(variant["timings"]) == {"dynamo", "aot_autograd", "inductor", "precompile"}
 
 
 def test_inspect_signed_file(art: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    meta, sections = _format.read_artifact(art["path"])
+    meta, sections = container.read_artifact(art["path"])
     signed = tmp_path / "signed.pt"
-    _format.write_artifact(signed, meta, sections, sign_key="secret")
+    container.write_artifact(signed, meta, sections, sign_key="secret")
     assert cli_main(["inspect", str(signed)]) == 0  # no key needed to read the header
     assert ", signed (HMAC-SHA256)" in capsys.readouterr().out.splitlines()[0]
     assert cli_main(["inspect", "--json", str(signed)]) == 0
@@ -303,10 +308,10 @@ class _Payload:
 
 def test_inspect_never_unpickles_the_payload(art: dict, tmp_path: Path) -> None:
     marker = tmp_path / "payload-ran"
-    meta, sections = _format.read_artifact(art["path"])
+    meta, sections = container.read_artifact(art["path"])
     sections["compiled"] = pickle.dumps(_Payload(str(marker)))
     evil = tmp_path / "evil.pt"
-    _format.write_artifact(evil, meta, sections)  # a valid container with a valid checksum
+    container.write_artifact(evil, meta, sections)  # a valid container with a valid checksum
     outputs = []
     for args in (["inspect", str(evil)], ["inspect", str(evil), "--json"]):
         proc = _cli(*args, cwd=str(tmp_path))
@@ -316,7 +321,7 @@ def test_inspect_never_unpickles_the_payload(art: dict, tmp_path: Path) -> None:
     assert "forward(self, ids" in outputs[0]
     assert json.loads(outputs[1])["sections"][0]["name"] == "compiled"
     # The payload is live: unpickling the section does run it.
-    _, sections_back = _format.read_artifact(evil)
+    _, sections_back = container.read_artifact(evil)
     subprocess.run(
         [sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
         input=sections_back["compiled"],

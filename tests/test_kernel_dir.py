@@ -251,7 +251,7 @@ def test_read_only_kernel_dir_is_a_typed_error(saved: dict[str, Path], tmp_path:
 # ------------------------------------------------- faults made in this process
 
 
-SECTION = shipped.pack_kernels({"0" * 64: b"not really a shared object"})
+SECTION = {"0" * 64: b"not really a shared object"}  # the kernels of an artifact, by key
 
 
 @pytest.fixture
@@ -353,8 +353,8 @@ def test_shared_object_that_cannot_be_mapped_is_a_typed_error(tmp_path: Path) ->
     """dlopen refusing a shipped kernel (here: not an ELF file) is a typed error naming
     the file, not a fallback to compiling."""
     argtypes, source = ["float*"], 'extern "C" void kernel(float* x) {}'
-    section = shipped.pack_kernels({shipped.kernel_key(argtypes, source): b"\x7fELF truncated"})
-    loader = shipped.KernelLoader(shipped.unpack_kernels(section), str(tmp_path), "0")
+    kernels = {shipped.kernel_key(argtypes, source): b"\x7fELF truncated"}
+    loader = shipped.KernelLoader(kernels, str(tmp_path), "0")
     with pytest.raises(KernelDirectoryError, match="cannot be loaded") as info:
         loader.cpp_pybinding(argtypes, source)
     assert info.value.directory == str(tmp_path)
@@ -420,12 +420,15 @@ def test_shipped_kernels_off_skips_the_fast_path(
 ) -> None:
     """TORCH_PRECOMPILE_SHIPPED_KERNELS=0 (the way to ask for compiling) skips the fast
     path, which could only use the shipped kernels."""
-    from torch_precompile import _format, _io
+    from torch_precompile.file import load as file_load
+    from torch_precompile.file import open_artifact
 
-    _, sections = _format.read_artifact(saved["artifact"])
-    assert _io._load_fast(sections, str(saved["artifact"]), None) is not None
-    monkeypatch.setenv("TORCH_PRECOMPILE_SHIPPED_KERNELS", "0")
-    assert _io._load_fast(sections, str(saved["artifact"]), None) is None
+    with open_artifact(saved["artifact"]) as reader:
+        sections = file_load._Sections(reader)
+        kernels = file_load._kernels(reader.info.format_version, sections)
+        assert file_load._load_fast(sections, kernels, str(saved["artifact"]), None) is not None
+        monkeypatch.setenv("TORCH_PRECOMPILE_SHIPPED_KERNELS", "0")
+        assert file_load._load_fast(sections, kernels, str(saved["artifact"]), None) is None
 
 
 def test_prune_touches_only_kernel_directories(

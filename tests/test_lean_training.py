@@ -26,7 +26,8 @@ if str(ROOT) not in sys.path:
 from conftest import no_compiler_env, run_script  # noqa: E402
 
 from examples.models import build_dropout_mlp_train, build_tiny_mlp, build_transformer  # noqa: E402
-from torch_precompile import Precompile, _format  # noqa: E402
+from torch_precompile import Precompile  # noqa: E402
+from torch_precompile import file as container  # noqa: E402
 
 # ``import torch`` itself (2.13) imports the package ``torch._functorch._aot_autograd``
 # and its ``utils``; AOTAutograd's runtime is what the lean load must not import.
@@ -140,7 +141,7 @@ CASES = {"transformer": ("build_transformer", "ids"), "mlp": ("build_tiny_mlp", 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_lean_training_load(files: dict[str, Path], name: str, how: str, tmp_path: Path) -> None:
     path = files[name]
-    _, sections = _format.read_artifact(path)
+    _, sections = container.read_artifact(path)
     assert "fastload" in sections, "a plain CPU training artifact saves a fast-load section"
     builder, kind = CASES[name]
     proc = run_script(CHECK, str(path), builder, how, kind, env=no_compiler_env(tmp_path))
@@ -175,9 +176,9 @@ print("OK")
 
 def test_dropout_takes_full_path(files: dict[str, Path], tmp_path: Path) -> None:
     path = files["dropout"]
-    meta, sections = _format.read_artifact(path)
+    meta, sections = container.read_artifact(path)
     assert "fastload" not in sections
-    assert "random ops" in meta["fast_load_refusal"]
+    assert "random ops" in meta["variants"][0]["fast_load_refusal"]
     proc = run_script(DROPOUT, str(path), env=no_compiler_env(tmp_path))
     lines = [ln for ln in proc.stdout.splitlines() if "full path" in ln]
     assert len(lines) == 1 and lines[0].startswith("INFO"), proc.stdout

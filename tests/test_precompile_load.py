@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import struct
+from pathlib import Path
+
 import pytest
 import torch
 
 from examples.models import build_transformer
 from torch_precompile import ArtifactCorruptedError, GuardError, Precompile, PrecompiledArtifact
+from torch_precompile import file as container
+from torch_precompile._cli import header as inspect_header
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +169,76 @@ def test_modules_dynamo_guards_specially_save_and_load(tmp_path, model_cls, shap
         torch.testing.assert_close(loaded(x), model(x))
     with torch.no_grad(), pytest.raises(GuardError):
         loaded(torch.randn(3, *shape[1:]))
+
+
+def _as_version_1(src: Path, dst: Path) -> None:
+    """Rewrite a current file as format version 1 wrote it: a flat header, one nested
+    ``kernels`` section (``u64 L | JSON {key: [offset, length]} | bytes``), no header
+    digest."""
+    meta, sections = container.read_artifact(src)
+    (variant,) = meta["variants"]
+    old = {k: meta[k] for k in ("producer", "created", "kind", "device_type", "system")}
+    old.update({k: variant[k] for k in ("training", "grad_enabled", "signature", "guards")})
+    old.update({k: variant[k] for k in ("timings", "external_refs")})
+    old.update(guards_text=meta["guards_text"], sizes=meta["sizes"], cudagraphs=False)
+    old["globals"] = {"module": meta["globals_module"], "names": meta["global_names"]}
+    kernels = {n[len("kernel/") :]: sections.pop(n) for n in list(sections) if "kernel/" in n}
+    index, offset = {}, 0
+    for key, data in kernels.items():
+        index[key] = [offset, len(data)]
+        offset += len(data)
+    head = json.dumps(index).encode()
+    sections["kernels"] = struct.pack("<Q", len(head)) + head + b"".join(kernels.values())
+    table, offset = [], 0
+    for name, data in sections.items():
+        table.append(
+            {
+                "name": name,
+                "offset": offset,
+                "length": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
+        offset += len(data)
+    header = json.dumps({"meta": old, "sections": table}).encode()
+    payload = b"".join(sections.values())
+    total = 32 + len(header) + len(payload) + 32
+    body = struct.pack("<8sIIQQ", b"TPCOMPL\0", 1, 0, len(header), total) + header + payload
+    dst.write_bytes(body + hashlib.sha256(body).digest())
+
+
+def test_a_version_1_file_still_loads(staged, tmp_path) -> None:
+    """A file of the previous format version (flat header, nested kernels section) loads
+    as it did, by the fast path, and saving it again writes the current version."""
+    old = tmp_path / "v1.pt"
+    _as_version_1(staged.path, old)
+    assert inspect_header(str(old))["format_version"] == 1
+    loaded = Precompile.load(old)
+    assert type(loaded.compiled_function).__name__ == "FastCompiledFunction"  # its kernels read
+    assert str(loaded.guards) == str(staged.artifact.guards)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(staged.example), staged.expected)
+    again = tmp_path / "again.pt"
+    Precompile.save(again, loaded)
+    assert container.read_info(again).format_version == container.FORMAT_VERSION
+    with torch.no_grad():
+        torch.testing.assert_close(Precompile.load(again)(staged.example), staged.expected)
+
+
+def test_load_with_model_reads_no_weights(staged, monkeypatch) -> None:
+    """Decide from the header, read only what is needed: bound to a live model, the
+    file's weights and skeleton are never read."""
+    from torch_precompile.file.read import ArtifactReader
+
+    read: list[str] = []
+    real = ArtifactReader.read
+
+    def spy(self, name):
+        read.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(ArtifactReader, "read", spy)
+    bound = Precompile.load(staged.path, model=staged.model)
+    with torch.no_grad():
+        torch.testing.assert_close(bound(staged.example), staged.expected)
+    assert "compiled" in read and "weights" not in read and "skeleton" not in read

@@ -7,16 +7,17 @@ import os
 import pytest
 import torch
 
-from torch_precompile import Precompile, _format
+from torch_precompile import Precompile
+from torch_precompile import file as container
 
 
 def test_save_writes_one_file_with_a_readable_header(staged) -> None:
     assert staged.path.exists() and staged.path.stat().st_size > 1_000_000
     # One artifact (plus the writers' lock file, which must outlive the save).
     assert set(os.listdir(staged.path.parent)) <= {"transformer.pt", "transformer.pt.lock"}
-    meta = _format.read_meta(staged.path)
+    meta = container.read_meta(staged.path)
     assert meta["kind"] == "module"
-    assert meta["training"] is False
+    assert meta["variants"][0]["training"] is False and meta["bundle"] is False
     assert meta["system"]["torch"] == torch.__version__
     assert "input 'ids': int64 (2, 32) on cpu" in meta["guards_text"]
     assert meta["sizes"]["weights"] >= sum(p.numel() * 4 for p in staged.model.parameters())
@@ -24,7 +25,7 @@ def test_save_writes_one_file_with_a_readable_header(staged) -> None:
 
 
 def test_weights_travel_in_the_file(staged) -> None:
-    _, sections = _format.read_artifact(staged.path)
+    _, sections = container.read_artifact(staged.path)
     assert {"compiled", "weights", "skeleton"} <= set(sections)
 
 

@@ -6,7 +6,7 @@ from its fixed header, before the payload is read; the checksum is streamed, so
 reading the header of a large file costs O(header) memory; ``inspect`` turns any
 header content into its view or a one-line error, and never writes a control
 character to the terminal. No compilation happens here: the files are made with
-``_format.write_artifact`` (the loader's reading is the same code), except the
+``container.write_artifact`` (the loader's reading is the same code), except the
 one ``Precompile.load`` of a pipe.
 """
 
@@ -30,13 +30,33 @@ from torch_precompile import (
     ArtifactCorruptedError,
     Precompile,
     UntrustedArtifactError,
-    _format,
 )
+from torch_precompile import file as container
 from torch_precompile._cli import main as cli_main
 from torch_precompile._cli import printable
+from torch_precompile.file import read as file_read
+from torch_precompile.file.header import Header, VariantRecord
 
 REPO = Path(__file__).resolve().parents[1]
-META = {"producer": "test", "kind": "function", "device_type": "cpu", "guards": []}
+META = Header(
+    producer="test",
+    created="2026-11-23T00:00:00+00:00",
+    kind="function",
+    device_type="cpu",
+    system={},
+    cudagraphs=False,
+    bundle=False,
+    variants=(VariantRecord(False, False, {}, (), {}, {}),),
+    sizes={},
+    guards_text="",
+).to_json()
+
+
+def _meta(variant: dict[str, Any] | None = None, **top: Any) -> dict[str, Any]:
+    """META with top-level fields and fields of its variant replaced."""
+    return {**META, **top, "variants": [{**META["variants"][0], **(variant or {})}]}
+
+
 SECTIONS = {"compiled": b"c" * 5000, "weights": bytes(range(256)) * 40}
 
 
@@ -84,9 +104,9 @@ def _release(path: Path) -> Callable[[], None]:
 @pytest.mark.parametrize(
     "read",
     [
-        lambda p: _format.read_info(p),
-        lambda p: _format.read_artifact(p),
-        lambda p: _format.read_artifact(p, verify_key=b"k"),
+        lambda p: container.read_info(p),
+        lambda p: container.read_artifact(p),
+        lambda p: container.read_artifact(p, verify_key=b"k"),
         lambda p: Precompile.load(p),
         lambda p: Precompile.load(p, verify_key=b"k"),
     ],
@@ -114,7 +134,7 @@ def test_pipe_swapped_in_after_the_stat_is_caught_on_the_descriptor(
 
     monkeypatch.setattr(os, "stat", regular_stat)
     with pytest.raises(ArtifactCorruptedError, match="named pipe"):
-        _finishes(lambda: _format.read_info(fifo), _release(fifo))
+        _finishes(lambda: container.read_info(fifo), _release(fifo))
 
 
 def test_character_device_is_refused_not_streamed() -> None:
@@ -147,7 +167,7 @@ def test_inspect_on_a_named_pipe_exits_with_one_line(fifo: Path) -> None:
 def _big_unsigned(tmp_path: Path, size: int) -> Path:
     """An unsigned artifact's fixed header in a sparse file of ``size`` bytes."""
     small = tmp_path / "small.pt"
-    _format.write_artifact(small, META, SECTIONS)
+    container.write_artifact(small, META, SECTIONS)
     data = bytearray(small.read_bytes())
     struct.pack_into("<Q", data, 24, size)  # the recorded total length
     big = tmp_path / "big.pt"
@@ -165,7 +185,7 @@ def test_verify_key_refuses_a_1_gib_unsigned_file_from_its_header(tmp_path: Path
     start = time.perf_counter()
     try:
         with pytest.raises(UntrustedArtifactError, match="is not signed"):
-            _format.read_artifact(big, verify_key=b"k")
+            container.read_artifact(big, verify_key=b"k")
         with pytest.raises(UntrustedArtifactError, match="is not signed"):
             Precompile.load(big, verify_key=b"k")
         elapsed = time.perf_counter() - start
@@ -183,7 +203,7 @@ def test_reading_the_header_of_a_large_file_streams_the_checksum(tmp_path: Path)
     tracemalloc.start()
     try:
         with pytest.raises(ArtifactCorruptedError, match="SHA-256 checksum does not match"):
-            _format.read_info(big)
+            container.read_info(big)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -194,14 +214,14 @@ def test_unsigned_decision_comes_before_the_checksum(tmp_path: Path) -> None:
     """With a verify_key, an unsigned file is untrusted whatever its payload holds (its
     checksum is not even computed); without one, the same file reads as corrupted."""
     path = tmp_path / "a.pt"
-    _format.write_artifact(path, META, SECTIONS)
+    container.write_artifact(path, META, SECTIONS)
     data = bytearray(path.read_bytes())
     data[100] ^= 0xFF
     path.write_bytes(data)
     with pytest.raises(UntrustedArtifactError, match="not signed"):
-        _format.read_artifact(path, verify_key=b"k")
+        container.read_artifact(path, verify_key=b"k")
     with pytest.raises(ArtifactCorruptedError, match="SHA-256"):
-        _format.read_artifact(path)
+        container.read_artifact(path)
 
 
 @pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
@@ -210,33 +230,35 @@ def test_streamed_checks_across_chunk_boundaries(
 ) -> None:
     """Checksum and HMAC computed chunk by chunk (tiny chunks put every boundary inside a
     field) accept a good file, and catch a flipped byte and a wrong key."""
-    monkeypatch.setattr(_format, "_CHUNK", chunk)
+    monkeypatch.setattr(file_read, "_CHUNK", chunk)
     path = tmp_path / "a.pt"
-    _format.write_artifact(path, META, SECTIONS, sign_key=b"key")
-    meta, sections = _format.read_artifact(path, verify_key=b"key")
+    container.write_artifact(path, META, SECTIONS, sign_key=b"key")
+    meta, sections = container.read_artifact(path, verify_key=b"key")
     assert meta == META and sections == SECTIONS
-    assert _format.read_info(path).signed
+    assert container.read_info(path).signed
     with pytest.raises(UntrustedArtifactError, match="does not match verify_key"):
-        _format.read_artifact(path, verify_key=b"other")
+        container.read_artifact(path, verify_key=b"other")
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 1
     path.write_bytes(data)
     with pytest.raises(ArtifactCorruptedError, match="SHA-256"):
-        _format.read_artifact(path, verify_key=b"key")
+        container.read_artifact(path, verify_key=b"key")
 
 
 @pytest.mark.parametrize(
-    ("read", "at_call"), [(_format.read_info, 3), (_format.read_artifact, 1)], ids=["info", "all"]
+    ("read", "at_call"),
+    [(container.read_info, 3), (container.read_artifact, 1)],
+    ids=["info", "all"],
 )
 def test_file_shrinking_while_read_is_corrupted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read: Callable[[Path], Any], at_call: int
 ) -> None:
     """A file truncated in place while it is read (chunk by chunk for the header, at
     once for the whole file): a clean corrupted error, no hang."""
-    monkeypatch.setattr(_format, "_CHUNK", 1000)
+    monkeypatch.setattr(file_read, "_CHUNK", 1000)
     path = tmp_path / "a.pt"
-    _format.write_artifact(path, META, SECTIONS)
-    real = _format._read_exactly
+    container.write_artifact(path, META, SECTIONS)
+    real = file_read._read_exactly
     calls = []
 
     def shrink_then_read(f: Any, p: str, offset: int, into: memoryview) -> None:
@@ -245,7 +267,7 @@ def test_file_shrinking_while_read_is_corrupted(
         if len(calls) == at_call:
             os.truncate(path, 2000)
 
-    monkeypatch.setattr(_format, "_read_exactly", shrink_then_read)
+    monkeypatch.setattr(file_read, "_read_exactly", shrink_then_read)
     with pytest.raises(ArtifactCorruptedError, match="became shorter"):
         read(path)
 
@@ -260,14 +282,20 @@ def _inspect(path: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> tup
 
 
 MALFORMED = {
-    "system_is_a_list": {"system": ["torch", 1]},
-    "sizes_are_strings": {"sizes": {"weights": "big"}},
-    "size_is_huge": {"sizes": {"weights": 10**30}},
-    "timing_is_a_dict": {"timings": {"inductor": {"s": 1}}},
-    "timing_is_huge": {"timings": {"inductor": 1e300}},
-    "signature_is_a_number": {"signature": 7},
-    "guards_is_a_string": {"guards": "all of them"},
-    "guard_entry_is_wrong": {"guards": [{"phase": 3, "kind": [], "expr": None}]},
+    "system_is_a_list": _meta(system=["torch", 1]),
+    "sizes_are_strings": _meta(sizes={"weights": "big"}),
+    "size_is_huge": _meta(sizes={"weights": 10**30}),
+    "kind_is_unknown": _meta(kind="lambda"),
+    "no_variants": {**META, "variants": []},
+    "timing_is_a_dict": _meta({"timings": {"inductor": {"s": 1}}}),
+    "timing_is_huge": _meta({"timings": {"inductor": 1e300}}),
+    "signature_is_a_number": _meta({"signature": 7}),
+    "guards_is_a_string": _meta({"guards": "all of them"}),
+    "guard_entry_is_wrong": _meta({"guards": [{"phase": 3, "kind": [], "expr": None}]}),
+    "training_is_missing": {
+        **META,
+        "variants": [{k: v for k, v in META["variants"][0].items() if k != "training"}],
+    },
 }
 
 
@@ -278,7 +306,7 @@ def test_inspect_malformed_header_is_one_line(
     """A header with fields of the wrong type or absurd values (checksum valid): exit 1,
     one line naming the field, no traceback; ``--json`` still prints it."""
     path = tmp_path / "odd.pt"
-    _format.write_artifact(path, {**META, **MALFORMED[field]}, SECTIONS)
+    container.write_artifact(path, MALFORMED[field], SECTIONS)
     rc, out, err = _inspect(path, capsys)
     assert rc == 1 and out == ""
     assert len(err.strip().splitlines()) == 1, err
@@ -294,16 +322,10 @@ def test_inspect_escapes_control_characters(
     """ANSI escapes, a carriage return, a fake extra line and a bidi override in header
     strings, section names and the file name reach the terminal escaped, never raw."""
     evil = "\x1b[31mred\x1b[0m\r\nFAKE LINE\u202egnp.\x07"
-    meta = {
-        **META,
-        "producer": evil,
-        "system": {"torch": evil, "cpu_isa": evil},
-        "sizes": {evil: 1},
-        "signature": {"signature": evil},
-        "guards": [],
-    }
+    meta = _meta({"signature": {"signature": evil}}, producer=evil, sizes={evil: 1})
+    meta["system"] = {"torch": evil, "cpu_isa": evil}
     path = tmp_path / "name\x1b]0;title\x07.pt"
-    _format.write_artifact(path, meta, {evil: b"x"})
+    container.write_artifact(path, meta, {evil: b"x"})
     for flags in ((), ("--json",)):
         rc, out, err = _inspect(path, capsys, *flags)
         assert rc == 0, err

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from torch_precompile import _standin
+from torch_precompile.file import standin as _standin
 
 
 class Mode(enum.Enum):

@@ -12,8 +12,9 @@ from ._aot_stage import aot_autograd
 from ._artifact import PrecompiledArtifact
 from ._dynamo_stage import dynamo
 from ._inductor_stage import inductor
-from ._io import load, save
 from ._precompile_stage import precompile
+from .file.load import load
+from .file.save import save
 
 log = logging.getLogger("torch_precompile")
 

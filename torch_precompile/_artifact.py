@@ -13,7 +13,7 @@ import torch
 
 from . import _compat
 from ._runtime import Runtime
-from ._standin import module_tensors
+from .file.standin import module_tensors
 from .guards import Guards, RangeGuard, describe_source
 from .pythonify import write_module
 
@@ -45,7 +45,7 @@ class PrecompiledArtifact:
         default=(), repr=False, compare=False
     )
     globals_module: str = dataclasses.field(default="", repr=False)
-    # Where the artifact was saved to or loaded from ({"path": ...}); set by _io.
+    # Where the artifact was saved to or loaded from ({"path": ...}); set by save and load.
     _origin: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

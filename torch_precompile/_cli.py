@@ -1,10 +1,10 @@
 """The ``torch-precompile`` command line: ``inspect`` and ``bench`` an artifact file.
 
-``inspect`` reads the header only (``_format.read_info``): it validates the
-file's checksum and never unpickles, so it is safe on untrusted files and does
-not import the compiler. ``bench`` loads the artifact (which runs code from
-the file, as ``Precompile.load`` does) and times it on random inputs built
-from the recorded input signature.
+``inspect`` reads the header only (``file.read.read_info``, then the typed
+``file.header.Header``): it validates the file's checksum and never unpickles,
+so it is safe on untrusted files and does not import the compiler. ``bench``
+loads the artifact (which runs code from the file, as ``Precompile.load``
+does) and times it on random inputs built from the recorded input signature.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import _format
-from ._errors import ArtifactCorruptedError, PrecompileError
+from ._errors import PrecompileError
+from .file.header import Header
+from .file.layout import looks_like_artifact
+from .file.read import read_info, read_prefix
 
 PROG = "torch-precompile"
 
@@ -110,10 +112,10 @@ _LINE_LIMIT = 4000
 def header(path: str) -> dict[str, Any]:
     """Everything ``inspect`` shows, as one JSON-able dict (header only, no unpickling)."""
     try:
-        info = _format.read_info(path)
+        info = read_info(path)
     except PrecompileError as exc:
-        prefix = _format.read_prefix(path, 2)
-        if prefix[:1] == b"\x80" and not _format.looks_like_artifact(prefix):
+        prefix = read_prefix(path, 2)
+        if prefix[:1] == b"\x80" and not looks_like_artifact(prefix):
             raise type(exc)(
                 f"{path} is not a torch_precompile artifact: it looks like a pickle (a file of "
                 "torch's save_compiled_function?); inspect never unpickles, load it with "
@@ -138,68 +140,31 @@ def _inspect(path: str, *, as_json: bool) -> int:
         # ensure_ascii: every control character is written as a \u escape.
         print(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=True))
         return 0
-    try:
-        text = format_header(data)
-    except _MalformedField as exc:
-        raise ArtifactCorruptedError(
-            f"{path}: the header field {exc.field!r} is not what torch_precompile writes "
-            f"({type(exc.__cause__).__name__}: {exc.__cause__}); the file was made or edited "
-            "by something else. `inspect --json` prints the header as it is"
-        ) from None
-    print(text)
+    # A field of the wrong type raises ArtifactCorruptedError naming it (`--json`
+    # still prints the header as it is). Strings are escaped before anything reads them.
+    typed = Header.decode(data["format_version"], _printable_tree(data["meta"]), path)
+    print(format_header(data, typed))
     return 0
 
 
-class _MalformedField(Exception):
-    def __init__(self, field: str) -> None:
-        super().__init__(field)
-        self.field = field
-
-
-def format_header(data: dict[str, Any]) -> str:
-    """The human-readable view of :func:`header`'s dict.
+def format_header(data: dict[str, Any], typed: Header) -> str:
+    """The human-readable view of :func:`header`'s dict and its typed header.
 
     Every string from the file is shown with its control characters escaped
-    (no ANSI escape reaches the terminal) and cut at a sane length; a field of
-    an unexpected type raises ``_MalformedField`` naming it.
+    (no ANSI escape reaches the terminal) and cut at a sane length.
     """
-    data = _printable_tree(data)
-    meta = data["meta"]
-    lines: list[str] = []
-    for name, part in (
-        ("meta", _head_lines),
-        ("meta.signature", _signature_part),
-        ("meta.sizes", _sizes_part),
-        ("meta.timings", _timings_part),
-        ("meta.guards", _guards_part),
-    ):
-        try:
-            lines.extend(part(data, meta))
-        except _MalformedField:
-            raise
-        except Exception as exc:
-            raise _MalformedField(name) from exc
-    # A last pass, in case a line was built from something not cleaned above.
-    return "\n".join(printable(line, limit=_LINE_LIMIT) for line in lines)
+    from ._artifact import _signature_lines, human_size
+    from .guards import Guards
 
-
-def _head_lines(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
-    from ._artifact import human_size
-
-    system = meta.get("system", {})
-    if not isinstance(system, dict):
-        raise _MalformedField("meta.system") from TypeError(
-            f"a {type(system).__name__}, not an object"
-        )
+    system = typed.system
     signed = "signed (HMAC-SHA256)" if data["signed"] else "unsigned"
-    kind = "training" if meta.get("training") else "inference"
+    kind = "training" if typed.training else "inference"
     lines = [
         f"{data['path']}: torch_precompile artifact, format version {data['format_version']}, "
         f"{human_size(data['file_size'])}, {signed}",
-        f"producer:  {meta.get('producer', '?')}",
-        f"created:   {meta.get('created', '?')}",
-        f"kind:      {kind}, device {meta.get('device_type', '?')}, "
-        f"captured from a {meta.get('kind', '?')}",
+        f"producer:  {typed.producer}",
+        f"created:   {typed.created}",
+        f"kind:      {kind}, device {typed.device_type}, captured from a {typed.kind}",
         "system:    "
         + ", ".join(
             part
@@ -214,51 +179,18 @@ def _head_lines(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
         ),
         "signature:",
     ]
-    return lines
-
-
-def _signature_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
-    from ._artifact import _signature_lines
-
-    return [f"  {line}" for line in _signature_lines(meta.get("signature", {}))]
-
-
-def _sizes_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
-    from ._artifact import human_size
-
-    sizes = meta.get("sizes") or {s["name"]: s["length"] for s in data["sections"]}
-    return ["sizes:     " + ", ".join(f"{k} {human_size(_number(v))}" for k, v in sizes.items())]
-
-
-def _timings_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
-    timings = meta.get("timings") or {}
-    if not timings:
-        return []
-    return ["timings:   " + ", ".join(f"{k} {_number(v):.2f} s" for k, v in timings.items())]
-
-
-def _guards_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
-    from .guards import Guards
-
-    entries = meta.get("guards", [])
-    for entry in entries:
-        if not isinstance(entry, dict) or not all(
-            isinstance(entry.get(k), str) for k in ("phase", "kind", "expr")
-        ):
-            raise TypeError(f"a guard entry is not a {{phase, kind, expr}} object: {entry!r:.80}")
-    guards = Guards.from_json(entries)
-    return [f"guards ({len(guards)}), by stage:"] + [
-        f"  {line}" for line in str(guards).splitlines()
-    ]
-
-
-def _number(value: Any) -> float:
-    """A size or time from the header; a huge one is shown as such, not in 300 digits."""
-    if type(value) not in (int, float):
-        raise TypeError(f"expected a number, got {type(value).__name__}")
-    if not 0 <= value < 1e18:
-        raise ValueError(f"{value!r:.40} is out of range")
-    return float(value)
+    lines += [f"  {line}" for line in _signature_lines(typed.variants[0].signature)]
+    sizes = typed.sizes or {s["name"]: s["length"] for s in data["sections"]}
+    lines.append("sizes:     " + ", ".join(f"{k} {human_size(int(v))}" for k, v in sizes.items()))
+    if typed.timings:
+        lines.append("timings:   " + ", ".join(f"{k} {v:.2f} s" for k, v in typed.timings.items()))
+    for i, variant in enumerate(typed.variants):
+        guards = Guards.from_json(list(variant.guards))
+        which = f"variant {i} ({'training' if variant.training else 'inference'}) " * typed.bundle
+        lines.append(f"{which}guards ({len(guards)}), by stage:")
+        lines += [f"  {line}" for line in str(guards).splitlines()]
+    # Strings from the file, escaped and cut line by line.
+    return "\n".join(printable(line, limit=_LINE_LIMIT) for line in lines)
 
 
 def _cuda(cuda: Any) -> str:
@@ -277,10 +209,10 @@ def _cuda(cuda: Any) -> str:
 def _bench(path: str, *, iters: int, warmup: int, seed: int, as_json: bool) -> int:
     import torch
 
-    from ._io import load
     from ._signature import example_call
+    from .file.load import load
 
-    _format.read_info(path)  # a non-artifact fails here, before anything is unpickled
+    read_info(path)  # a non-artifact fails here, before anything is unpickled
     start = time.perf_counter()
     artifact = load(path)
     load_s = time.perf_counter() - start

@@ -12,7 +12,7 @@ One module per concern, in pipeline order:
 - ``joint``: AOTAutograd's joint export, partitioning and Inductor's compile;
 - ``functions``: PyTorch's ``AOTCompiledFunction`` (guards, assembly,
   serialization, the accessors the runtime reads);
-- ``kernels``: the shipped C++ kernels (the ``kernels`` section, their private
+- ``kernels``: the shipped C++ kernels (one file section each, their private
   directory, and loading them in place of compiling on PyTorch's full path);
 - ``wrapper``: Inductor's generated Python wrapper, run with light stand-ins;
 - ``fastload``: loading a CPU inference artifact without the compiler stack;
@@ -64,7 +64,7 @@ from .joint import (
     joint_needs_autograd,
 )
 from .kernels import (
-    cpu_kernel_section,
+    cpu_kernels,
     reusing_shipped_kernels,
     shipped_cpu_kernels,
     shipped_kernels_enabled,
@@ -89,7 +89,7 @@ __all__ = [
     "compiled_graph_callable",
     "cpu_fast_sections",
     "cpu_kernel_binaries",
-    "cpu_kernel_section",
+    "cpu_kernels",
     "deserialize_compiled_function",
     "export_joint",
     "external_global_refs",

@@ -2,8 +2,8 @@
 
 A CPU artifact saved in the process that compiled it carries two extra sections:
 
-- ``kernels``: the shared objects Inductor built for the graph's C++ kernels,
-  keyed by a digest of each kernel's source (:mod:`.kernels`);
+- the kernels: the shared objects Inductor built for the graph's C++ kernels,
+  keyed by a digest of each kernel's source (:mod:`.kernels`), one section each;
 - ``fastload``: what is needed to run the compiled graph without PyTorch's
   compiler stack: Inductor's generated Python wrapper (``call(args)``),
   Dynamo's transformed bytecode (which reads the graph inputs off ``self`` and
@@ -33,14 +33,14 @@ import logging
 import pickle
 import re
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch.autograd import profiler as _profiler_state
 
 from . import lean_autograd, wrapper
-from .kernels import kernel_key, pack_kernels
+from .kernels import kernel_key
 from .light_guards import (
     LightGuards,
     TieredGuardManager,
@@ -65,7 +65,7 @@ class FastCompiledFunction:
     fn: Callable[..., Any]
     serialized: bytes
     fastload: bytes
-    kernels: bytes
+    kernels: Mapping[str, bytes | memoryview]
     _extra_globals: dict[str, Any] | None = None  # the globals imported at load
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -127,16 +127,19 @@ def _graph_refusal(graph: Any) -> str | None:
     return wrapper.wrapper_refusal(graph.source_code)
 
 
-def cpu_kernel_binaries(fn: Any, bound_self: Any = None) -> tuple[bytes, bytes] | None:
-    """The ``fastload`` and ``kernels`` sections of a CPU artifact, or None."""
+def cpu_kernel_binaries(
+    fn: Any, bound_self: Any = None
+) -> tuple[bytes, Mapping[str, bytes | memoryview]] | None:
+    """The ``fastload`` section and the kernels of a CPU artifact, or None."""
     sections, _ = cpu_fast_sections(fn, bound_self)
     return sections
 
 
 def cpu_fast_sections(
     fn: Any, bound_self: Any = None
-) -> tuple[tuple[bytes, bytes] | None, str | None]:
-    """The ``fastload`` and ``kernels`` sections of a CPU artifact, or None and why not.
+) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
+    """The ``fastload`` section and the kernels (``{key: shared object}``) of a CPU
+    artifact, or None and why not.
 
     Run at save, in a process where Inductor built (or can build) the kernels:
     each C++ kernel of the wrappers (forward, and backward for training) is
@@ -211,12 +214,12 @@ def cpu_fast_sections(
             "inputs_to_check": [int(i) for i in (graphs[1].inputs_to_check or ())],
             "autograd": dataclasses.asdict(autograd),
         }
-    return (pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), pack_kernels(binaries)), None
+    return (pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), binaries), None
 
 
 def load_fast_compiled_function(
     fastload: bytes,
-    kernels: bytes,
+    kernels: Mapping[str, bytes | memoryview],
     serialized: bytes,
     filename: str,
     module_globals: dict[str, Any] | None = None,

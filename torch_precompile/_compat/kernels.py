@@ -1,5 +1,9 @@
-"""Shipped C++ kernels: the ``kernels`` section, its private directory, and loading
-them in place of Inductor's compiles on PyTorch's full path."""
+"""Shipped C++ kernels: their private directory, and loading them in place of
+Inductor's compiles on PyTorch's full path.
+
+An artifact ships each kernel's shared object as one file section; here the
+kernels are a mapping ``{key: bytes}`` (:func:`kernel_key` names a kernel by its
+argument types and source), whatever the file layout."""
 
 from __future__ import annotations
 
@@ -14,11 +18,10 @@ import os
 import re
 import secrets
 import stat
-import struct
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,27 +40,6 @@ def kernel_key(argtypes: Sequence[str], source_code: str) -> str:
     return h.hexdigest()
 
 
-# ------------------------------------------------------------ kernels section
-
-
-def pack_kernels(binaries: dict[str, bytes]) -> bytes:
-    """``u64 index length | index JSON {key: [offset, length]} | bytes``."""
-    index: dict[str, list[int]] = {}
-    offset = 0
-    for key, data in binaries.items():
-        index[key] = [offset, len(data)]
-        offset += len(data)
-    head = json.dumps(index, sort_keys=True).encode()
-    return struct.pack("<Q", len(head)) + head + b"".join(binaries.values())
-
-
-def unpack_kernels(data: bytes) -> dict[str, memoryview]:
-    (n,) = struct.unpack_from("<Q", data, 0)
-    index = json.loads(bytes(data[8 : 8 + n]))
-    view = memoryview(data)[8 + n :]
-    return {key: view[off : off + length] for key, (off, length) in index.items()}
-
-
 KERNEL_DIR_ENV = "TORCH_PRECOMPILE_KERNEL_DIR"
 _DIGEST_NAME = re.compile(r"[0-9a-f]{24}")
 
@@ -72,7 +54,7 @@ def kernel_root() -> str:
     return os.path.join(tempfile.gettempdir(), f"torch_precompile-{user}")
 
 
-def kernel_dir(kernels_section: bytes) -> str:
+def kernel_dir(kernels: Mapping[str, bytes | memoryview]) -> str:
     """A private directory for this artifact's shared objects (content-addressed).
 
     Shared objects are loaded from it, so it must be ours alone, and the
@@ -81,7 +63,7 @@ def kernel_dir(kernels_section: bytes) -> str:
     no other directory is made in its place (a fresh one per load would pile
     up), and the caller never falls back to compiling.
     """
-    digest = hashlib.sha256(kernels_section).hexdigest()[:24]
+    digest = _kernels_digest(kernels)
     root = kernel_root()
     path = os.path.join(root, digest)
     try:
@@ -96,6 +78,17 @@ def kernel_dir(kernels_section: bytes) -> str:
         raise KernelDirectoryError(getattr(exc, "filename", None) or root, _os_cause(exc)) from exc
     _prune_kernel_dirs(root, keep=digest)
     return path
+
+
+def _kernels_digest(kernels: Mapping[str, bytes | memoryview]) -> str:
+    """Names the directory of one set of kernels: their keys and bytes, in key order."""
+    h = hashlib.sha256()
+    for key in sorted(kernels):
+        data = kernels[key]
+        h.update(key.encode())
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()[:24]
 
 
 def _os_cause(exc: OSError) -> str:
@@ -211,7 +204,9 @@ class KernelLoader:
     ``CppPythonBindingsCodeCache`` returns after compiling it.
     """
 
-    def __init__(self, kernels: dict[str, memoryview], directory: str, data_ptr_env: str) -> None:
+    def __init__(
+        self, kernels: Mapping[str, bytes | memoryview], directory: str, data_ptr_env: str
+    ) -> None:
         self._kernels = kernels
         self._directory = directory
         self._data_ptr_env = data_ptr_env
@@ -253,8 +248,8 @@ class KernelLoader:
 # Artifacts that do not take the fast path (dynamic shapes, training, closures,
 # variants) load through PyTorch's deserialization, which re-creates Inductor's
 # wrapper modules; each wrapper asks ``CppPythonBindingsCodeCache`` for its C++
-# kernels, which compiles them on a cache miss. The artifact's ``kernels``
-# section carries the shared objects built at save; while a compiled function is
+# kernels, which compiles them on a cache miss. The artifact's kernel sections
+# carry the shared objects built at save; while a compiled function is
 # deserialized, a kernel whose key is among them is loaded from the shipped file.
 
 _SHIPPED_KERNELS: dict[str, Any] = {}  # kernel key -> shipped kernel loaded in this process
@@ -304,13 +299,12 @@ def _kernel_file_without_compiling(argtypes: list[str], source: str) -> str | No
         cpp_builder.CppBuilder.build = original  # type: ignore[method-assign]
 
 
-def cpu_kernel_section(fns: Sequence[Any]) -> bytes | None:
-    """The ``kernels`` section for CPU compiled functions (all variants, forward and backward).
+def cpu_kernels(fns: Sequence[Any]) -> dict[str, bytes]:
+    """The shipped kernels of CPU compiled functions (all variants, forward and backward).
 
     Each C++ kernel of each wrapper is looked for among the shipped kernels
     loaded in this process, then in Inductor's code cache (no compile); a kernel
-    found in neither is left out (loading then compiles it). None if no kernel
-    was found.
+    found in neither is left out (loading then compiles it).
     """
 
     from . import fastload, wrapper
@@ -320,7 +314,7 @@ def cpu_kernel_section(fns: Sequence[Any]) -> bytes | None:
     missing = 0
     for fn in fns:
         if isinstance(fn, fastload.FastCompiledFunction):
-            binaries.update((k, bytes(v)) for k, v in unpack_kernels(fn.kernels).items())
+            binaries.update((k, bytes(v)) for k, v in fn.kernels.items())
             continue
         try:
             sources = _compiled_graph_sources(fn)
@@ -352,7 +346,7 @@ def cpu_kernel_section(fns: Sequence[Any]) -> bytes | None:
                 missing += 1
     if missing:
         log.debug("%d kernels not shipped: loading will compile them", missing)
-    return pack_kernels(binaries) if binaries else None
+    return binaries
 
 
 def shipped_kernels_enabled() -> bool:
@@ -391,22 +385,21 @@ def _pybindings_from(lookup: Callable[[str, list[str], str], Any]) -> Iterator[N
 
 
 @contextlib.contextmanager
-def shipped_cpu_kernels(kernels_section: bytes | None) -> Iterator[None]:
+def shipped_cpu_kernels(kernels: Mapping[str, bytes | memoryview] | None) -> Iterator[None]:
     """While active, Inductor loads the shipped kernels instead of compiling them.
 
-    A kernel whose key is in the section is written to the artifact's private
+    A kernel whose key is in ``kernels`` is written to the artifact's private
     directory and imported as the fast path does; any other kernel compiles as
     before. A shipped kernel that cannot be written or loaded raises
     :class:`KernelDirectoryError` rather than compiling it. PyTorch loads both
     the forward and the backward wrapper while deserializing, so the patch
     lasts for that call only.
     """
-    if not kernels_section or not shipped_kernels_enabled():
+    if not kernels or not shipped_kernels_enabled():
         yield
         return
 
     log = logging.getLogger("torch_precompile")
-    kernels = unpack_kernels(kernels_section)
     directory: list[str] = []  # made on the first shipped kernel asked for
     guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
     data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
@@ -418,7 +411,7 @@ def shipped_cpu_kernels(kernels_section: bytes | None) -> Iterator[None]:
         # No fallback to compiling: a kernel directory that cannot hold or map the
         # kernels raises KernelDirectoryError, which says how to choose another.
         if not directory:
-            directory.append(kernel_dir(kernels_section))
+            directory.append(kernel_dir(kernels))
         loader = KernelLoader(kernels, directory[0], data_ptr)
         kernel = loader.cpp_pybinding(argtypes, source)
         _SHIPPED_KERNELS[key] = kernel

@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import re
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from .kernels import KernelLoader, kernel_dir, unpack_kernels
+from .kernels import KernelLoader, kernel_dir
 
 ALIGNMENT = 16  # bytes; what Inductor assumes of inputs listed in ``inputs_to_check``
 _ALIGN_BYTES = 64  # Inductor's memory planning pool alignment
@@ -104,13 +104,13 @@ def build_graph_call(
     wrapper_source: str,
     extern_names: Sequence[str],
     inputs_to_check: Sequence[int],
-    kernels_section: bytes,
+    kernels: Mapping[str, bytes | memoryview],
     data_ptr_env: str,
     filename: str,
 ) -> GraphCall:
-    """Execute Inductor's wrapper with the shipped kernels; returns its ``call``."""
-    kernels = unpack_kernels(kernels_section)
-    loader = KernelLoader(kernels, kernel_dir(kernels_section), data_ptr_env)
+    """Execute Inductor's wrapper with the shipped kernels (``{key: shared object}``);
+    returns its ``call``."""
+    loader = KernelLoader(kernels, kernel_dir(kernels), data_ptr_env)
     module = types.ModuleType("torch_precompile_wrapper")
     module.__file__ = filename
     namespace = module.__dict__

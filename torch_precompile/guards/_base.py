@@ -86,7 +86,7 @@ class Guard:
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> Guard:
-        """A guard from its JSON entry (typed, or the untyped entries of format 2)."""
+        """A guard from its JSON entry (typed, or the untyped entries of format-1 files)."""
         cls = _kinds().get(str(data.get("kind")), Note)
         if "expected" in data or "subject" in data:
             return cls._from_untyped(data)

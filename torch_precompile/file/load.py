@@ -1,0 +1,259 @@
+"""``Precompile.load``: decide from the header, then read the sections it needs.
+
+The header is checked and typed first (:class:`~.header.Header`): format version,
+fields, then the system the artifact was built for. Only then are sections
+read, each checked against its SHA-256, and only those this load uses (the
+weights not at all when ``model=`` is given). Every variant, of a single
+artifact or of a bundle, is rebuilt by :func:`_load_variant`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import pickle
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .. import _compat, _system
+from .._artifact import PrecompiledArtifact
+from .._errors import ArtifactCorruptedError, KernelDirectoryError
+from .._precompile_stage import bundle_variants
+from .._runtime import Runtime
+from ..guards import Guards, hooks_entry
+from . import standin
+from .header import KERNEL_PREFIX, Header, section_name
+from .layout import looks_like_artifact
+from .read import ArtifactReader, open_artifact, read_file, read_prefix
+
+log = logging.getLogger("torch_precompile")
+
+Kernels = Mapping[str, bytes | memoryview]
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    model: Any = None,
+    verify_key: bytes | str | None = None,
+) -> PrecompiledArtifact:
+    """Load an artifact; ``model=`` binds it to a live module instead of the saved weights."""
+    path = os.fspath(path)
+    prefix = read_prefix(path, 16)  # a pipe or device is refused, never waited on
+    if not looks_like_artifact(prefix) and verify_key is None and prefix[:1] == b"\x80":
+        return _load_torch_file(path, model)
+    start = time.perf_counter()
+    with open_artifact(path, verify_key=verify_key) as reader:
+        header = Header.decode(reader.info.format_version, reader.info.meta, path)
+        _system.check_compatible(header.system, header.device_type, path=path)
+        sections = _Sections(reader)
+        kernels = _kernels(reader.info.format_version, sections)
+        bound = _bind(header.kind, sections, model, path)
+        variants = [
+            _load_variant(header, i, sections, kernels, bound, path)
+            for i in range(len(header.variants))
+        ]
+    artifact = bundle_variants(variants) if header.bundle else variants[0]
+    artifact.timings["load"] = time.perf_counter() - start
+    artifact._origin.update(path=os.path.abspath(path), created=header.created)
+    return artifact
+
+
+class _Sections:
+    """The file's sections by name, each read (and checked) when first asked for."""
+
+    def __init__(self, reader: ArtifactReader) -> None:
+        self._reader = reader
+        self._names = set(reader.names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __getitem__(self, name: str) -> bytes:
+        if name not in self._names:
+            raise ArtifactCorruptedError(
+                f"{self._reader.path}: the artifact has no {name!r} section; re-save it"
+            )
+        return self._reader.read(name)
+
+    def names(self) -> list[str]:
+        return self._reader.names()
+
+
+def _kernels(format_version: int, sections: _Sections) -> dict[str, bytes | memoryview]:
+    """The shipped kernels, ``{key: shared object}``: one ``kernel/<key>`` section each
+    (format version 1 nested them in one ``kernels`` section)."""
+    if format_version == 1:
+        return _v1_kernels(sections["kernels"]) if "kernels" in sections else {}
+    return {
+        name[len(KERNEL_PREFIX) :]: sections[name]
+        for name in sections.names()
+        if name.startswith(KERNEL_PREFIX)
+    }
+
+
+def _v1_kernels(data: bytes) -> dict[str, bytes | memoryview]:
+    """Format version 1's ``kernels`` section: ``u64 L | JSON {key: [offset, length]} | bytes``."""
+    n = int.from_bytes(data[:8], "little")
+    try:
+        index = json.loads(data[8 : 8 + n])
+        view = memoryview(data)[8 + n :]
+        return {key: view[off : off + length] for key, (off, length) in index.items()}
+    except (ValueError, TypeError) as exc:
+        raise ArtifactCorruptedError(
+            f"the kernels section is malformed ({exc}); re-save it"
+        ) from None
+
+
+def _load_variant(
+    header: Header,
+    i: int,
+    sections: _Sections,
+    kernels: Kernels,
+    bound: Any,
+    path: str,
+) -> PrecompiledArtifact:
+    """Variant ``i`` of the file (the only one of a single artifact) as an artifact."""
+    record = header.variants[i]
+    compiled = section_name("compiled", i)
+    if compiled not in sections:
+        raise ArtifactCorruptedError(
+            f"{path}: variant {i} has no {compiled!r} section; re-save the artifact"
+        )
+    if record.external_refs is not None:
+        f_globals = _compat.import_global_refs(record.external_refs) or None
+    else:  # version-1 files written before external_refs: the model's whole module
+        f_globals = _module_globals(header, path)
+    guards = Guards.from_json(list(record.guards))
+    compiled_function = _load_fast(sections, kernels, path, f_globals, i)
+    if compiled_function is None:
+        if section_name("fastload", i) not in sections and not header.bundle:
+            log.info(
+                "%s: loading through PyTorch's full path (Dynamo, AOTAutograd, Inductor): %s",
+                path,
+                record.fast_load_refusal or "the file has no fast-load section",
+            )
+        with _compat.shipped_cpu_kernels(kernels):
+            compiled_function = _compat.deserialize_compiled_function(
+                sections[compiled],
+                f_globals,
+                cudagraphs=header.cudagraphs,
+                hook_guards=hooks_entry(guards) is not None,
+            )
+    return PrecompiledArtifact(
+        guards=guards,
+        signature=record.signature,
+        system=header.system,
+        training=record.training,
+        device_type=header.device_type,
+        timings=dict(record.timings),
+        bytecode=_compat.compiled_function_bytecode(compiled_function),
+        compiled_function=compiled_function,
+        _runtime=Runtime(compiled_function, guards, bound, record.training, record.grad_enabled),
+        _sizes=dict(header.sizes),
+        globals_module=header.globals_module,
+    )
+
+
+def _load_fast(
+    sections: _Sections,
+    kernels: Kernels,
+    path: str,
+    module_globals: dict[str, Any] | None,
+    variant: int = 0,
+) -> Any:
+    """The fast path of :mod:`._compat.fastload` for one variant, or None to load
+    through PyTorch's full path."""
+    fastload = section_name("fastload", variant)
+    if fastload not in sections or not kernels:
+        return None
+    if os.environ.get("TORCH_PRECOMPILE_FAST_LOAD", "1") == "0":
+        return None
+    if not _compat.shipped_kernels_enabled():
+        return None  # the user asked to compile the kernels: only the full path does
+    suffix = section_name("", variant)
+    try:
+        return _compat.load_fast_compiled_function(
+            sections[fastload],
+            kernels,
+            sections[section_name("compiled", variant)],
+            f"<torch_precompile {path}{suffix}>",
+            module_globals,
+        )
+    except KernelDirectoryError:
+        raise  # the full path would need the same directory, or a compiler
+    except Exception as exc:
+        log.warning(
+            "%s: fast load failed, loading through PyTorch (%s: %s)", path, type(exc).__name__, exc
+        )
+        return None
+
+
+def _module_globals(header: Header, path: str) -> dict[str, Any] | None:
+    if not header.global_names:
+        return None
+    try:
+        module = importlib.import_module(header.globals_module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{path}: the compiled code uses {', '.join(header.global_names)} from module "
+            f"{header.globals_module!r}, which cannot be imported here ({exc}); make it "
+            "importable (output types must be importable, as with pickle)"
+        ) from exc
+    return module.__dict__
+
+
+def _bind(kind: str, sections: _Sections, model: Any, path: str) -> Any:
+    if kind == "module":
+        if model is not None:
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError(
+                    f"model= must be an nn.Module for this artifact, got {type(model).__name__}"
+                )
+            return model  # the weights in the file are not even read
+        skeleton = json.loads(sections["skeleton"])
+        return standin.build_standin(skeleton, standin.unpack_tensors(sections["weights"]))
+    if kind == "object":
+        return model if model is not None else pickle.loads(sections["self"])
+    if model is not None:
+        log.warning("%s: the artifact was captured from a function; model= is ignored", path)
+    return None
+
+
+def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:
+    """Files written by torch's own ``save_compiled_function`` (the ugly.py flow)."""
+    data = read_file(path)
+    try:
+        compiled_function = _compat.deserialize_compiled_function(data)
+    except Exception as exc:
+        raise ArtifactCorruptedError(
+            f"{path}: neither a torch_precompile artifact nor a file that torch's "
+            "save_compiled_function "
+            f"can read ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from exc
+    signature = _compat.compiled_function_signature(compiled_function)
+    takes_self = next(iter(signature.parameters), None) == "self"
+    if takes_self and model is None:
+        raise TypeError(
+            f"{path} was written by torch's save_compiled_function, which does not carry the "
+            "model's weights; load it with Precompile.load(path, model=your_module)"
+        )
+    # torch's file records neither the grad mode nor the guards in words: its own
+    # guard manager decides, and its failures are reported in Dynamo's terms.
+    runtime = Runtime(compiled_function, Guards(), model if takes_self else None, training=True)
+    return PrecompiledArtifact(
+        guards=runtime.guards,
+        signature={"signature": str(signature)},
+        system={},
+        training=False,
+        device_type=_compat.compiled_function_device_type(compiled_function),
+        timings={},
+        bytecode=_compat.compiled_function_bytecode(compiled_function),
+        compiled_function=compiled_function,
+        _runtime=runtime,
+    )

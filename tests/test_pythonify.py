@@ -30,7 +30,8 @@ from examples.models import (
     build_dropout_mlp,
     build_nested_fn,
 )
-from torch_precompile import GuardError, Precompile, _pythonify
+from torch_precompile import GuardError, Precompile, _output_structure
+from torch_precompile.pythonify import _output
 
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -99,10 +100,8 @@ def test_module_shows_guards_extraction_call_and_output(convnet: dict) -> None:
     assert "if x.dtype != torch.float32:" in src
     assert "input 'x': expected shape (2, 3, 32, 32), got {tuple(x.shape)} [dynamo]" in src
     assert "if torch.is_grad_enabled():\n        # Captured under torch.no_grad()." in src
-    # Guards on weights, checked once at import.
-    assert (
-        "_expect_tensor(PARAMS['fc.weight'], \"parameter 'fc.weight'\", 'float32', (10, 16)" in src
-    )
+    # Guards on weights, checked once at import, as the same plain ifs.
+    assert "if PARAMS['fc.weight'].shape != (10, 16):" in src
     assert "if MODEL.stem.bias is not None:" in src
     # Argument extraction: where each graph input comes from, in the graph's order.
     assert "arg0  = PARAMS['stem.weight']" in src
@@ -113,7 +112,7 @@ def test_module_shows_guards_extraction_call_and_output(convnet: dict) -> None:
     args = ", ".join(f"arg{i}" for i in range(14))
     assert f"graph_out = COMPILED_GRAPH({args})" in src
     assert "return graph_out[0]" in src
-    assert "_RT.dynamo_fn" not in src  # no fallback for a plain tensor output
+    assert "PARTS.dynamo_fn" not in src  # no fallback for a plain tensor output
     assert (root / "convnet_gen.py").read_text() == src
 
 
@@ -123,7 +122,7 @@ def test_nested_output_is_rebuilt_as_plain_code(nested: dict) -> None:
     assert (
         "return {'sum': graph_out[0], 'parts': [graph_out[1], (graph_out[2], graph_out[3])]}" in src
     )
-    assert "if _plain(scale) != 2.0:" in src
+    assert "if plain(scale) != 2.0:" in src
     assert (
         "if not torch.is_grad_enabled():\n        # Runs in the grad mode it was captured in" in src
     )
@@ -238,12 +237,10 @@ def test_fallback_to_dynamo_bytecode_still_matches(
     nested: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An output the generator cannot write as code is rebuilt by Dynamo's bytecode, and says so."""
-    monkeypatch.setattr(
-        _pythonify._OutputBuilder, "build", lambda self, value: self.fail("forced") or None
-    )
+    monkeypatch.setattr(_output, "first_opaque", lambda tree: "forced")
     src = nested["artifact"].to_python(tmp_path / "fallback.py")
     assert "rebuilt by Dynamo's bytecode, not by plain code here: forced." in src
-    assert "return _RT.dynamo_fn(x, y, scale=scale, bias=bias)" in src
+    assert "return PARTS.dynamo_fn(x, y, scale=scale, bias=bias)" in src
     assert "# graph_out = COMPILED_GRAPH(arg0, arg1, arg2)" in src
     gen = _import(tmp_path / "fallback.py", "fallback_gen")
     fn, args, kwargs = nested["fn"], nested["args"], nested["kwargs"]
@@ -309,18 +306,25 @@ class _CustomInit(dict):
         super().__init__(value=value)
 
 
-def test_output_builder_structures() -> None:
+def _rebuilt(value: object, outputs: list, flat_in: list) -> tuple[str | None, list[str], str]:
+    """The recorded structure of ``value`` and the code the generator writes for it."""
+    tree = _output_structure._encode(value, outputs, flat_in, 0)
+    why = _output_structure.first_opaque(tree)
+    if why is not None:
+        return None, [], why
+    imports: list[str] = []
+    return _output._code(tree, imports), imports, ""
+
+
+def test_output_structures_become_code() -> None:
     a, b, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
-    builder = _pythonify._OutputBuilder([a, b], [c], ["arg0"])
     here = __name__
-    assert builder.build(_Out(a, {"x": [b, None], "n": 3})) == (
-        f"{here}._Out(logits=graph_out[0], extras={{'x': [graph_out[1], None], 'n': 3}})"
-    )
-    assert builder.build(_Pair(c, (a,))) == f"{here}._Pair(arg0, (graph_out[0],))"
-    assert builder.build(_DictOut(y=b)) == f"{here}._DictOut({{'y': graph_out[1]}})"
-    assert f"import {here}" in builder.imports
-    fresh = _pythonify._OutputBuilder([a], [], [])
-    assert fresh.build(torch.zeros(1)) is None
-    assert fresh.why_not == "a returned tensor is neither a graph output nor a graph input"
-    custom = _pythonify._OutputBuilder([a], [], [])
-    assert custom.build(_CustomInit(a)) is None and "has its own __init__" in custom.why_not
+    code, imports, _ = _rebuilt(_Out(a, {"x": [b, None], "n": 3}), [a, b], [c])
+    assert code == f"{here}._Out(logits=graph_out[0], extras={{'x': [graph_out[1], None], 'n': 3}})"
+    assert f"import {here}" in imports
+    assert _rebuilt(_Pair(c, (a,)), [a, b], [c])[0] == f"{here}._Pair(arg0, (graph_out[0],))"
+    assert _rebuilt(_DictOut(y=b), [a, b], [c])[0] == f"{here}._DictOut({{'y': graph_out[1]}})"
+    code, _, why = _rebuilt(torch.zeros(1), [a], [])
+    assert code is None and why == "a returned tensor is neither a graph output nor a graph input"
+    code, _, why = _rebuilt(_CustomInit(a), [a], [])
+    assert code is None and "cannot be rebuilt" in why

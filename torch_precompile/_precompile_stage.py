@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import _compat, _system
+from . import _compat, _output_structure, _system
 from ._artifact import PrecompiledArtifact, variant_label
 from ._inductor_stage import InductorOutput
 from ._runtime import Runtime, VariantRuntime
@@ -100,6 +100,15 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         # views and to_python after load.
         "graph_inputs": list(capture.input_sources),
     }
+    signature["output_structure"] = _output_structure.record(
+        compiled_function,
+        capture.graph_module,
+        capture.bound_self,
+        state.args,
+        state.kwargs,
+        capture.input_sources,
+        state.grad_enabled,
+    )
     runtime = Runtime(
         compiled_function, guards, capture.bound_self, out.training, state.grad_enabled
     )

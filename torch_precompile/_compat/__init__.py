@@ -52,6 +52,7 @@ from .functions import (
     make_compiled_function,
     recording_compiled_graph,
     serialize_compiled_function,
+    stubbed_compiled_graph,
     unresolved_globals,
 )
 from .guard_vocab import CapturedGuard, SaveCandidate, captured_guards, save_candidate
@@ -117,6 +118,7 @@ __all__ = [
     "shape_env_var_ranges",
     "shipped_cpu_kernels",
     "shipped_kernels_enabled",
+    "stubbed_compiled_graph",
     "unresolved_globals",
     "wants_size_oblivious",
 ]

@@ -499,6 +499,26 @@ def recording_compiled_graph(fn: Any) -> Iterator[list[tuple[tuple[Any, ...], An
         f_globals[key] = original
 
 
+@contextlib.contextmanager
+def stubbed_compiled_graph(fn: Any, outputs: list[Any]) -> Iterator[list[tuple[Any, ...]]]:
+    """Run an AOTCompiledFunction's bytecode with its compiled graph replaced by a stub
+    that returns ``outputs`` (no kernel runs); yields the flat inputs of each call."""
+    f_globals = fn.fn.__globals__
+    key = fn._artifacts.backend_id
+    original = f_globals[key]
+    calls: list[tuple[Any, ...]] = []
+
+    def stub(*args: Any) -> Any:
+        calls.append(args)
+        return list(outputs)
+
+    f_globals[key] = stub
+    try:
+        yield calls
+    finally:
+        f_globals[key] = original
+
+
 def global_state_snapshot() -> dict[str, Any]:
     """The global state Dynamo guards on, in words, for diagnosing guard failures."""
     return {

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .._runtime import CheckGuards, CheckHooks, CheckIdentities, CheckIndices
 from ..guards import AutogradGuard, Guard, Source, describe_source
 from ..guards._python import literal as _literal
-from ._output import Probe, probe
+from ._output import Output, output_of
 
 if TYPE_CHECKING:
     from .._artifact import PrecompiledArtifact
@@ -135,8 +135,8 @@ def generate(artifact: PrecompiledArtifact, artifact_path: str) -> str:
     fwd_sig = _forward_signature(params[1:] if has_self else params)
     call_args = _call_expr(params[1:] if has_self else params)
     arg_exprs = [_source_expr(src, names) for src in sources]
-    observed = probe(artifact, arg_exprs, names.self_name)
-    explicit = observed.output is not None and observed.extraction_checked
+    observed = output_of(artifact.signature)
+    explicit = observed.code is not None and all(x is not None for x in arg_exprs)
 
     e = _Emitter()
     _emit_header(e, artifact, artifact_path, sources, observed)
@@ -290,7 +290,7 @@ def _emit_header(
     artifact: PrecompiledArtifact,
     artifact_path: str,
     sources: list[str],
-    observed: Probe,
+    observed: Output,
 ) -> None:
     sig = artifact.signature
     system = ", ".join(f"{k}={v}" for k, v in artifact.system.items() if v is not None)
@@ -473,8 +473,8 @@ def _emit_extraction(
 ) -> None:
     e.section("argument extraction: the compiled graph's inputs, in order")
     if explicit:
-        e("# Checked when this module was generated: on a call, these lines gave exactly", 1)
-        e("# the tensors Dynamo's bytecode passed to the compiled graph.", 1)
+        e("# Checked when the artifact was built: on the example call, these sources gave", 1)
+        e("# exactly the tensors Dynamo's bytecode passed to the compiled graph.", 1)
     width = max((len(x or "") for x in exprs), default=0)
     name_width = len(f"arg{len(exprs) - 1}")
     for i, (src, expr) in enumerate(zip(sources, exprs)):
@@ -488,7 +488,7 @@ def _emit_extraction(
 def _emit_call_and_output(
     e: _Emitter,
     artifact: PrecompiledArtifact,
-    observed: Probe,
+    observed: Output,
     explicit: bool,
     names: _Names,
     call_args: str,
@@ -500,7 +500,7 @@ def _emit_call_and_output(
         e(f"graph_out = COMPILED_GRAPH({args})", 1)
         e.section("output reconstruction")
         e(f"# {observed.description}", 1)
-        e(f"return {observed.output}", 1)
+        e(f"return {observed.code}", 1)
         return
     why = observed.why_not or "an input source has no plain-code form"
     e(f"# graph_out = COMPILED_GRAPH({args})", 1)

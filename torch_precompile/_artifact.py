@@ -211,7 +211,7 @@ class PrecompiledArtifact:
         default=(), repr=False, compare=False
     )
     globals_module: str = dataclasses.field(default="", repr=False)
-    # Where the artifact was saved to or loaded from ({"path": ...}); set by file.save and file.load.
+    # Where the artifact was saved to or loaded from ({"path": ...}); set by file.save/load.
     _origin: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

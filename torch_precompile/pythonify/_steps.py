@@ -1,0 +1,198 @@
+"""Each step of the artifact's call path (``torch_precompile._runtime``), printed as code."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._runtime import CheckGuards, CheckHooks, CheckIdentities, CheckIndices
+from ..guards import AutogradGuard, Guard, describe_source
+from ._names import Emitter, Names, f_locals_expr, is_model_side, source_expr
+from ._output import Output
+
+if TYPE_CHECKING:
+    from .._artifact import PrecompiledArtifact
+
+
+def _emit_guard(e: Emitter, g: Guard, read: Any, indent: int, where: str) -> bool:
+    """A guard's own Python form, or a comment saying where it is checked instead."""
+    lines = g.python(read)
+    e(f"# [{g.phase}] {g.expr}", indent)
+    if lines is None:
+        e(f"#   (checked by {where})", indent)
+        return False
+    for line in lines:
+        e(line, indent)
+    return True
+
+
+def emit_model_checks(e: Emitter, artifact: PrecompiledArtifact, names: Names) -> None:
+    """Guards on the model's tensors and attributes (and closure variables), checked at import."""
+    e("")
+    e("")
+    e("def _check_model() -> None:")
+    e('"""Guards on the model\'s weights and attributes (and closure variables).', 1)
+    e("", 0)
+    e("They come from the artifact file, not from a call, so they are checked once, at import.", 1)
+    e('"""', 1)
+    emitted = 0
+    for g in artifact.guards:
+        if g.kind in ("tensor", "value") and is_model_side(g.subject, names):
+            tables = g.kind == "tensor"
+            read = lambda text, tables=tables: source_expr(text, names, tables)  # noqa: E731
+            emitted += _emit_guard(e, g, read, 1, "PARTS.check_structure in forward()")
+    if not emitted:
+        e("return None", 1)
+    e("")
+    e("")
+    e("_check_model()")
+
+
+def emit_grad_mode(e: Emitter, artifact: PrecompiledArtifact, names: Names, call_args: str) -> None:
+    e.section("grad mode [aot_autograd]")
+    for g in artifact.guards:
+        if g.kind in ("autograd", "requires_grad"):
+            e(f"# {g.expr}", 1)
+    if artifact.training:
+        e("if not torch.is_grad_enabled():", 1)
+        e(f"raise GuardError({AutogradGuard.TRAINING_UNDER_NO_GRAD + ' [aot_autograd]'!r})", 2)
+        return
+    if artifact._runtime.grad_enabled:
+        e("if not torch.is_grad_enabled():", 1)
+        e("# Runs in the grad mode it was captured in; nothing requires grad, so the", 2)
+        e("# result is eager's either way.", 2)
+        e("with torch.enable_grad():", 2)
+        e(f"return forward({call_args})", 3)
+        return
+    e("if torch.is_grad_enabled():", 1)
+    e("# Captured under torch.no_grad(). Nothing may require grad; then running", 2)
+    e("# without autograd, as captured, gives eager's result.", 2)
+    checks = []
+    if names.forward:
+        checks.append((f"any_requires_grad([{', '.join(names.forward)}])", "an input"))
+    checks.append(("any(p.requires_grad for p in PARAMS.values())", "a parameter of the model"))
+    for cond, culprit in checks:
+        e(f"if {cond}:", 2)
+        message = AutogradGuard.inference_under_grad(culprit) + " [aot_autograd]"
+        e(f"raise GuardError({message!r})", 3)
+    e("with torch.no_grad():", 2)
+    e(f"return forward({call_args})", 3)
+
+
+def _emit_hooks(e: Emitter, step: CheckHooks, names: Names) -> None:
+    e.section("module hooks [dynamo]")
+    if step.guard is not None:
+        e(f"# {step.guard.expr}", 1)
+    e(f"PARTS.check_hooks({f_locals_expr(names)})", 1)
+
+
+def _emit_guards(e: Emitter, step: CheckGuards, names: Names) -> None:
+    e.section("guards: global state and inputs")
+    manager = "PARTS.check_structure below"
+    read = lambda text: source_expr(text, names)  # noqa: E731
+    temp = 0
+    for g in step.guards:
+        if g.kind == "global":
+            _emit_guard(e, g, read, 1, manager)
+    for g in step.guards:
+        if g.kind not in ("tensor", "value", "range", "shape"):
+            continue
+        if is_model_side(g.subject, names):
+            continue
+        expr = source_expr(g.subject, names) if g.subject else None
+        if expr is not None and not expr.isidentifier():
+            # A nested input (args[0], batch['x']): a missing entry breaks the guard too.
+            name = f"value{temp}"
+            temp += 1
+            e("try:", 1)
+            e(f"{name} = {expr}", 2)
+            e("except (IndexError, KeyError, TypeError):", 1)
+            e(f"raise GuardError({g.missing_message()!r}) from None", 2)
+            _emit_guard(e, g, lambda _t, name=name: name, 1, manager)
+        else:
+            _emit_guard(e, g, read, 1, manager)
+    e.section("guards: the rest of PyTorch's guard tree")
+    e("# Strides, aliasing between inputs, module structure and attributes: the", 1)
+    e("# artifact's guard manager (plain Python after a lean load). Failures are", 1)
+    e("# explained in the words of the guards above.", 1)
+    e(f"PARTS.check_structure({f_locals_expr(names)})", 1)
+    noted = [g for g in step.guards if g.kind in ("system", "structure", "dropped")]
+    if noted:
+        e.section("guards checked elsewhere")
+        for g in noted:
+            where = {
+                "system": "Precompile.load, at import",
+                "structure": "PARTS.check_structure above",
+                "dropped": "no one (PyTorch cannot save them)",
+            }[g.kind]
+            e(f"# [{g.phase}] {g.expr}  -- checked by {where}", 1)
+
+
+def _emit_identities(e: Emitter, step: CheckIdentities, names: Names) -> None:
+    entries = [g for g, _ in step.identities.local]
+    if not entries:
+        return
+    e.section("identities of the functions the traced code called [dynamo]")
+    read = lambda text: source_expr(text, names)  # noqa: E731
+    for g in entries:
+        _emit_guard(e, g, read, 1, "Precompile.load (globals are checked once)")
+
+
+def _emit_indices(e: Emitter, step: CheckIndices, names: Names) -> None:
+    entries = [g for _, g in step.indices.checks]
+    if not entries:
+        return
+    e.section("index inputs in range, IndexError as eager [inductor]")
+    read = lambda text: source_expr(text, names)  # noqa: E731
+    for g in entries:
+        _emit_guard(e, g, read, 1, "the kernels (CUDA asserts)")
+
+
+STEP_EMITTERS: dict[type, Any] = {
+    CheckHooks: _emit_hooks,
+    CheckGuards: _emit_guards,
+    CheckIdentities: _emit_identities,
+    CheckIndices: _emit_indices,
+}
+
+
+def emit_extraction(
+    e: Emitter, sources: list[str], exprs: list[str | None], explicit: bool
+) -> None:
+    e.section("argument extraction: the compiled graph's inputs, in order")
+    if explicit:
+        e("# Checked when the artifact was built: on the example call, these sources gave", 1)
+        e("# exactly the tensors Dynamo's bytecode passed to the compiled graph.", 1)
+    width = max((len(x or "") for x in exprs), default=0)
+    name_width = len(f"arg{len(exprs) - 1}")
+    for i, (src, expr) in enumerate(zip(sources, exprs)):
+        comment = f"# {describe_source(src)}  <- {src}"
+        if explicit:
+            e(f"{'arg' + str(i):<{name_width}} = {expr:<{width}}  {comment}", 1)
+        else:
+            e(f"# arg{i} = {expr or src}  {comment}", 1)
+
+
+def emit_call_and_output(
+    e: Emitter,
+    artifact: PrecompiledArtifact,
+    observed: Output,
+    explicit: bool,
+    names: Names,
+    call_args: str,
+) -> None:
+    n = len(artifact.signature.get("graph_inputs", []))
+    args = ", ".join(f"arg{i}" for i in range(n))
+    e.section("the compiled call")
+    if explicit:
+        e(f"graph_out = COMPILED_GRAPH({args})", 1)
+        e.section("output reconstruction")
+        e(f"# {observed.description}", 1)
+        e(f"return {observed.code}", 1)
+        return
+    why = observed.why_not or "an input source has no plain-code form"
+    e(f"# graph_out = COMPILED_GRAPH({args})", 1)
+    e.section("output reconstruction")
+    e(f"# The output is rebuilt by Dynamo's bytecode, not by plain code here: {why}.", 1)
+    e("# That bytecode does the argument extraction and the compiled call shown above itself.", 1)
+    self_arg = "MODEL, " if names.self_name else ""
+    e(f"return PARTS.dynamo_fn({self_arg}{call_args})", 1)

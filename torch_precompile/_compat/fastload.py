@@ -83,9 +83,6 @@ def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
     artifacts = fn._artifacts
     if artifacts.device_type != "cpu":
         return f"device {artifacts.device_type}", None, None
-    env = artifacts.runtime_env
-    if env.closure:
-        return "the traced function has a closure", None, None
     entry = artifacts.compiled_fn.compiled_fn.serialize()
     if entry.compiled_bw is not None or entry.num_fw_outs_saved_for_bw:
         reason, autograd = lean_autograd.autograd_refusal(entry)
@@ -180,8 +177,13 @@ def cpu_fast_sections(
     try:
         used_globals = pickle.dumps(dict(env.used_globals), protocol=pickle.HIGHEST_PROTOCOL)
         signature = pickle.dumps(fn._artifacts.signature, protocol=pickle.HIGHEST_PROTOCOL)
+        # A closure's cells hold values the compiled code reads (and guards check);
+        # they travel by value, as PyTorch's serialization carries them.
+        closure = pickle.dumps(
+            [cell.cell_contents for cell in env.closure or ()], protocol=pickle.HIGHEST_PROTOCOL
+        )
     except Exception as exc:
-        return None, f"{type(exc).__name__}: {exc}"
+        return None, f"the closure or globals cannot be pickled ({type(exc).__name__}: {exc})"
     spec = {
         "version": FASTLOAD_VERSION,
         "torch": torch.__version__,
@@ -194,6 +196,7 @@ def cpu_fast_sections(
         "used_global_names": sorted(env.used_globals),
         "external_refs": sorted(env.external_refs),
         "argdefs": env.argdefs,
+        "closure": closure if env.closure else None,
         "kwdefaults": env.kwdefaults,
         "backend_id": fn._artifacts.backend_id,
         "signature": signature,
@@ -276,7 +279,7 @@ def load_fast_compiled_function(
         guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
     runtime_env = types.SimpleNamespace(
         bytecode=fn.__code__,
-        closure=None,
+        closure=fn.__closure__,
         import_sources=dict(spec["import_sources"]),
         used_globals=dict.fromkeys(spec.get("used_global_names", ())),
         external_refs=set(spec.get("external_refs", ())),
@@ -296,8 +299,10 @@ def load_fast_compiled_function(
 class _DynamoUtils:
     """``torch._dynamo.utils`` as Dynamo's bytecode uses it, without importing Dynamo.
 
-    The bytecode brackets its pre-graph work with two profiler markers; any
-    other name is taken from the real module (imported on first use).
+    The bytecode brackets its pre-graph work with two profiler markers and, with
+    dynamic shapes, reads sizes through ``call_size`` (Dynamo's versions only
+    add ``torch._disable_dynamo``, moot outside Dynamo); any other name is taken
+    from the real module (imported on first use).
     """
 
     @staticmethod
@@ -312,6 +317,19 @@ class _DynamoUtils:
     def record_pregraph_bytecode_exit(cm: Any) -> None:
         if cm is not None:
             cm.__exit__(None, None, None)
+
+    # Dynamic shapes: the bytecode passes sizes, strides and offsets as graph inputs.
+    @staticmethod
+    def call_size(x: Any, i: int) -> int:
+        return x.size(i)
+
+    @staticmethod
+    def call_stride(x: Any, i: int) -> int:
+        return x.stride(i)
+
+    @staticmethod
+    def call_storage_offset(x: Any) -> int:
+        return x.storage_offset()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(importlib.import_module("torch._dynamo.utils"), name)
@@ -336,7 +354,10 @@ def bytecode_function(
     f_globals["__builtins__"] = __builtins__
     f_globals[spec["backend_id"]] = graph_call
     code = marshal.loads(spec["bytecode"])
-    fn = types.FunctionType(code, f_globals, code.co_name, spec["argdefs"], None)
+    closure = None
+    if spec.get("closure") is not None:
+        closure = tuple(types.CellType(v) for v in pickle.loads(spec["closure"]))
+    fn = types.FunctionType(code, f_globals, code.co_name, spec["argdefs"], closure)
     if spec["kwdefaults"]:
         fn.__kwdefaults__ = spec["kwdefaults"]
     return fn

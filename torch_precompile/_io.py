@@ -238,7 +238,7 @@ def _fast_sections(
     """The shipped-kernel sections that let a CPU artifact (inference or training, or
     one variant of a bundle, bound to the bundle's model) load without a compiler,
     Inductor or AOTAutograd; or None and why not."""
-    if artifact.device_type != "cpu":
+    if artifact.device_type not in ("cpu", "cuda"):  # issue 16: CUDA takes the lean path too
         return None, f"device {artifact.device_type}"
     if artifact.variants:
         return None, "a bundle of variants"

@@ -82,6 +82,11 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
             return ["no_dynamic_marking", attrs, dynamic]
         return ["no_dynamic_marking", attrs]
     text = _code_part(leaf)
+    if kind == "NO_HASATTR":  # torch 2.11 spells the dynamic-marking checks one per leaf
+        m = re.fullmatch(r"hasattr\(.*, '(_dynamo_\w+)'\) == False", text)
+        if m is None:
+            raise _NoLightGuards(text)
+        return ["no_dynamic_marking", [m.group(1)]]
     if kind == "TENSOR_MATCH":
         m = _TENSOR_RE.fullmatch(text)
         if m is None or m["cls"] not in ("Tensor", "Parameter"):
@@ -91,7 +96,7 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
         stride = [_dim(x) for x in m["stride"].split(",") if x.strip()]
         device = None if m["dev"] == "None" else int(m["dev"])  # None: the CPU
         leaf = ["tensor", m["cls"], m["keys"], m["dtype"], m["rg"] == "True", size, stride]
-        return leaf + [device] if device is not None else leaf
+        return [*leaf, device] if device is not None else leaf
     prefix = "check_no_aliasing("
     if kind == "NO_TENSOR_ALIASING" and text.startswith(prefix) and text.endswith(")"):
         return ["no_aliasing", [s.strip() for s in text[len(prefix) : -1].split(", ")]]
@@ -139,7 +144,8 @@ def _dim(text: str) -> int | None:
 # Dynamo's shape guards (epilogue lambda guards) over input sizes, as Python
 # expressions: ``1 <= L['x'].size()[0] <= 64``, ``L['a'].size()[1] == L['b'].size()[0]``.
 # Only this small grammar is accepted (sizes and strides of frame locals,
-# integers, arithmetic, comparisons, ``and``); anything else means no light guards.
+# integers, arithmetic, comparisons, ``and``, and ``is`` between two attribute
+# paths from frame locals, for tied weights); anything else means no light guards.
 _SHAPE_BINOPS = ("Add", "Sub", "Mult", "FloorDiv", "Mod")
 _SHAPE_CMPOPS = ("Eq", "NotEq", "Lt", "LtE", "Gt", "GtE")
 
@@ -152,6 +158,9 @@ def _shape_expr_ok(node: Any) -> bool:
     if isinstance(node, ast.BoolOp):
         return isinstance(node.op, ast.And) and all(_shape_expr_ok(v) for v in node.values)
     if isinstance(node, ast.Compare):
+        if len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+            # Tied weights: ``L['self']._modules['a']._parameters['w'] is L['self']...``
+            return _source_chain(node.left) and _source_chain(node.comparators[0])
         return all(type(op).__name__ in _SHAPE_CMPOPS for op in node.ops) and all(
             _shape_expr_ok(v) for v in (node.left, *node.comparators)
         )
@@ -178,6 +187,23 @@ def _shape_expr_ok(node: Any) -> bool:
             and _frame_local(call.func.value)
         )
     return False
+
+
+def _source_chain(node: Any) -> bool:
+    """``L['x']`` followed by plain attributes and constant subscripts."""
+    import ast
+
+    while True:
+        if _frame_local(node):
+            return True
+        if (isinstance(node, ast.Attribute) and not node.attr.startswith("__")) or (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.slice, ast.Constant)
+            and type(node.slice.value) in (str, int)
+        ):
+            node = node.value
+        else:
+            return False
 
 
 def _frame_local(node: Any) -> bool:
@@ -403,9 +429,7 @@ class LightGuards:
                 and (t.is_cpu if device is None else t.is_cuda and t.get_device() == device)
                 and t.requires_grad is requires_grad
                 and (t.size() == size if None not in size else _same_dims(t.size(), size))
-                and (
-                    t.stride() == stride if None not in stride else _same_dims(t.stride(), stride)
-                )
+                and (t.stride() == stride if None not in stride else _same_dims(t.stride(), stride))
                 and ((dispatch_keys(t) | inc) - exc).raw_repr() == raw
             ):
                 return False

@@ -104,6 +104,19 @@ class Runtime:
                 return "a parameter of the model"
         return None
 
+    def light_guards_hold(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Issue 16: whether the lean load's plain-Python guards pass (False if none)."""
+        light = getattr(self.guard_manager, "light", None)
+        if light is None:
+            return False
+        full = (self.bound_self, *args) if self.bound_self is not None else args
+        try:
+            arguments = self._bind(*full, **kwargs)
+        except TypeError:
+            return False
+        f_locals = {**self.closure_locals, **arguments} if self.closure_locals else arguments
+        return bool(light.check(f_locals))
+
     def _checked_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         full = (self.bound_self, *args) if self.bound_self is not None else args
         failure = self._guard_failure(full, kwargs)
@@ -176,6 +189,14 @@ class VariantRuntime:
         self.grad_enabled = first.grad_enabled
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # Issue 16: after a lean load, a variant whose plain-Python guards hold runs
+        # before any variant builds Dynamo's guard manager (which imports Dynamo).
+        for variant in self.variants:
+            runtime = variant._runtime
+            if runtime.light_guards_hold(args, kwargs):
+                if runtime.first_failure(args, kwargs) is None:
+                    return runtime(args, kwargs)
+                break
         failures = []
         for i, variant in enumerate(self.variants):
             runtime = variant._runtime

@@ -170,6 +170,7 @@ def format_header(data: dict[str, Any]) -> str:
         ("meta", _head_lines),
         ("meta.signature", _signature_part),
         ("meta.sizes", _sizes_part),
+        ("meta.load_path", _load_path_part),
         ("meta.timings", _timings_part),
         ("meta.guards", _guards_part),
     ):
@@ -228,6 +229,22 @@ def _sizes_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
 
     sizes = meta.get("sizes") or {s["name"]: s["length"] for s in data["sections"]}
     return ["sizes:     " + ", ".join(f"{k} {human_size(_number(v))}" for k, v in sizes.items())]
+
+
+def _load_path_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """Which load path each variant takes (issue 16): lean, or PyTorch's full path and why."""
+    names = {s["name"] for s in data["sections"]}
+    variants = meta.get("variants") or [meta]
+    lines = []
+    for i, vmeta in enumerate(variants):
+        label = f"variant {i}" if meta.get("variants") else "load path"
+        if "fastload" + (f".{i}" if i else "") in names and "kernels" in names:
+            how = "lean (shipped kernels; no Dynamo, Inductor, AOTAutograd or Triton compiler)"
+        else:
+            reason = vmeta.get("fast_load_refusal") or "no fast-load section"
+            how = f"PyTorch's full path ({reason})"
+        lines.append(f"{label + ':':10s} {how}")
+    return lines
 
 
 def _timings_part(data: dict[str, Any], meta: dict[str, Any]) -> list[str]:

@@ -79,8 +79,10 @@ def save(
         # Each inference variant that qualifies gets its own fast-load section
         # ("fastload" for variant 0, "fastload.<i>" for variant i); the one
         # "kernels" section holds every variant's kernels.
+        variant_refusals = []  # issue 16: why a variant takes the full path, said at load
         for i, variant in enumerate(artifact.variants):
-            fast, _ = _fast_sections(variant, artifact.module)
+            fast, refusal = _fast_sections(variant, artifact.module)
+            variant_refusals.append(refusal)
             if fast is not None:
                 sections["fastload" + (f".{i}" if i else "")] = fast[0]
         kernels = _kernel_section(artifact)
@@ -138,6 +140,7 @@ def save(
                     "guards": variant.guards.to_json(),
                     "timings": variant.timings,
                     "external_refs": _compat.external_global_refs(variant.compiled_function),
+                    "fast_load_refusal": variant_refusals[i],
                 }
             )
         meta["guards_text"] = "\n".join(
@@ -317,6 +320,14 @@ def _load_variants(
     variants = []
     for i, vmeta in enumerate(meta["variants"]):
         guards = Guards.from_json(vmeta.get("guards", []))
+        if "fastload" + (f".{i}" if i else "") not in sections:  # issue 16: say why, once
+            log.info(
+                "%s: variant %d loads through PyTorch's full path (Dynamo, AOTAutograd, "
+                "Inductor): %s",
+                path,
+                i,
+                vmeta.get("fast_load_refusal") or "the file has no fast-load section for it",
+            )
         if i == 0:
             compiled_function = first
         else:

@@ -354,14 +354,12 @@ class _DynamoUtils:
 _LAZY_PREFIXES = ("torch._dynamo", "torch._inductor", "torch._functorch")
 
 
-class _LazyModule:
-    """A module imported on first attribute access."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
+class _LazyModule(types.ModuleType):
+    """A module imported on first attribute access; named as the module, so that
+    identity guards on the global (a module, by name) hold without importing it."""
 
     def __getattr__(self, attr: str) -> Any:
-        return getattr(importlib.import_module(self._name), attr)
+        return getattr(importlib.import_module(self.__name__), attr)
 
 
 def bytecode_function(

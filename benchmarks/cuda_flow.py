@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -46,7 +47,15 @@ TOL = {"rtol": 2e-3, "atol": 2e-3}  # TF32 is off by default; Triton's fused red
 CHILD = r"""
 import time
 T0 = time.perf_counter()
-import json, os, sys
+import json, os, sys, traceback
+# Who first imports a module the lean load must not import (a stack per module).
+FIRST_IMPORT = {}
+class _TraceImports:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("torch._dynamo", "sympy", "triton") and name not in FIRST_IMPORT:
+            FIRST_IMPORT[name] = "".join(traceback.format_stack(limit=30)[:-1])[-2500:]
+        return None
+sys.meta_path.insert(0, _TraceImports())
 import torch
 T_TORCH = time.perf_counter() - T0
 PROFILE = os.environ.get("CUDA_FLOW_PROFILE")
@@ -54,20 +63,26 @@ if PROFILE:
     import cProfile
     prof = cProfile.Profile()
     prof.enable()
-import triton
+path, builder, training, mode = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
+LEAN_FILE = os.environ.get("CUDA_FLOW_LEAN_FILE") == "1"  # the file has a fast-load section
 calls = {"triton.compile": 0}
-_orig = triton.compile
-def _counting(*a, **k):
-    calls["triton.compile"] += 1
-    return _orig(*a, **k)
-triton.compile = _counting
-import triton.compiler.compiler as _tcc
-_tcc.compile = _counting
+if not LEAN_FILE:  # the full path: count Triton compiles (a lean load never imports Triton)
+    import triton
+    _orig = triton.compile
+    def _counting(*a, **k):
+        calls["triton.compile"] += 1
+        return _orig(*a, **k)
+    triton.compile = _counting
+    import triton.compiler.compiler as _tcc
+    _tcc.compile = _counting
+# What a lean load must not import (issue 16), checked after load and the first call.
+HEAVY = ("torch._dynamo", "torch._inductor.compile_fx", "sympy", "triton", "triton.compiler",
+         "torch._inductor.codegen.wrapper", "torch._inductor.runtime.triton_heuristics",
+         "torch._functorch._aot_autograd.runtime_wrappers")
 
 from torch_precompile import Precompile
 from examples import models
 
-path, builder, training, mode = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
 TOL = json.loads(sys.argv[5])
 T_PKG = time.perf_counter() - T0
 art = Precompile.load(path)
@@ -75,7 +90,9 @@ t_load = time.perf_counter() - T0
 model, args, kwargs = getattr(models, builder)()
 model = model.cuda()
 args = tuple(a.cuda() for a in args)
-res = {"import_torch_s": T_TORCH, "import_package_s": T_PKG, "load_s": t_load}
+res = {"import_torch_s": T_TORCH, "import_package_s": T_PKG, "load_s": t_load,
+       "lean_file": LEAN_FILE,
+       "lean_load": type(art.compiled_function).__name__ == "FastCompiledFunction"}
 
 def loss_of(out):
     return out.float().pow(2).mean()
@@ -106,6 +123,10 @@ else:
     torch.testing.assert_close(out, ref, **TOL)
     res["max_abs_diff"] = (out - ref).abs().max().item()
 
+res["heavy_modules_after_first_call"] = [m for m in HEAVY if m in sys.modules]
+res["first_heavy_imports"] = dict(FIRST_IMPORT)
+_gm = getattr(getattr(art.compiled_function, "_artifacts", None), "guard_manager", None)
+res["light_guards"] = getattr(_gm, "light", None) is not None
 if PROFILE:
     prof.disable()
     import io, pstats
@@ -133,7 +154,9 @@ with ctx:
     res["per_call_ms"] = (time.perf_counter() - t) / 50 * 1e3
 
 from torch._dynamo.utils import counters
-res["triton_compile_calls"] = calls["triton.compile"]
+res["triton_compile_calls"] = (
+    calls["triton.compile"] if not LEAN_FILE or "triton" not in sys.modules else None
+)
 res["inductor_counters"] = {k: v for k, v in counters["inductor"].items()
                             if "compile" in k or "triton" in k or "cudagraph" in k}
 tdir = os.environ["TRITON_CACHE_DIR"]
@@ -200,7 +223,7 @@ def run_case(name: str, builder: str, training: bool, mode: str | None, tmp: str
     import torch
 
     from examples import models
-    from torch_precompile import Precompile
+    from torch_precompile import Precompile, _format
 
     rep: dict = {"case": name, "training": training, "mode": mode}
     model, args, _ = getattr(models, builder)()
@@ -232,8 +255,23 @@ def run_case(name: str, builder: str, training: bool, mode: str | None, tmp: str
             ref = model(*args)
         torch.testing.assert_close(out.detach(), ref.detach(), **TOL)
     path = os.path.join(tmp, f"{name}.pt")
-    Precompile.save(path, art, bytecode, guards)
+    records: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda r: records.append(r.getMessage()[:500])  # type: ignore[method-assign]
+    logger = logging.getLogger("torch_precompile")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        Precompile.save(path, art, bytecode, guards)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    rep["save_log"] = [r for r in records if "guard" in r or "fast" in r or "kernel" in r][:10]
     rep["file_bytes"] = os.path.getsize(path)
+    info = _format.read_info(path)
+    rep["lean_file"] = any(sec["name"] == "fastload" for sec in info.sections)
+    rep["fast_load_refusal"] = info.meta.get("fast_load_refusal")
     aot_out = joint.meta["torch_precompile_stage_output"]  # the AOTAutogradOutput
     rep["static_input_indices"] = len(
         aot_out._joint._aot_state.fw_metadata.static_input_indices or []
@@ -271,6 +309,7 @@ def run_case(name: str, builder: str, training: bool, mode: str | None, tmp: str
         TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
         TORCHINDUCTOR_COMPILE_THREADS="1",
     )
+    env["CUDA_FLOW_LEAN_FILE"] = "1" if rep["lean_file"] else "0"
     if mode == "reduce-overhead":
         env["TORCH_LOGS"] = "cudagraphs"
     if PROFILE_DIR and not training and mode is None:
@@ -356,7 +395,8 @@ def main() -> int:
             f"first_output(cold)={fresh.get('first_output_s', nan):.2f}s "
             f"triton.compile calls={fresh.get('triton_compile_calls')} "
             f"per_call={fresh.get('per_call_ms', nan):.3f}ms "
-            f"cudagraphs={fresh.get('cudagraphs_recorded')}"
+            f"cudagraphs={fresh.get('cudagraphs_recorded')} lean={fresh.get('lean_load')} "
+            f"heavy={fresh.get('heavy_modules_after_first_call')}"
         )
         if c.get("mode"):
             line += (

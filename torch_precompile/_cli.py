@@ -182,6 +182,7 @@ def format_header(data: dict[str, Any], typed: Header) -> str:
     lines += [f"  {line}" for line in _signature_lines(typed.variants[0].signature)]
     sizes = typed.sizes or {s["name"]: s["length"] for s in data["sections"]}
     lines.append("sizes:     " + ", ".join(f"{k} {human_size(int(v))}" for k, v in sizes.items()))
+    lines += _load_paths(data, typed)
     if typed.timings:
         lines.append("timings:   " + ", ".join(f"{k} {v:.2f} s" for k, v in typed.timings.items()))
     for i, variant in enumerate(typed.variants):
@@ -191,6 +192,21 @@ def format_header(data: dict[str, Any], typed: Header) -> str:
         lines += [f"  {line}" for line in str(guards).splitlines()]
     # Strings from the file, escaped and cut line by line.
     return "\n".join(printable(line, limit=_LINE_LIMIT) for line in lines)
+
+
+def _load_paths(data: dict[str, Any], typed: Header) -> list[str]:
+    """Which load path each variant takes: lean, or PyTorch's full path and why."""
+    names = {s["name"] for s in data["sections"]}
+    lines = []
+    for i, variant in enumerate(typed.variants):
+        label = f"variant {i}:" if typed.bundle else "load path:"
+        if "fastload" + (f".{i}" if i else "") in names:
+            how = "lean (shipped kernels; no Dynamo, Inductor, AOTAutograd or Triton compiler)"
+        else:
+            why = variant.fast_load_refusal or "no fast-load section"
+            how = f"PyTorch's full path ({why})"
+        lines.append(f"{label:10s} {how}")
+    return lines
 
 
 def _cuda(cuda: Any) -> str:

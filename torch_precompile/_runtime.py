@@ -230,6 +230,21 @@ class Runtime:
         with torch.set_grad_enabled(self.grad_enabled):
             yield None
 
+    def light_guards_hold(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether a lean load's plain-Python guards pass this call (False: none, or fail).
+
+        Checked without building PyTorch's own guard manager, which imports Dynamo.
+        """
+        light = getattr(self.guard_manager, "light", None)
+        if light is None:
+            return False
+        frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+        try:
+            self.checks[0].check(frame)  # binds the arguments
+        except TypeError:
+            return False
+        return bool(light.check(frame.f_locals))
+
     def _requires_grad(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
             if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
@@ -252,6 +267,14 @@ class VariantRuntime:
         self.grad_enabled = first.grad_enabled
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # After a lean load, the first variant whose plain-Python guards hold runs
+        # before any variant builds PyTorch's guard manager (which imports Dynamo).
+        for variant in self.variants:
+            if variant._runtime.light_guards_hold(args, kwargs):
+                failure, result = variant._runtime.try_call(args, kwargs)
+                if failure is None:
+                    return result
+                break
         failures = []
         for i, (variant, label) in enumerate(zip(self.variants, self.labels)):
             failure, result = variant._runtime.try_call(args, kwargs)

@@ -1,4 +1,4 @@
-"""Fast load of CPU inference artifacts: shipped kernels, no compiler, no Inductor.
+"""Fast (lean) load: shipped kernels, no compiler, no Inductor, no Dynamo, no Triton.
 
 A CPU artifact saved in the process that compiled it carries two extra sections:
 
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _profiler_state
 
-from . import lean_autograd, wrapper
+from . import lean_autograd, triton_kernels, wrapper
 from .kernels import kernel_key
 from .light_guards import (
     LightGuards,
@@ -49,6 +49,7 @@ from .light_guards import (
 )
 
 FASTLOAD_VERSION = 1
+LEAN_DEVICES = ("cpu", "cuda")  # C++ kernels (shared objects), Triton kernels (cubins)
 
 
 @dataclasses.dataclass
@@ -81,11 +82,8 @@ def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
     """Why ``fn`` cannot take the fast path (None if it can), its compiled graphs
     (forward, and backward for training) and, for training, the autograd spec."""
     artifacts = fn._artifacts
-    if artifacts.device_type != "cpu":
+    if artifacts.device_type not in LEAN_DEVICES:
         return f"device {artifacts.device_type}", None, None
-    env = artifacts.runtime_env
-    if env.closure:
-        return "the traced function has a closure", None, None
     entry = artifacts.compiled_fn.compiled_fn.serialize()
     if entry.compiled_bw is not None or entry.num_fw_outs_saved_for_bw:
         reason, autograd = lean_autograd.autograd_refusal(entry)
@@ -120,7 +118,7 @@ def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
 
 
 def _graph_refusal(graph: Any) -> str | None:
-    if set(graph.device_types) - {"cpu"}:
+    if set(graph.device_types) - set(LEAN_DEVICES):
         return f"devices {sorted(graph.device_types)}"
     if graph.constants or graph.torchbind_constants or graph.mutated_inputs or graph.partition_maps:
         return "constants, mutated inputs or partitions in the compiled graph"
@@ -171,6 +169,7 @@ def cpu_fast_sections(
         if kernel is None or kernel is not getattr(torch, name, None):
             return None, f"extern kernel {name}"
     binaries: dict[str, bytes] = {}
+    triton_calls: list[tuple[str, list[tuple[str, str, str]]]] = []
     for source in sources:
         for argtypes, kernel_source in wrapper.recorded_kernels(source):
             key = kernel_key(argtypes, kernel_source)
@@ -179,12 +178,25 @@ def cpu_fast_sections(
             kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, kernel_source)
             with open(kernel.__self__.__file__, "rb") as f:
                 binaries[key] = f.read()
+        triton_calls.append((source, wrapper.recorded_triton_kernels(source)))
+    triton_specs: dict[str, dict[str, Any]] = {}
+    if any(calls for _, calls in triton_calls):
+        found = triton_kernels.triton_sections(triton_calls)
+        if isinstance(found, str):
+            return None, found
+        triton_specs, cubins = found
+        binaries.update(cubins)
     env = fn._artifacts.runtime_env
     try:
         used_globals = pickle.dumps(dict(env.used_globals), protocol=pickle.HIGHEST_PROTOCOL)
         signature = pickle.dumps(fn._artifacts.signature, protocol=pickle.HIGHEST_PROTOCOL)
+        # A closure's cells hold values the compiled code reads (and guards check);
+        # they travel by value, as PyTorch's serialization carries them.
+        closure = pickle.dumps(
+            [cell.cell_contents for cell in env.closure or ()], protocol=pickle.HIGHEST_PROTOCOL
+        )
     except Exception as exc:
-        return None, f"{type(exc).__name__}: {exc}"
+        return None, f"the closure or globals cannot be pickled ({type(exc).__name__}: {exc})"
     spec = {
         "version": FASTLOAD_VERSION,
         "torch": torch.__version__,
@@ -197,6 +209,7 @@ def cpu_fast_sections(
         "used_global_names": sorted(env.used_globals),
         "external_refs": sorted(env.external_refs),
         "argdefs": env.argdefs,
+        "closure": closure if env.closure else None,
         "kwdefaults": env.kwdefaults,
         "backend_id": fn._artifacts.backend_id,
         "signature": signature,
@@ -204,6 +217,8 @@ def cpu_fast_sections(
         "guards_state": fn._artifacts.guards_state,
         "light_guards": light_guard_spec(fn._artifacts.guard_manager, bound_self),
         "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
+        "device_type": fn._artifacts.device_type,
+        "triton": triton_specs,  # key -> launch spec of each Triton kernel (cubin in kernels)
     }
     if autograd is not None:
         # Training: the backward's wrapper and how autograd runs the pair
@@ -224,7 +239,7 @@ def load_fast_compiled_function(
     filename: str,
     module_globals: dict[str, Any] | None = None,
 ) -> FastCompiledFunction:
-    """Rebuild a CPU inference artifact's function from its shipped kernels (no compiler)."""
+    """Rebuild a compiled function from its shipped kernels (no compiler, no Triton)."""
     import marshal
 
     spec = pickle.loads(fastload)
@@ -239,6 +254,7 @@ def load_fast_compiled_function(
         kernels,
         data_ptr,
         filename,
+        spec.get("triton"),
     )
     backward = spec.get("backward")
     if backward is not None:
@@ -251,6 +267,7 @@ def load_fast_compiled_function(
             kernels,
             data_ptr,
             filename + " (backward)",
+            spec.get("triton"),
         )
         graph_call = lean_autograd.make_autograd_call(
             lean_autograd.AutogradSpec(**backward["autograd"]),
@@ -279,7 +296,7 @@ def load_fast_compiled_function(
         guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
     runtime_env = types.SimpleNamespace(
         bytecode=fn.__code__,
-        closure=None,
+        closure=fn.__closure__,
         import_sources=dict(spec["import_sources"]),
         used_globals=dict.fromkeys(spec.get("used_global_names", ())),
         external_refs=set(spec.get("external_refs", ())),
@@ -290,7 +307,7 @@ def load_fast_compiled_function(
         guard_manager=guard_manager,
         signature=pickle.loads(spec["signature"]),
         runtime_env=runtime_env,
-        device_type="cpu",
+        device_type=spec.get("device_type", "cpu"),
         original_code=original_code,
     )
     return FastCompiledFunction(artifacts, fn, serialized, fastload, kernels, module_globals)
@@ -299,8 +316,10 @@ def load_fast_compiled_function(
 class _DynamoUtils:
     """``torch._dynamo.utils`` as Dynamo's bytecode uses it, without importing Dynamo.
 
-    The bytecode brackets its pre-graph work with two profiler markers; any
-    other name is taken from the real module (imported on first use).
+    The bytecode brackets its pre-graph work with two profiler markers and, with
+    dynamic shapes, reads sizes through ``call_size`` (Dynamo's versions only
+    add ``torch._disable_dynamo``, moot outside Dynamo); any other name is taken
+    from the real module (imported on first use).
     """
 
     @staticmethod
@@ -316,8 +335,34 @@ class _DynamoUtils:
         if cm is not None:
             cm.__exit__(None, None, None)
 
+    # Dynamic shapes: the bytecode passes sizes, strides and offsets as graph inputs.
+    @staticmethod
+    def call_size(x: Any, i: int) -> int:
+        return x.size(i)
+
+    @staticmethod
+    def call_stride(x: Any, i: int) -> int:
+        return x.stride(i)
+
+    @staticmethod
+    def call_storage_offset(x: Any) -> int:
+        return x.storage_offset()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(importlib.import_module("torch._dynamo.utils"), name)
+
+
+# Compiler packages a bytecode may name but rarely reads at run time: imported
+# when an attribute is first read, not at load.
+_LAZY_PREFIXES = ("torch._dynamo", "torch._inductor", "torch._functorch")
+
+
+class _LazyModule(types.ModuleType):
+    """A module imported on first attribute access; named as the module, so that
+    identity guards on the global (a module, by name) hold without importing it."""
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self.__name__), attr)
 
 
 def bytecode_function(
@@ -331,6 +376,8 @@ def bytecode_function(
     f_globals: dict[str, Any] = {
         alias: _DynamoUtils()
         if module_name == "torch._dynamo.utils"
+        else _LazyModule(module_name)
+        if module_name.startswith(_LAZY_PREFIXES)
         else importlib.import_module(module_name)
         for alias, module_name in spec["import_sources"].items()
     }
@@ -339,7 +386,10 @@ def bytecode_function(
     f_globals["__builtins__"] = __builtins__
     f_globals[spec["backend_id"]] = graph_call
     code = marshal.loads(spec["bytecode"])
-    fn = types.FunctionType(code, f_globals, code.co_name, spec["argdefs"], None)
+    closure = None
+    if spec.get("closure") is not None:
+        closure = tuple(types.CellType(v) for v in pickle.loads(spec["closure"]))
+    fn = types.FunctionType(code, f_globals, code.co_name, spec["argdefs"], closure)
     if spec["kwdefaults"]:
         fn.__kwdefaults__ = spec["kwdefaults"]
     return fn

@@ -166,7 +166,7 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _IMPORT_LOCK = threading.Lock()
 
 
-def _materialize(directory: str, key: str, data: memoryview) -> str:
+def _materialize(directory: str, key: str, data: memoryview, suffix: str = ".so") -> str:
     """Write one shared object unless an identical file is already there.
 
     Threads and processes may materialise the same kernel at once: each writes
@@ -174,7 +174,7 @@ def _materialize(directory: str, key: str, data: memoryview) -> str:
     renames it over the target, so a reader sees a whole file or none. On any
     failure the temporary file is removed.
     """
-    path = os.path.join(directory, f"k{key[:40]}.so")
+    path = os.path.join(directory, f"k{key[:40]}{suffix}")
     try:
         with open(path, "rb") as f:
             if f.read() == data:

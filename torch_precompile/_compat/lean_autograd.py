@@ -98,7 +98,9 @@ def autograd_refusal(entry: Any) -> tuple[str | None, AutogradSpec | None]:
         return "forward returns other than the user's outputs", None
     tangent_outputs = []
     for i, info in enumerate(meta.output_info):
-        if issubclass(info.raw_type, torch.Tensor) and info.requires_grad_for_backward:
+        # torch 2.11 has no requires_grad_for_backward (its tangents follow requires_grad).
+        needs_grad = getattr(info, "requires_grad_for_backward", info.requires_grad)
+        if issubclass(info.raw_type, torch.Tensor) and needs_grad:
             tangent_outputs.append(i)
     layouts: list[Any] = []
     tangent_metas = list(meta.subclass_tangent_meta)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 import re
@@ -61,20 +62,41 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
     kind = type(leaf).__name__
     if kind == "DIMENSION_DYNAMIC_MARKING_GUARD":
         attrs = []
+        dynamic: list[int] | None = None
         for part in leaf.verbose_code_parts():
             m = re.match(r"hasattr\(.*, '(_dynamo_\w+)'\) == False(\s|$)", part)
-            if m is None:
+            if m is not None:
+                attrs.append(m.group(1))
+                continue
+            # A dimension marked dynamic at capture: later marks may only be a subset.
+            m = re.match(
+                r"\(\(getattr\(.*, '_dynamo_dynamic_indices', set\(\)\)\.issubset\("
+                r"(\{[\d, ]*\}|set\(\))\)\) if hasattr\(.*, '_dynamo_dynamic_indices'\) "
+                r"else True\)(\s|$)",
+                part,
+            )
+            if m is None or dynamic is not None:
                 raise _NoLightGuards(part)
-            attrs.append(m.group(1))
+            dynamic = sorted(int(x) for x in re.findall(r"\d+", m.group(1)))
+        if dynamic is not None:
+            return ["no_dynamic_marking", attrs, dynamic]
         return ["no_dynamic_marking", attrs]
     text = _code_part(leaf)
+    if kind == "NO_HASATTR":  # torch 2.11 spells the dynamic-marking checks one per leaf
+        m = re.fullmatch(r"hasattr\(.*, '(_dynamo_\w+)'\) == False", text)
+        if m is None:
+            raise _NoLightGuards(text)
+        return ["no_dynamic_marking", [m.group(1)]]
     if kind == "TENSOR_MATCH":
         m = _TENSOR_RE.fullmatch(text)
-        if m is None or m["cls"] not in ("Tensor", "Parameter") or m["dev"] != "None":
+        if m is None or m["cls"] not in ("Tensor", "Parameter"):
             raise _NoLightGuards(text)
-        size = [int(x) for x in m["size"].split(",") if x.strip()]
-        stride = [int(x) for x in m["stride"].split(",") if x.strip()]
-        return ["tensor", m["cls"], m["keys"], m["dtype"], m["rg"] == "True", size, stride]
+        # None: a dynamic dimension (its range is an epilogue shape guard).
+        size = [_dim(x) for x in m["size"].split(",") if x.strip()]
+        stride = [_dim(x) for x in m["stride"].split(",") if x.strip()]
+        device = None if m["dev"] == "None" else int(m["dev"])  # None: the CPU
+        leaf = ["tensor", m["cls"], m["keys"], m["dtype"], m["rg"] == "True", size, stride]
+        return [*leaf, device] if device is not None else leaf
     prefix = "check_no_aliasing("
     if kind == "NO_TENSOR_ALIASING" and text.startswith(prefix) and text.endswith(")"):
         return ["no_aliasing", [s.strip() for s in text[len(prefix) : -1].split(", ")]]
@@ -112,6 +134,108 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
     if kind == "LAMBDA_GUARD" and text == _SAVED_TENSOR_HOOKS_GUARD:
         return ["no_saved_tensor_hooks"]
     raise _NoLightGuards(f"{kind}: {text}")
+
+
+def _dim(text: str) -> int | None:
+    text = text.strip()
+    return None if text == "None" else int(text)
+
+
+# Dynamo's shape guards (epilogue lambda guards) over input sizes, as Python
+# expressions: ``1 <= L['x'].size()[0] <= 64``, ``L['a'].size()[1] == L['b'].size()[0]``.
+# Only this small grammar is accepted (sizes and strides of frame locals,
+# integers, arithmetic, comparisons, ``and``, and ``is`` between two attribute
+# paths from frame locals, for tied weights); anything else means no light guards.
+_SHAPE_BINOPS = ("Add", "Sub", "Mult", "FloorDiv", "Mod")
+_SHAPE_CMPOPS = ("Eq", "NotEq", "Lt", "LtE", "Gt", "GtE")
+
+
+def _shape_expr_ok(node: Any) -> bool:
+    import ast
+
+    if isinstance(node, ast.Expression):
+        return _shape_expr_ok(node.body)
+    if isinstance(node, ast.BoolOp):
+        return isinstance(node.op, ast.And) and all(_shape_expr_ok(v) for v in node.values)
+    if isinstance(node, ast.Compare):
+        if len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+            # Tied weights: ``L['self']._modules['a']._parameters['w'] is L['self']...``
+            return _source_chain(node.left) and _source_chain(node.comparators[0])
+        return all(type(op).__name__ in _SHAPE_CMPOPS for op in node.ops) and all(
+            _shape_expr_ok(v) for v in (node.left, *node.comparators)
+        )
+    if isinstance(node, ast.BinOp):
+        return (
+            type(node.op).__name__ in _SHAPE_BINOPS
+            and _shape_expr_ok(node.left)
+            and _shape_expr_ok(node.right)
+        )
+    if isinstance(node, ast.UnaryOp):
+        return isinstance(node.op, ast.USub) and _shape_expr_ok(node.operand)
+    if isinstance(node, ast.Constant):
+        return type(node.value) is int
+    if isinstance(node, ast.Subscript):  # L['x'].size()[0]
+        call, index = node.value, node.slice
+        return (
+            isinstance(index, ast.Constant)
+            and type(index.value) is int
+            and isinstance(call, ast.Call)
+            and not call.args
+            and not call.keywords
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("size", "stride")
+            and _frame_local(call.func.value)
+        )
+    return False
+
+
+def _source_chain(node: Any) -> bool:
+    """``L['x']`` followed by plain attributes and constant subscripts."""
+    import ast
+
+    while True:
+        if _frame_local(node):
+            return True
+        if (isinstance(node, ast.Attribute) and not node.attr.startswith("__")) or (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.slice, ast.Constant)
+            and type(node.slice.value) in (str, int)
+        ):
+            node = node.value
+        else:
+            return False
+
+
+def _frame_local(node: Any) -> bool:
+    import ast
+
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "L"
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    )
+
+
+def _shape_guards(root: Any) -> list[str]:
+    """Dynamo's epilogue shape guards as checked Python expressions."""
+    import ast
+
+    exprs = []
+    for guard in root.get_epilogue_lambda_guards():
+        if type(guard).__name__ != "LAMBDA_GUARD":
+            raise _NoLightGuards(f"epilogue guard {type(guard).__name__}")
+        for part in guard.verbose_code_parts():
+            expr = part.split("  #", 1)[0].strip()
+            try:
+                tree = ast.parse(expr, mode="eval")
+            except SyntaxError as exc:
+                raise _NoLightGuards(f"epilogue guard {expr!r}") from exc
+            if not _shape_expr_ok(tree):
+                raise _NoLightGuards(f"epilogue guard {expr!r}")
+            exprs.append(expr)
+    return exprs
 
 
 def _light_step(accessor: Any) -> list[Any]:
@@ -190,13 +314,28 @@ def light_guard_spec(guard_manager: Any, bound_self: Any) -> dict[str, Any] | No
     """Dynamo's guard tree as plain data the light check runs, or None if it cannot."""
     try:
         root = guard_manager.root
-        if root.get_epilogue_lambda_guards():
-            raise _NoLightGuards("epilogue guards")
+        shape_guards = _shape_guards(root)
         f_locals = {"self": bound_self} if bound_self is not None else {}
-        return _light_node(root, f_locals)
+        spec = _light_node(root, f_locals)
+        if shape_guards:
+            spec["shape_guards"] = shape_guards  # absent: no dynamic shapes (older files)
+        return spec
     except Exception as exc:  # _NoLightGuards, or a code part we could not parse
         logging.getLogger("torch_precompile").debug("no light guards: %s", exc)
         return None
+
+
+# (python type, dtype, requires_grad, size, stride, dispatch keys, device): a size
+# or stride of None is dynamic; a device of None is the CPU, an int a CUDA index.
+_TensorCheck = tuple[
+    type, torch.dtype, bool, tuple[int | None, ...], tuple[int | None, ...], int, int | None
+]
+
+
+def _same_dims(actual: Any, expected: tuple[int | None, ...]) -> bool:
+    return len(actual) == len(expected) and all(
+        e is None or a == e for a, e in zip(actual, expected)
+    )
 
 
 class LightGuards:
@@ -217,10 +356,12 @@ class LightGuards:
         # Tensor leaves are collected by the generated code (``T.append``) and
         # checked together: (python type, dtype, requires_grad, size, stride,
         # dispatch keys) of each, in the order the code appends them.
-        self._tensor_checks: list[
-            tuple[type, torch.dtype, bool, tuple[int, ...], tuple[int, ...], int]
-        ] = []
+        self._tensor_checks: list[_TensorCheck] = []
         self._emit_node(spec, "L", 1)
+        for expr in spec.get("shape_guards", ()):
+            if not _shape_expr_ok(ast.parse(expr, mode="eval")):
+                raise ValueError(f"shape guard outside the light grammar: {expr!r}")
+            self._fail_unless(expr)
         body = "\n".join(self._lines)
         source = f"def light_check(L, seen, T):\n{body}\n    return True\n"
         namespace: dict[str, Any] = {
@@ -279,16 +420,16 @@ class LightGuards:
         inc = torch._C._dispatch_tls_local_include_set()
         exc = torch._C._dispatch_tls_local_exclude_set()
         dispatch_keys = torch._C._dispatch_keys
-        for t, (cls, dtype, requires_grad, size, stride, raw) in zip(
+        for t, (cls, dtype, requires_grad, size, stride, raw, device) in zip(
             tensors, self._tensor_checks, strict=True
         ):
             if not (
                 type(t) is cls
                 and t.dtype is dtype
-                and t.is_cpu
+                and (t.is_cpu if device is None else t.is_cuda and t.get_device() == device)
                 and t.requires_grad is requires_grad
-                and t.size() == size
-                and t.stride() == stride
+                and (t.size() == size if None not in size else _same_dims(t.size(), size))
+                and (t.stride() == stride if None not in stride else _same_dims(t.stride(), stride))
                 and ((dispatch_keys(t) | inc) - exc).raw_repr() == raw
             ):
                 return False
@@ -304,8 +445,12 @@ class LightGuards:
         inc = torch._C._dispatch_tls_local_include_set()
         exc = torch._C._dispatch_tls_local_exclude_set()
         examples = []
-        for cls, dtype, requires_grad, size, stride, raw in self._tensor_checks:
-            t = torch.empty_strided(size, stride, dtype=dtype)  # untouched: no pages
+        for cls, dtype, requires_grad, size, _, raw, device in self._tensor_checks:
+            # Only the class, dtype, device, requires_grad and dimension count matter
+            # (sizes and strides are given to TensorGuards apart): no memory.
+            t = torch.empty(
+                (0,) * len(size), dtype=dtype, device="cpu" if device is None else device
+            )
             if cls is torch.nn.Parameter:
                 t = torch.nn.Parameter(t, requires_grad=requires_grad)
             elif requires_grad:
@@ -412,7 +557,8 @@ class LightGuards:
     def _emit_leaf(self, leaf: list[Any], v: str) -> None:
         kind = leaf[0]
         if kind == "tensor":
-            _, cls, keys_text, dtype_name, requires_grad, size, stride = leaf
+            _, cls, keys_text, dtype_name, requires_grad, size, stride = leaf[:7]
+            device = leaf[7] if len(leaf) > 7 else None
             dtype = getattr(torch, dtype_name)
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"unknown dtype {dtype_name}")
@@ -421,9 +567,10 @@ class LightGuards:
                     torch.nn.Parameter if cls == "Parameter" else torch.Tensor,
                     dtype,
                     bool(requires_grad),
-                    tuple(int(n) for n in size),
-                    tuple(int(n) for n in stride),
+                    tuple(None if n is None else int(n) for n in size),
+                    tuple(None if n is None else int(n) for n in stride),
                     _dispatch_key_set_raw(keys_text),
+                    None if device is None else int(device),
                 )
             )
             self._lines.append(f"    T.append({v})")
@@ -438,6 +585,9 @@ class LightGuards:
                 f"{a}.isdisjoint({v}.__dict__) if type({v}) in {plain} "
                 f"else not any(hasattr({v}, x) for x in {a})"
             )
+            if len(leaf) > 2:  # dimensions marked dynamic at capture
+                dims = self._const(frozenset(int(d) for d in leaf[2]))
+                self._fail_unless(f"{dims}.issuperset(getattr({v}, '_dynamo_dynamic_indices', ()))")
         elif kind == "no_aliasing":
             pass  # checked once every value is known
         elif kind == "type":

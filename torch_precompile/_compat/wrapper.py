@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .kernels import KernelLoader, kernel_dir
+from .triton_kernels import KernelAndTritonLoader
 
 ALIGNMENT = 16  # bytes; what Inductor assumes of inputs listed in ``inputs_to_check``
 _ALIGN_BYTES = 64  # Inductor's memory planning pool alignment
@@ -42,6 +43,10 @@ def _maybe_profile(should_profile: bool, *args: Any, **kwargs: Any) -> Any:
     return contextlib.nullcontext()
 
 
+def _graph_marker() -> None:
+    pass  # ``start_graph``/``end_graph``: save refuses wrappers that call them
+
+
 # Import lines of Inductor's wrapper, and the name each binds (save checks that
 # the wrapper imports nothing else from torch._inductor).
 WRAPPER_IMPORTS: dict[str, str] = {
@@ -50,24 +55,52 @@ WRAPPER_IMPORTS: dict[str, str] = {
     "from torch._inductor.codegen.memory_planning import _align as align": "align",
     "from torch._inductor.async_compile import AsyncCompile": "AsyncCompile",
     "from torch._inductor.select_algorithm import extern_kernels": "extern_kernels",
+    # CUDA wrappers: ``triton`` is only named inside the kernels' source strings,
+    # and the graph markers only run under Inductor's benchmark/profile flags.
+    "import triton": "triton",
+    "import triton.language as tl": "tl",
+    "from torch._inductor.runtime.triton_heuristics import start_graph, end_graph": "start_graph",
 }
 
 
+def _outside_strings(source: str) -> list[tuple[str, bool]]:
+    """Each line of the wrapper and whether it is code (not inside a kernel's
+    ``'''`` source string, where Triton kernels carry their own imports)."""
+    out = []
+    inside = False
+    for line in source.splitlines():
+        out.append((line, not inside))
+        if line.count("'''") % 2:
+            inside = not inside
+    return out
+
+
 def strip_wrapper_imports(source: str) -> str:
-    """The wrapper without its ``torch._inductor`` imports (they are injected)."""
-    lines = source.splitlines()
-    return "\n".join("" if line.strip() in WRAPPER_IMPORTS else line for line in lines)
+    """The wrapper without its ``torch._inductor`` and ``triton`` imports (the names
+    are injected); kernel source strings are left as they are."""
+    return "\n".join(
+        "" if code and line.strip() in WRAPPER_IMPORTS else line
+        for line, code in _outside_strings(source)
+    )
+
+
+def _main_code(source: str) -> str:
+    """The wrapper's own code: no kernel source strings, no ``__main__`` harness."""
+    main = source.split('\nif __name__ == "__main__":', 1)[0]
+    return "\n".join(line if code else "" for line, code in _outside_strings(main))
 
 
 def wrapper_inductor_imports(source: str) -> list[str]:
-    """Top-level lines importing from ``torch._inductor`` that we cannot stand in for."""
-    main = source.split('\nif __name__ == "__main__":', 1)[0]
+    """Top-level lines importing from ``torch._inductor`` (or ``triton``) that we
+    cannot stand in for."""
     bad = []
-    for line in main.splitlines():
+    for line in _main_code(source).splitlines():
         if line.startswith((" ", "\t")):
             continue  # function-local imports (benchmark helpers) never run
         stripped = line.strip()
-        if "torch._inductor" in stripped and stripped not in WRAPPER_IMPORTS:
+        if stripped in WRAPPER_IMPORTS:
+            continue
+        if "torch._inductor" in stripped or stripped.startswith(("import triton", "from triton")):
             bad.append(stripped)
     return bad
 
@@ -79,6 +112,18 @@ def _clone_preserve_strides(x: torch.Tensor) -> torch.Tensor:
         needed = sum((size - 1) * stride for size, stride in zip(x.size(), x.stride())) + 1
     buffer = torch.as_strided(x, (needed,), (1,)).clone()
     return torch.as_strided(buffer, x.size(), x.stride())
+
+
+def _namespace(loader: Any, extern_names: Sequence[str]) -> dict[str, Any]:
+    return {
+        "run_intermediate_hooks": _run_intermediate_hooks,
+        "maybe_profile": _maybe_profile,
+        "align": _align,
+        "AsyncCompile": loader,
+        "extern_kernels": _ExternKernels(extern_names),
+        "start_graph": _graph_marker,
+        "end_graph": _graph_marker,
+    }
 
 
 class GraphCall:
@@ -107,22 +152,20 @@ def build_graph_call(
     kernels: Mapping[str, bytes | memoryview],
     data_ptr_env: str,
     filename: str,
+    triton_specs: dict[str, dict[str, Any]] | None = None,
 ) -> GraphCall:
-    """Execute Inductor's wrapper with the shipped kernels (``{key: shared object}``);
-    returns its ``call``."""
-    loader = KernelLoader(kernels, kernel_dir(kernels), data_ptr_env)
+    """Execute Inductor's wrapper with the shipped kernels (``{key: bytes}``: C++ shared
+    objects, Triton cubins described by ``triton_specs``); returns its ``call``."""
+    directory = kernel_dir(kernels)
+    loader: KernelLoader
+    if triton_specs:
+        loader = KernelAndTritonLoader(kernels, directory, data_ptr_env, triton_specs)
+    else:
+        loader = KernelLoader(kernels, directory, data_ptr_env)
     module = types.ModuleType("torch_precompile_wrapper")
     module.__file__ = filename
     namespace = module.__dict__
-    namespace.update(
-        {
-            "run_intermediate_hooks": _run_intermediate_hooks,
-            "maybe_profile": _maybe_profile,
-            "align": _align,
-            "AsyncCompile": loader,
-            "extern_kernels": _ExternKernels(extern_names),
-        }
-    )
+    namespace.update(_namespace(loader, extern_names))
     code = compile(strip_wrapper_imports(wrapper_source), filename, "exec")
     exec(code, namespace)  # generated code shipped in the (trusted) artifact
     return GraphCall(namespace["call"], inputs_to_check)
@@ -134,20 +177,32 @@ def wrapper_refusal(source: str) -> str | None:
     bad = wrapper_inductor_imports(source)
     if bad:
         return f"the wrapper imports {bad[0]!r}"
-    main = source.split('\nif __name__ == "__main__":', 1)[0]
-    for name in ("run_intermediate_hooks", "maybe_profile"):
+    main = _main_code(strip_wrapper_imports(source))
+    for name in ("run_intermediate_hooks", "maybe_profile", "start_graph", "end_graph"):
         if main.count(name) > 1:
             return f"the wrapper calls {name}"
+    if re.search(r"\b(triton|tl)\.", main):
+        return "the wrapper uses triton outside its kernels"
     methods = set(re.findall(r"\basync_compile\.(\w+)", main))
-    if methods - {"cpp_pybinding", "wait"}:
-        return f"the wrapper compiles {sorted(methods - {'cpp_pybinding', 'wait'})} kernels"
+    known = {"cpp_pybinding", "wait", "triton"}
+    if methods - known:
+        return f"the wrapper compiles {sorted(methods - known)} kernels"
     return None
 
 
 def recorded_kernels(source: str) -> list[tuple[list[str], str]]:
     """The (argtypes, source) of each ``async_compile.cpp_pybinding`` call of the wrapper."""
+    return _recorded(source)[0]
 
+
+def recorded_triton_kernels(source: str) -> list[tuple[str, str, str]]:
+    """The (name, source, device) of each ``async_compile.triton`` call of the wrapper."""
+    return _recorded(source)[1]
+
+
+def _recorded(source: str) -> tuple[list[tuple[list[str], str]], list[tuple[str, str, str]]]:
     calls: list[tuple[list[str], str]] = []
+    triton_calls: list[tuple[str, str, str]] = []
 
     class Recorder:
         def __call__(self) -> Any:
@@ -155,6 +210,10 @@ def recorded_kernels(source: str) -> list[tuple[list[str], str]]:
 
         def cpp_pybinding(self, argtypes: list[str], source_code: str) -> Any:
             calls.append((list(argtypes), source_code))
+            return None
+
+        def triton(self, kernel_name: str, source_code: str, device_str: str = "cuda") -> Any:
+            triton_calls.append((kernel_name, source_code, device_str))
             return None
 
         def wait(self, scope: Any) -> None:
@@ -166,8 +225,10 @@ def recorded_kernels(source: str) -> list[tuple[list[str], str]]:
         "align": None,
         "AsyncCompile": Recorder(),
         "extern_kernels": None,
+        "start_graph": None,
+        "end_graph": None,
         "__name__": "torch_precompile_wrapper_probe",
     }
     code = compile(strip_wrapper_imports(source), "<inductor wrapper>", "exec")
     exec(code, namespace)
-    return calls
+    return calls, triton_calls

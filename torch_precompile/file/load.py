@@ -132,10 +132,12 @@ def _load_variant(
     guards = Guards.from_json(list(record.guards))
     compiled_function = _load_fast(sections, kernels, path, f_globals, i)
     if compiled_function is None:
-        if section_name("fastload", i) not in sections and not header.bundle:
+        if section_name("fastload", i) not in sections:
+            which = f"variant {i} loads" if header.bundle else "loading"
             log.info(
-                "%s: loading through PyTorch's full path (Dynamo, AOTAutograd, Inductor): %s",
+                "%s: %s through PyTorch's full path (Dynamo, AOTAutograd, Inductor): %s",
                 path,
+                which,
                 record.fast_load_refusal or "the file has no fast-load section",
             )
         with _compat.shipped_cpu_kernels(kernels):

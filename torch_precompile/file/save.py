@@ -178,10 +178,10 @@ def _warn_if_standin_falls_short(
 def _fast_sections(
     artifact: PrecompiledArtifact, bound: Any
 ) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
-    """The ``fastload`` section and kernels that let a CPU artifact (inference or
-    training, or one variant of a bundle, bound to the bundle's model) load without
-    a compiler, Inductor or AOTAutograd; or None and why not."""
-    if artifact.device_type != "cpu":
+    """The ``fastload`` section and kernels that let a CPU or CUDA artifact (inference
+    or training, or one variant of a bundle, bound to the bundle's model) load without
+    a compiler, Inductor, AOTAutograd or Triton's compiler; or None and why not."""
+    if artifact.device_type not in ("cpu", "cuda"):
         return None, f"device {artifact.device_type}"
     if artifact.variants:
         return None, "a bundle of variants"

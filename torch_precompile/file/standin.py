@@ -335,27 +335,45 @@ def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
 
 
 def unpack_tensors(data: bytes, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """Inverse of :func:`pack_tensors`; tensors own their memory."""
+    """Inverse of :func:`pack_tensors`; tensors own their memory.
+
+    Tensors of one device are copied as one block, straight from ``data``:
+    CPU tensors into memory from torch's allocator (64-byte aligned, so that
+    every tensor, at a 64-byte multiple offset, is aligned as eager's weights
+    are and owns its memory), GPU tensors in one host-to-device copy, so a CUDA
+    artifact's weights are never copied twice in host memory (issue 16).
+    """
     n = int.from_bytes(data[:8], "little")
     index = json.loads(data[8 : 8 + n])
     base = 8 + n
-    # One copy into memory from torch's allocator (64-byte aligned), so that every
-    # tensor, at a 64-byte multiple offset, is aligned as eager's weights are (the
-    # compiled code sees the layout it saw when compiling) and owns its memory.
-    storage = torch.empty(len(data) - base, dtype=torch.uint8)
-    if storage.numel():
+    source = torch.empty(0, dtype=torch.uint8)
+    if len(data) > base:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # a read-only buffer, only read here
             source = torch.frombuffer(data, dtype=torch.uint8, offset=base)
-        storage.copy_(source)
+    blocks: dict[str, tuple[torch.Tensor, int]] = {}
+    for target in {str(spec.get("device", device)) for spec in index.values()}:
+        spans = [
+            (spec["offset"], spec["offset"] + spec["length"])
+            for spec in index.values()
+            if str(spec.get("device", device)) == target and spec["length"]
+        ]
+        lo, hi = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else (0, 0)
+        if target == "cpu":
+            block = torch.empty(hi - lo, dtype=torch.uint8)
+            block.copy_(source[lo:hi])
+        else:
+            block = source[lo:hi].to(target)
+        blocks[target] = (block, lo)
     out = {}
     for name, spec in index.items():
         dtype = getattr(torch, spec["dtype"])
-        raw = storage[spec["offset"] : spec["offset"] + spec["length"]]
+        target = str(spec.get("device", device))
+        block, lo = blocks[target]
         if spec["length"]:
-            t = raw.view(dtype).reshape(spec["shape"])
+            start = spec["offset"] - lo
+            t = block[start : start + spec["length"]].view(dtype).reshape(spec["shape"])
         else:
-            t = torch.empty(spec["shape"], dtype=dtype)
-        target = spec.get("device", device)
-        out[name] = t.to(target) if str(target) != "cpu" else t
+            t = torch.empty(spec["shape"], dtype=dtype, device=target)
+        out[name] = t
     return out

@@ -1,0 +1,147 @@
+"""The lean load keeps the compiler stack out of the process (issue 16).
+
+One small model is captured as an inference, a training, a dynamic-shape
+artifact, a function with a closure, and a bundle of two variants (static
+and dynamic). A fresh process with no C++ compiler loads each file, calls it
+once (forward and backward for training), compares with eager, and then
+checks that none of ``torch._dynamo``, ``torch._inductor.compile_fx``,
+``sympy`` (nor AOTAutograd's runtime) was imported. ``torch-precompile
+inspect`` names the load path of each variant, and an artifact that cannot
+take the lean path says why, in one INFO line at load.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import no_compiler_env, run_script
+
+from examples.models import build_closure, build_dropout_mlp_train, build_tiny_mlp
+from torch_precompile import Precompile
+
+HEAVY = (
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
+    "sympy",
+    "torch._functorch._aot_autograd.runtime_wrappers",
+)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("lean-modules")
+    out: dict[str, Path] = {}
+    model, (x,), _ = build_tiny_mlp()
+    with torch.no_grad():
+        Precompile.save(tmp / "inference.pt2", Precompile.compile(model, x))
+        xd = x.clone()
+        torch._dynamo.mark_dynamic(xd, 0, min=2, max=64)
+        dynamic = Precompile.compile(model, xd)
+        Precompile.save(tmp / "dynamic.pt2", dynamic)
+        static4 = Precompile.compile(model, x[:4].clone())
+        Precompile.save(tmp / "bundle.pt2", Precompile.precompile([static4, dynamic]))
+        fn, args, _ = build_closure()
+        Precompile.save(tmp / "closure.pt2", Precompile.compile(fn, args))
+    train = build_tiny_mlp()[0].train()
+    Precompile.save(tmp / "training.pt2", Precompile.compile(train, x.clone().requires_grad_()))
+    drop, (xdrop,), _ = build_dropout_mlp_train()
+    Precompile.save(tmp / "dropout.pt2", Precompile.compile(drop, xdrop))
+    for name in ("inference", "dynamic", "bundle", "closure", "training", "dropout"):
+        out[name] = tmp / f"{name}.pt2"
+    return out
+
+
+CHECK = r"""
+import logging, sys
+import torch
+from examples import models
+from torch_precompile import Precompile
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
+d = dict(a.split("=", 1) for a in sys.argv[1:])
+HEAVY = __HEAVY__
+eager = models.build_tiny_mlp()[0]
+# Not torch.testing.assert_close: it imports DTensor, which imports sympy.
+def close(a, b):
+    assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
+with torch.no_grad():
+    art = Precompile.load(d["inference"])
+    x = torch.randn(8, 64)
+    close(art(x), eager(x))
+    art = Precompile.load(d["dynamic"])
+    for n in (2, 5, 64):
+        x = torch.randn(n, 64)
+        close(art(x), eager(x))
+    art = Precompile.load(d["bundle"])
+    for n in (4, 9):
+        x = torch.randn(n, 64)
+        close(art(x), eager(x))
+    fn, args, _ = models.build_closure()
+    art = Precompile.load(d["closure"])
+    close(art(*args), fn(*args))
+art = Precompile.load(d["training"])
+x = torch.randn(8, 64, requires_grad=True)
+out = art(x)
+out.pow(2).sum().backward()
+ex = x.detach().clone().requires_grad_()
+eager.train()
+eout = eager(ex)
+eout.pow(2).sum().backward()
+close(out, eout)
+close(x.grad, ex.grad)
+for name, p in art.named_parameters():
+    close(p.grad, dict(eager.named_parameters())[name].grad)
+loaded = [m for m in HEAVY if m in sys.modules]
+assert not loaded, f"imported after load and a first call: {loaded}"
+print("OK")
+""".replace("__HEAVY__", repr(HEAVY))
+
+
+def test_lean_load_imports_no_compiler(files: dict[str, Path], tmp_path: Path) -> None:
+    args = [f"{k}={v}" for k, v in files.items() if k != "dropout"]
+    proc = run_script(CHECK, *args, env=no_compiler_env(tmp_path))
+    assert "OK" in proc.stdout
+    assert "full path" not in proc.stdout, proc.stdout  # every one of them took the lean path
+
+
+def _inspect(path: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_precompile", "inspect", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return proc.stdout
+
+
+def test_inspect_names_the_load_path(files: dict[str, Path]) -> None:
+    lean = "lean (shipped kernels"
+    assert f"load path: {lean}" in _inspect(files["training"])
+    bundle = _inspect(files["bundle"])
+    assert f"variant 0: {lean}" in bundle and f"variant 1: {lean}" in bundle, bundle
+    dropout = [ln for ln in _inspect(files["dropout"]).splitlines() if ln.startswith("load path")]
+    assert dropout == [
+        "load path: PyTorch's full path (training artifact: random ops (e.g. dropout) in "
+        "the compiled graph)"
+    ], dropout
+
+
+REFUSED = r"""
+import logging, sys, torch
+from torch_precompile import Precompile
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
+art = Precompile.load(sys.argv[1])
+art(torch.randn(8, 32)).sum().backward()
+print("OK")
+"""
+
+
+def test_refused_artifact_says_why_in_one_info_line(files: dict[str, Path], tmp_path: Path) -> None:
+    proc = run_script(REFUSED, str(files["dropout"]), env=no_compiler_env(tmp_path))
+    lines = [ln for ln in proc.stdout.splitlines() if "full path" in ln]
+    assert len(lines) == 1 and lines[0].startswith("INFO"), proc.stdout
+    assert "random ops" in lines[0]

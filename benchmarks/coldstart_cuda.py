@@ -395,6 +395,7 @@ def _suite_build(name: str, tmp: str) -> dict:
     import torch
 
     from torch_precompile import Precompile
+    from torch_precompile.file import read_info
 
     info: dict = {"model_dir": "-"}
     if name == "transformer":
@@ -433,11 +434,9 @@ def _suite_build(name: str, tmp: str) -> dict:
         Precompile.save(path, art)
         info["ours"] = {"path": path, "build_s": time.perf_counter() - t}
         info["ours"]["bytes"] = os.path.getsize(path)
-        from torch_precompile import _format
-
-        header = _format.read_info(path)
+        header = read_info(path)
         info["ours"]["lean_file"] = any(sec["name"] == "fastload" for sec in header.sections)
-        info["ours"]["fast_load_refusal"] = header.meta.get("fast_load_refusal")
+        info["ours"]["fast_load_refusal"] = header.meta["variants"][0].get("fast_load_refusal")
         try:
             t = time.perf_counter()
             torch._dynamo.config.enable_aot_compile = True

@@ -223,7 +223,8 @@ def run_case(name: str, builder: str, training: bool, mode: str | None, tmp: str
     import torch
 
     from examples import models
-    from torch_precompile import Precompile, _format
+    from torch_precompile import Precompile
+    from torch_precompile.file import read_info
 
     rep: dict = {"case": name, "training": training, "mode": mode}
     model, args, _ = getattr(models, builder)()
@@ -269,9 +270,9 @@ def run_case(name: str, builder: str, training: bool, mode: str | None, tmp: str
         logger.setLevel(level)
     rep["save_log"] = [r for r in records if "guard" in r or "fast" in r or "kernel" in r][:10]
     rep["file_bytes"] = os.path.getsize(path)
-    info = _format.read_info(path)
+    info = read_info(path)
     rep["lean_file"] = any(sec["name"] == "fastload" for sec in info.sections)
-    rep["fast_load_refusal"] = info.meta.get("fast_load_refusal")
+    rep["fast_load_refusal"] = info.meta["variants"][0].get("fast_load_refusal")
     aot_out = joint.meta["torch_precompile_stage_output"]  # the AOTAutogradOutput
     rep["static_input_indices"] = len(
         aot_out._joint._aot_state.fw_metadata.static_input_indices or []

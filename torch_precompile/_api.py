@@ -10,6 +10,7 @@ from typing import Any
 
 from ._aot_stage import aot_autograd
 from ._artifact import PrecompiledArtifact, precompile
+from ._distributed import save_shard
 from ._dynamo_stage import dynamo
 from ._inductor_stage import inductor
 from ._io import load, save
@@ -30,6 +31,7 @@ class Precompile:
     precompile = staticmethod(precompile)
     save = staticmethod(save)
     load = staticmethod(load)
+    save_shard = staticmethod(save_shard)
 
     @staticmethod
     def compile(

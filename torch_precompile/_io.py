@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import _compat, _format, _standin, _system
+from . import _compat, _distributed, _format, _standin, _system
 from ._artifact import PrecompiledArtifact, Runtime
 from ._errors import ArtifactCorruptedError, KernelDirectoryError
 from ._guards import Guards, hooked_modules, unmet_by
@@ -65,13 +65,18 @@ def save(
     fast_refusal: str | None = None
     bound = artifact.module
     kind = "function"
+    layout = _distributed.describe(bound)  # None unless the model holds DTensors
     if isinstance(bound, torch.nn.Module):
         kind = "module"
         skeleton = _standin.describe_module(bound)
         tensors = _standin.module_tensors(bound)
+        if layout is not None:  # shards go to per-rank files (_distributed.save_shard)
+            tensors, extra = _distributed.code_file_parts(bound, tensors)
+            sections.update(extra)
         sections["skeleton"] = json.dumps(skeleton).encode()
         sections["weights"] = _standin.pack_tensors(tensors)
-        _warn_if_standin_falls_short(path, artifact, skeleton, tensors)
+        if layout is None:
+            _warn_if_standin_falls_short(path, artifact, skeleton, tensors)
     elif bound is not None:
         kind = "object"
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
@@ -120,6 +125,8 @@ def save(
         else None,
         "cudagraphs": _compat.compiled_function_uses_cudagraphs(artifact.compiled_function),
     }
+    if layout is not None:
+        meta["distributed"] = layout.to_json()
     if not artifact.variants and fast_refusal is not None:
         meta["fast_load_refusal"] = fast_refusal  # said at load, in one INFO line
     if artifact.variants:
@@ -144,6 +151,8 @@ def save(
             f"variant {i}:\n{v.guards}" for i, v in enumerate(artifact.variants)
         )
     _format.write_artifact(path, meta, sections, sign_key=sign_key)
+    if layout is not None:
+        _distributed.save_shard(path, bound)
     artifact._sizes.clear()
     artifact._sizes.update(sizes)
     artifact._origin.update(path=os.path.abspath(path), created=meta["created"])
@@ -186,6 +195,7 @@ def load(
     start = time.perf_counter()
     meta, sections = _format.read_artifact(path, verify_key=verify_key)
     _system.check_compatible(meta.get("system", {}), meta.get("device_type", "cpu"), path=path)
+    layout = _distributed.check_job(meta.get("distributed"), path, model)
     if "compiled" not in sections:
         raise ArtifactCorruptedError(f"{path}: the artifact has no compiled section; re-save it")
     external_refs = meta.get("external_refs")
@@ -209,7 +219,7 @@ def load(
                 cudagraphs=bool(meta.get("cudagraphs")),
                 hook_guards=hooked_modules(guards) is not None,
             )
-    bound = _bind(meta.get("kind"), sections, model, path)
+    bound = _bind(meta.get("kind"), sections, model, path, layout)
     training = bool(meta.get("training"))
     runtime = Runtime(compiled_function, guards, bound, training, meta.get("grad_enabled"))
     timings = dict(meta.get("timings", {}))
@@ -371,7 +381,13 @@ def _module_globals(spec: dict[str, Any] | None, path: str) -> dict[str, Any] | 
     return module.__dict__
 
 
-def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -> Any:
+def _bind(
+    kind: str | None,
+    sections: dict[str, bytes],
+    model: Any,
+    path: str,
+    layout: _distributed.Layout | None = None,
+) -> Any:
     if kind == "module":
         if model is not None:
             if not isinstance(model, torch.nn.Module):
@@ -380,7 +396,10 @@ def _bind(kind: str | None, sections: dict[str, bytes], model: Any, path: str) -
                 )
             return model
         skeleton = json.loads(sections["skeleton"])
-        return _standin.build_standin(skeleton, _standin.unpack_tensors(sections["weights"]))
+        tensors = _standin.unpack_tensors(sections["weights"])
+        if layout is not None:
+            return _distributed.build_standin(path, layout, skeleton, tensors, sections)
+        return _standin.build_standin(skeleton, tensors)
     if kind == "object":
         return model if model is not None else pickle.loads(sections["self"])
     if model is not None:

@@ -4,20 +4,23 @@ Run by ``tests/test_distributed.py`` and ``benchmarks/distributed.py``::
 
     torchrun --standalone --nproc-per-node 2 examples/dist_job.py build DIR
     torchrun --standalone --nproc-per-node 2 examples/dist_job.py load DIR
-    torchrun --standalone --nproc-per-node 4 examples/dist_job.py load DIR   # -> mismatch
+    torchrun --standalone --nproc-per-node 4 examples/dist_job.py load DIR4 DIR2
 
 ``build``: rank 0 alone compiles each model (``mlp``, ``block`` for inference,
 ``train``: the MLP with grad enabled) and saves the code file and its shard;
 every other rank writes only its shard (``save_shard``). ``load``: a fresh
 job loads every file (without ``model=`` and with a live parallelised
 ``model=``), runs it, and compares with the same parallelised model run
-eagerly; a job of another world size records the error it gets. Each rank
-writes ``DIR/<phase>-<world>-rank<r>.json``.
+eagerly; given a second directory saved by a job of another world size, it
+records the error loading from there raises. ``build`` also records what
+capturing an FSDP2 (``fully_shard``) model raises. Each rank writes
+``DIR/<phase>-<world>-rank<r>.json``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -76,22 +79,39 @@ def build_phase(out: Path, mesh: Any, rank: int) -> dict[str, Any]:
             Precompile.save(path, artifact)  # the code file and rank 0's shard
         else:
             save_shard(path, model)
+    if rank == 0:
+        result["fsdp2_capture"] = _try_fsdp2(mesh)
     dist.barrier()
     return result
 
 
+def _try_fsdp2(mesh: Any) -> str:
+    """What capturing a whole FSDP2 module raises (its hooks are Dynamo-disabled)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = build("mlp", None)
+    fully_shard(model, mesh=mesh)
+    try:
+        Precompile.compile(model, example_input("mlp"))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+    return "captured"
+
+
 def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
-    saved_world = json.loads((out / "world.json").read_text())["world"]
-    if saved_world != world:
-        try:
-            Precompile.load(out / "mlp.pt")
-        except DistributedLayoutError as exc:
-            return {"mismatch_error": type(exc).__name__, "message": str(exc)}
-        return {"mismatch_error": None}
     result: dict[str, Any] = {}
+    opened: list[str] = []
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if event == "open" and isinstance(args[0], str) and args[0].startswith(str(out)):
+            opened.append(os.path.basename(args[0]))
+
+    sys.addaudithook(audit)  # which files of the artifacts this rank reads
     start = time.perf_counter()
     loaded = {name: Precompile.load(out / f"{name}.pt") for name in (*INFERENCE, "train")}
     result["load_s"] = time.perf_counter() - start
+    result["files_read"] = sorted(set(opened))
+    opened.clear()
     outputs = {}
     with torch.no_grad():
         for name in INFERENCE:
@@ -142,6 +162,12 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         result["placement_error"] = None
     except DistributedLayoutError as exc:
         result["placement_error"] = str(exc)
+    if len(sys.argv) > 3:  # files saved by a job of another world size
+        try:
+            Precompile.load(Path(sys.argv[3]) / "mlp.pt")
+            result["world_error"] = None
+        except DistributedLayoutError as exc:
+            result["world_error"] = str(exc)
     return result
 
 
@@ -155,8 +181,6 @@ def main() -> None:
     try:
         if phase == "build":
             result = build_phase(out, mesh, rank)
-            if rank == 0:
-                (out / "world.json").write_text(json.dumps({"world": world}))
         else:
             result = load_phase(out, mesh, rank, world)
     except Exception:

@@ -5,6 +5,8 @@ Run by ``tests/test_distributed.py`` and ``benchmarks/distributed.py``::
     torchrun --standalone --nproc-per-node 2 examples/dist_job.py build DIR
     torchrun --standalone --nproc-per-node 2 examples/dist_job.py load DIR
     torchrun --standalone --nproc-per-node 4 examples/dist_job.py load DIR4 DIR2
+    torchrun ... examples/dist_job.py compile_all DIR        # every rank compiles
+    torchrun ... examples/dist_job.py first DIR ours block   # or eager / jit
 
 ``build``: rank 0 alone compiles each model (``mlp``, ``block`` for inference,
 ``train``: the MLP with grad enabled) and saves the code file and its shard;
@@ -46,6 +48,8 @@ from torch_precompile import (  # noqa: E402
 )
 
 INFERENCE = ("mlp", "block")
+# TP_DEVICE=cuda: NCCL and a CUDA mesh (one GPU per rank), else gloo on the CPU.
+DEVICE = os.environ.get("TP_DEVICE", "cpu")
 
 
 def _local(t: Any) -> torch.Tensor:
@@ -66,7 +70,7 @@ def build_phase(out: Path, mesh: Any, rank: int) -> dict[str, Any]:
     result: dict[str, Any] = {"compile_s": {}}
     for name in (*INFERENCE, "train"):
         model = build("mlp" if name == "train" else name, mesh)
-        x = example_input("mlp" if name == "train" else name)
+        x = example_input("mlp" if name == "train" else name, DEVICE)
         path = out / f"{name}.pt"
         if rank == 0:
             start = time.perf_counter()
@@ -89,10 +93,10 @@ def _try_fsdp2(mesh: Any) -> str:
     """What capturing a whole FSDP2 module raises (its hooks are Dynamo-disabled)."""
     from torch.distributed.fsdp import fully_shard
 
-    model = build("mlp", None)
+    model = build("mlp", None).to(DEVICE)
     fully_shard(model, mesh=mesh)
     try:
-        Precompile.compile(model, example_input("mlp"))
+        Precompile.compile(model, example_input("mlp", DEVICE))
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc)[:300]}"
     return "captured"
@@ -115,9 +119,9 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     outputs = {}
     with torch.no_grad():
         for name in INFERENCE:
-            outputs[name] = loaded[name](example_input(name))
+            outputs[name] = loaded[name](example_input(name, DEVICE))
     result["first_output_s"] = time.perf_counter() - T0
-    x = example_input("mlp")
+    x = example_input("mlp", DEVICE)
     train_params = [p for _, p in loaded["train"].named_parameters()]
     loss_standin, grads_standin = _train_step(loaded["train"], train_params, x)
     # Nothing compiled: Inductor's compile entry point was never imported.
@@ -128,13 +132,13 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     for name in INFERENCE:
         eager = build(name, mesh).eval()
         bound = Precompile.load(out / f"{name}.pt", model=eager)
-        x = example_input(name)
+        x = example_input(name, DEVICE)
         with torch.no_grad():
             expected = eager(x)
             result["diff"][name] = _max_diff(outputs[name], expected)
             result["diff"][name + "_bound"] = _max_diff(bound(x), expected)
         result["local_shape_" + name] = list(_local(outputs[name]).shape)
-    x = example_input("mlp")
+    x = example_input("mlp", DEVICE)
     eager = build("mlp", mesh)
     loss_eager, grads_eager = _train_step(eager, list(eager.parameters()), x)
     live = build("mlp", mesh)
@@ -155,7 +159,7 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         parallelize_module,
     )
 
-    swapped = build("mlp", None)
+    swapped = build("mlp", None).to(DEVICE)
     parallelize_module(swapped, mesh, {"up": RowwiseParallel(), "down": ColwiseParallel()})
     try:
         Precompile.load(out / "mlp.pt", model=swapped)
@@ -171,16 +175,50 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     return result
 
 
+def compile_all_phase(mesh: Any) -> dict[str, Any]:
+    """Today's way: every rank compiles the same program (``Precompile.compile``)."""
+    result: dict[str, Any] = {"compile_s": {}}
+    for name in INFERENCE:
+        model = build(name, mesh).eval()
+        start = time.perf_counter()
+        with torch.no_grad():
+            Precompile.compile(model, example_input(name, DEVICE))
+        result["compile_s"][name] = time.perf_counter() - start
+    dist.barrier()
+    return result
+
+
+def first_output_phase(out: Path, mesh: Any, how: str, name: str) -> dict[str, Any]:
+    """Seconds from process start to this rank's first output of ``name``: ``eager``
+    (build and parallelise the model), ``jit`` (that, then ``torch.compile``) or
+    ``ours`` (``Precompile.load`` of the saved files)."""
+    x = example_input(name, DEVICE)
+    with torch.no_grad():
+        if how == "ours":
+            y = Precompile.load(out / f"{name}.pt")(x)
+        else:
+            model = build(name, mesh).eval()
+            y = (torch.compile(model) if how == "jit" else model)(x)
+    return {"first_output_s": time.perf_counter() - T0, "shape": list(y.shape)}
+
+
 def main() -> None:
     phase, out = sys.argv[1], Path(sys.argv[2])
     torch.set_num_threads(1)  # Dynamo guards the thread count; N ranks share 2 cores
-    dist.init_process_group("gloo")
+    if DEVICE == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     use_device_mesh(mesh)  # the eager references below build on this mesh too
     try:
         if phase == "build":
             result = build_phase(out, mesh, rank)
+        elif phase == "compile_all":
+            result = compile_all_phase(mesh)
+        elif phase == "first":
+            result = first_output_phase(out, mesh, sys.argv[3], sys.argv[4])
+            phase = f"first-{sys.argv[3]}-{sys.argv[4]}"
         else:
             result = load_phase(out, mesh, rank, world)
     except Exception:

@@ -72,16 +72,18 @@ PLANS = {
 
 
 def build(name: str, mesh: DeviceMesh | None, seed: int = 0) -> nn.Module:
-    """The model ``name`` ("mlp" or "block"), parallelised over ``mesh`` (None: not at all)."""
+    """The model ``name`` ("mlp" or "block"), parallelised over ``mesh`` (None: not at
+    all), on the mesh's device type."""
     torch.manual_seed(seed)
     model = TPMLP() if name == "mlp" else TPBlock()
     if mesh is not None:
+        model.to(mesh.device_type)
         parallelize_module(model, mesh, PLANS[name])
     return model
 
 
-def example_input(name: str, seed: int = 1) -> torch.Tensor:
+def example_input(name: str, device: str = "cpu", seed: int = 1) -> torch.Tensor:
     """The same input on every rank (tensor parallel replicates the activations)."""
     g = torch.Generator().manual_seed(seed)
     shape = (4, D_MODEL) if name == "mlp" else (2, 16, D_MODEL)
-    return torch.randn(shape, generator=g)
+    return torch.randn(shape, generator=g).to(device)

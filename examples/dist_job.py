@@ -47,7 +47,7 @@ from torch_precompile import (  # noqa: E402
     use_device_mesh,
 )
 
-INFERENCE = ("mlp", "block")
+INFERENCE = ("mlp", "slice", "block")
 # TP_DEVICE=cuda: NCCL and a CUDA mesh (one GPU per rank), else gloo on the CPU.
 DEVICE = os.environ.get("TP_DEVICE", "cpu")
 

@@ -1,6 +1,9 @@
 """Tensor-parallel reference models (plain PyTorch + torch.distributed, no torch_precompile).
 
 - ``TPMLP``: Linear-GELU-Linear; ``up`` column-wise, ``down`` row-wise.
+  Plan ``slice``: only ``down`` row-wise, from a replicated input: each rank
+  cuts its own slice of the activation, at an offset that depends on its
+  rank (code traced on one rank must not bake that rank's offset in).
 - ``TPBlock``: a pre-LN transformer block, multi-head self-attention
   (``q``/``k``/``v`` column-wise, ``o`` row-wise, heads split across ranks)
   and a GELU MLP (``fc1`` column-wise, ``fc2`` row-wise); LayerNorms replicated
@@ -17,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 D_MODEL = 64
@@ -68,14 +72,15 @@ PLANS = {
         "fc1": ColwiseParallel(),
         "fc2": RowwiseParallel(),
     },
+    "slice": {"down": RowwiseParallel(input_layouts=Replicate())},
 }
 
 
 def build(name: str, mesh: DeviceMesh | None, seed: int = 0) -> nn.Module:
-    """The model ``name`` ("mlp" or "block"), parallelised over ``mesh`` (None: not at
-    all), on the mesh's device type."""
+    """The model ``name`` ("mlp", "slice" or "block"), parallelised over ``mesh``
+    (None: not at all), on the mesh's device type."""
     torch.manual_seed(seed)
-    model = TPMLP() if name == "mlp" else TPBlock()
+    model = TPBlock() if name == "block" else TPMLP()
     if mesh is not None:
         model.to(mesh.device_type)
         parallelize_module(model, mesh, PLANS[name])
@@ -85,5 +90,5 @@ def build(name: str, mesh: DeviceMesh | None, seed: int = 0) -> nn.Module:
 def example_input(name: str, device: str = "cpu", seed: int = 1) -> torch.Tensor:
     """The same input on every rank (tensor parallel replicates the activations)."""
     g = torch.Generator().manual_seed(seed)
-    shape = (4, D_MODEL) if name == "mlp" else (2, 16, D_MODEL)
+    shape = (2, 16, D_MODEL) if name == "block" else (4, D_MODEL)
     return torch.randn(shape, generator=g).to(device)

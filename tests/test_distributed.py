@@ -2,7 +2,9 @@
 
 Four real torchrun jobs run once per module (``examples/dist_job.py``): for
 each world size a *build* job, where rank 0 alone compiles a tensor-parallel
-MLP and transformer block (inference) and the MLP's training step, and every
+MLP, an MLP whose ranks each cut their own slice of a replicated activation
+(an offset that depends on the rank), a transformer block (inference) and
+the MLP's training step, and every
 rank saves its shard; then a fresh *load* job with an empty Inductor cache and
 no C++ compiler (``CXX=/bin/false``) that loads the files, runs them and
 compares each rank's output, loss and gradients with the same parallelised
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "examples" / "dist_job.py"
 WORLDS = (2, 4)
 TOL = 1e-5
+MODELS = ("mlp", "slice", "block", "train")  # "slice": each rank cuts a rank-dependent slice
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch built without torch.distributed"
@@ -85,10 +88,10 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.parametrize("world", WORLDS)
 def test_compiled_once_saved_once(jobs: dict[str, Any], world: int) -> None:
     build = jobs[f"build{world}"]
-    assert set(build[0]["compile_s"]) == {"mlp", "block", "train"}
+    assert set(build[0]["compile_s"]) == set(MODELS)
     assert all(not r["compile_s"] for r in build[1:]), "only rank 0 compiles"
     names = sorted(p.name for p in jobs["dirs"][world].iterdir() if not p.name.endswith(".lock"))
-    for model in ("mlp", "block", "train"):
+    for model in MODELS:
         assert f"{model}.pt" in names
         shards = [n for n in names if n.startswith(f"{model}.pt.rank")]
         assert shards == [f"{model}.pt.rank{r}-of-{world}" for r in range(world)]
@@ -98,14 +101,13 @@ def test_compiled_once_saved_once(jobs: dict[str, Any], world: int) -> None:
 def test_each_rank_reads_only_its_own_shard(jobs: dict[str, Any], world: int) -> None:
     for rank, res in enumerate(jobs[f"load{world}"]):
         expected = sorted(
-            [f"{m}.pt" for m in ("block", "mlp", "train")]
-            + [f"{m}.pt.rank{rank}-of-{world}" for m in ("block", "mlp", "train")]
+            [f"{m}.pt" for m in MODELS] + [f"{m}.pt.rank{rank}-of-{world}" for m in MODELS]
         )
         assert res["files_read"] == expected
 
 
 @pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("model", ["mlp", "block"])
+@pytest.mark.parametrize("model", ["mlp", "slice", "block"])
 def test_tp_inference_matches_eager(jobs: dict[str, Any], world: int, model: str) -> None:
     for res in jobs[f"load{world}"]:
         assert res["diff"][model] <= TOL  # loaded without model=: stand-in and own shard

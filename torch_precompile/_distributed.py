@@ -19,12 +19,14 @@ naming both sides.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import pickle
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -118,6 +120,9 @@ class Layout:
     backend: str
     mesh: MeshInfo
     tensors: dict[str, ShardedTensor]
+    # Traced under compile_on_one_rank: the graph computes the rank's coordinate
+    # at run time and holds the mesh, which the loader binds (see deserializing).
+    one_rank: bool = False
     saved_by_rank: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -147,6 +152,7 @@ class Layout:
                 )
                 for name, t in body["tensors"].items()
             },
+            one_rank=bool(body.get("one_rank", False)),
             saved_by_rank=int(body.get("saved_by_rank", 0)),
         )
 
@@ -220,8 +226,27 @@ def describe(module: Any) -> Layout | None:
             )
             for name, t in sharded.items()
         },
+        one_rank=_cdist.compile_on_one_rank_available(),
         saved_by_rank=dist.get_rank(),
     )
+
+
+def _holds_dtensors(model: Any) -> bool:
+    owner = model if isinstance(model, torch.nn.Module) else getattr(model, "__self__", None)
+    dtensor = _dtensor_type() if isinstance(owner, torch.nn.Module) else None
+    return dtensor is not None and any(isinstance(p, dtensor) for p in owner.parameters())
+
+
+@contextlib.contextmanager
+def one_rank_tracing(model: Any) -> Iterator[None]:
+    """Trace a model holding DTensors under ``compile_on_one_rank`` (where this
+    torch has it), so that the compiled code is the same for every rank; any
+    other model is traced as it is."""
+    if _holds_dtensors(model) and _cdist.compile_on_one_rank_available():
+        with _cdist.compile_on_one_rank():
+            yield
+    else:
+        yield
 
 
 # ---------------------------------------------------------------------- save
@@ -380,6 +405,44 @@ def _check_model(layout: Layout, model: Any, path: str) -> None:
             )
 
 
+@contextlib.contextmanager
+def deserializing(layout: Layout | None, model: Any, path: str) -> Iterator[None]:
+    """While the compiled function of a ``compile_on_one_rank`` artifact is
+    deserialized, bind the DeviceMesh its graph holds to this rank's mesh."""
+    if layout is None or not layout.one_rank:
+        yield
+        return
+    with _cdist.opaque_meshes_bound(_mesh_for(layout, model, path)):
+        yield
+
+
+def _mesh_for(layout: Layout, model: Any, path: str) -> Any:
+    """The mesh this rank runs the artifact on: the live model's, or the one of
+    this process (made on first use, see use_device_mesh)."""
+    sharded = _sharded(model) if isinstance(model, torch.nn.Module) else {}
+    if sharded:
+        return next(iter(sharded.values())).device_mesh
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = _mesh_key(layout.mesh)
+    mesh = _MESHES.get(key)
+    if mesh is None:
+        mesh = _MESHES[key] = init_device_mesh(
+            layout.mesh.device_type, layout.mesh.shape, mesh_dim_names=layout.mesh.dim_names
+        )
+    current = _mesh_info(mesh)
+    if current.group_names != layout.mesh.group_names:
+        raise DistributedLayoutError(
+            f"{path}: the mesh's process groups",
+            f"groups named {list(layout.mesh.group_names)}",
+            f"groups named {list(current.group_names)}",
+            "the compiled collectives address their process group by name: load before "
+            "creating other process groups, or load with model= bound to a mesh built as in "
+            "the compiling job",
+        )
+    return mesh
+
+
 def build_standin(
     path: str,
     layout: Layout,
@@ -389,27 +452,10 @@ def build_standin(
 ) -> torch.nn.Module:
     """The stand-in model of this rank: plain tensors from the code file, DTensors
     from the rank's own shard file on a new mesh, the parallelisation hooks again."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
     rank = torch.distributed.get_rank()
-    key = _mesh_key(layout.mesh)
-    # One mesh per process for every artifact loaded (see use_device_mesh).
-    mesh = _MESHES.get(key)
-    if mesh is None:
-        mesh = _MESHES[key] = init_device_mesh(
-            layout.mesh.device_type, layout.mesh.shape, mesh_dim_names=layout.mesh.dim_names
-        )
-    current = _mesh_info(mesh)
-    if current.group_names != layout.mesh.group_names:
-        raise DistributedLayoutError(
-            f"{path}: the new mesh's process groups",
-            f"groups named {list(layout.mesh.group_names)}",
-            f"groups named {list(current.group_names)}",
-            "the compiled collectives address their process group by name: load before "
-            "creating other process groups, or load with model= bound to a mesh built as in "
-            "the compiling job",
-        )
+    mesh = _mesh_for(layout, None, path)  # one mesh per process (see use_device_mesh)
     local = read_shard(path, layout, rank)
     device = _local_device(layout.mesh.device_type)
     for name, spec in layout.tensors.items():

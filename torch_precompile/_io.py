@@ -212,7 +212,10 @@ def load(
             meta.get("fast_load_refusal") or "the file has no fast-load section",
         )
     if compiled_function is None:
-        with _compat.shipped_cpu_kernels(sections.get("kernels")):
+        with (
+            _compat.shipped_cpu_kernels(sections.get("kernels")),
+            _distributed.deserializing(layout, model, path),  # the live mesh for the graph
+        ):
             compiled_function = _compat.deserialize_compiled_function(
                 sections["compiled"],
                 f_globals,

@@ -1,7 +1,12 @@
 """torch.distributed internals a distributed artifact needs.
 
-Two concerns, each tied to how torch 2.11-2.13 build DTensor models:
+Each concern is tied to how torch 2.11-2.13 build and trace DTensor models:
 
+- ``torch.distributed.config.compile_on_one_rank``, under which tracing
+  leaves the rank out of the graph (coordinates computed at run time, process
+  groups reached through the DeviceMesh), and the DeviceMesh that such a
+  graph keeps as an Inductor opaque constant, which PyTorch's serialization
+  does not hand back at load (:func:`opaque_meshes_bound` does);
 - the forward hooks ``parallelize_module`` registers (``distribute_module``'s
   lambdas around a ``ParallelStyle``'s input/output functions): read from a
   live module at save, registered again on the stand-in at load, under the
@@ -12,7 +17,10 @@ Two concerns, each tied to how torch 2.11-2.13 build DTensor models:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,8 +33,22 @@ _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 
 def compile_on_one_rank_available() -> bool:
     """Whether this torch has ``torch.distributed.config.compile_on_one_rank``."""
-    config = getattr(torch.distributed, "config", None)
-    return config is not None and hasattr(config, "compile_on_one_rank")
+    try:
+        config = importlib.import_module("torch.distributed.config")
+    except ImportError:
+        return False
+    return hasattr(config, "compile_on_one_rank")
+
+
+@contextlib.contextmanager
+def compile_on_one_rank() -> Iterator[None]:
+    """Trace with ``torch.distributed.config.compile_on_one_rank`` on: DTensor
+    then computes a rank's mesh coordinate at run time (an op of the graph)
+    instead of baking in the tracing rank's, and reaches process groups
+    through the DeviceMesh."""
+    config = importlib.import_module("torch.distributed.config")
+    with config.patch(compile_on_one_rank=True):
+        yield
 
 
 def mesh_group_names(mesh: Any) -> list[str]:
@@ -101,3 +123,44 @@ def restore_parallel_hooks(standin: torch.nn.Module, records: dict[str, Any], me
             hooks.clear()
             for hook_id, hook in zip(entry[key], items):
                 hooks[hook_id] = hook
+
+
+@contextlib.contextmanager
+def opaque_meshes_bound(mesh: Any) -> Iterator[None]:
+    """While compiled graphs are deserialized, give their DeviceMesh constants ``mesh``.
+
+    Under ``compile_on_one_rank`` the graph reaches its process groups through
+    the DeviceMesh, which Inductor keeps as an opaque constant of the wrapper
+    module (``_opaque_obj0``). PyTorch's cache serialization keeps the object
+    in ``torchbind_constants`` but does not hand it to the reloaded module
+    (there it is None); this hands the live mesh of this rank instead.
+    """
+    from torch._inductor import output_code
+    from torch.distributed.device_mesh import DeviceMesh
+
+    # The runtime ops the graph calls (``device_mesh._runtime_compute_coordinate_on_dim``,
+    # ...) are registered when this module is imported, which nothing else does at load.
+    importlib.import_module("torch.distributed._ops.device_mesh")
+
+    classes = (output_code.CompiledFxGraphConstants, output_code.CompiledFxGraphConstantsWithGm)
+    originals = {cls: cls.__dict__["unwrap"] for cls in classes if "unwrap" in cls.__dict__}
+
+    def patched(original: Any) -> Any:
+        @functools.wraps(original)
+        def unwrap(self: Any, g: Any) -> Any:
+            attrs = dict(original(self, g))
+            for name, value in (getattr(g, "torchbind_constants", None) or {}).items():
+                real = getattr(value, "real_obj", value)
+                if isinstance(real, DeviceMesh):
+                    attrs[name] = mesh
+            return attrs
+
+        return unwrap
+
+    for cls, original in originals.items():
+        cls.unwrap = patched(original)
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.unwrap = original

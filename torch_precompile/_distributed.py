@@ -1,10 +1,12 @@
 """One artifact for every rank of a torch.distributed job (DTensor tensor parallel).
 
 A model parallelised with ``parallelize_module`` holds DTensor parameters:
-each rank its own shard. The compiled code is the same on every rank (Dynamo
-and AOTAutograd trace the program of the whole mesh; the collectives name
-their process group), so it is saved once; the shards are rank-specific, so
-each rank's shard goes to its own file:
+each rank its own shard. The compiled code is the same on every rank: the
+stages trace such a model under ``compile_on_one_rank`` (:func:`one_rank_tracing`),
+so a rank's mesh coordinate is computed at run time and the process groups
+are reached through the DeviceMesh, which the loader binds to the rank's
+live mesh (:func:`deserializing`). It is saved once; the shards are
+rank-specific, so each rank's shard goes to its own file:
 
 - ``PATH``: the code file, an ordinary artifact whose header carries the
   layout (world size, mesh, each DTensor's placements and global shape) and
@@ -26,6 +28,7 @@ import json
 import logging
 import os
 import pickle
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,11 +52,10 @@ def _dist() -> Any:
 
 
 def _dtensor_type() -> type | None:
-    if not torch.distributed.is_available():
-        return None
-    from torch.distributed.tensor import DTensor
-
-    return DTensor
+    """DTensor, if this process imported it (no DTensor exists otherwise): saving or
+    capturing a plain model must not pay for importing torch.distributed.tensor."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
 # ---------------------------------------------------------------- placements

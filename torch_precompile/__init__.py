@@ -14,11 +14,13 @@ import torch
 from ._aot_stage import AOTAutogradOutput
 from ._api import Precompile
 from ._artifact import PrecompiledArtifact
+from ._distributed import save_shard, use_device_mesh
 from ._dynamo_stage import DynamoOutput
 from ._errors import (
     ArtifactCorruptedError,
     ArtifactVersionError,
     CaptureError,
+    DistributedLayoutError,
     GuardError,
     IncompatibleSystemError,
     KernelDirectoryError,
@@ -35,6 +37,7 @@ __all__ = [
     "ArtifactCorruptedError",
     "ArtifactVersionError",
     "CaptureError",
+    "DistributedLayoutError",
     "DynamoOutput",
     "Guard",
     "GuardError",
@@ -46,6 +49,8 @@ __all__ = [
     "PrecompileError",
     "PrecompiledArtifact",
     "UntrustedArtifactError",
+    "save_shard",
+    "use_device_mesh",
 ]
 
 torch.Precompile = Precompile  # type: ignore[attr-defined]

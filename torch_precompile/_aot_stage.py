@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import _compat
+from . import _compat, _distributed
 from ._dynamo_stage import CaptureState, DynamoOutput, stage_timings
 from ._handoff import hand_out, received
 from .guards import AutogradGuard, Guard, Guards, ShapeGuard, requires_grad_note, shape_guards
@@ -110,7 +110,7 @@ def aot_autograd(
     log.info("aot_autograd: tracing the ATen graph")
     start = time.perf_counter()
     # Later stages run under the capture's grad mode: it decides training vs inference.
-    with torch.set_grad_enabled(state.grad_enabled):
+    with torch.set_grad_enabled(state.grad_enabled), _distributed.one_rank_tracing(state.model):
         jd = _compat.export_joint(capture, gm, decompositions)
     elapsed = time.perf_counter() - start
     training = _compat.joint_needs_autograd(jd)

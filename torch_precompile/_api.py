@@ -10,6 +10,7 @@ from typing import Any
 
 from ._aot_stage import aot_autograd
 from ._artifact import PrecompiledArtifact
+from ._distributed import save_shard
 from ._dynamo_stage import dynamo
 from ._inductor_stage import inductor
 from ._precompile_stage import precompile
@@ -32,6 +33,7 @@ class Precompile:
     precompile = staticmethod(precompile)
     save = staticmethod(save)
     load = staticmethod(load)
+    save_shard = staticmethod(save_shard)
 
     @staticmethod
     def compile(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import _compat
+from . import _compat, _distributed
 from ._errors import CaptureError
 from ._handoff import hand_out
 from ._signature import describe_inputs
@@ -162,9 +162,10 @@ def dynamo(
     try:
         if size_oblivious is None:
             size_oblivious = _compat.wants_size_oblivious(args, kwargs)
-        capture = _compat.fullgraph_capture(
-            _traceable(model), args, kwargs, dynamic, bool(size_oblivious)
-        )
+        with _distributed.one_rank_tracing(model):  # DTensor models: rank-free code
+            capture = _compat.fullgraph_capture(
+                _traceable(model), args, kwargs, dynamic, bool(size_oblivious)
+            )
     except Exception as exc:
         if _compat.is_capture_error(exc):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -6,6 +6,7 @@ __all__ = [
     "ArtifactCorruptedError",
     "ArtifactVersionError",
     "CaptureError",
+    "DistributedLayoutError",
     "GuardError",
     "IncompatibleSystemError",
     "KernelDirectoryError",
@@ -36,6 +37,26 @@ class ArtifactVersionError(PrecompileError):
 
 class IncompatibleSystemError(PrecompileError):
     """The artifact was built for another torch, Python, CPU instruction set or GPU."""
+
+
+class DistributedLayoutError(IncompatibleSystemError):
+    """A distributed artifact met another world size, mesh or placement than it was saved for.
+
+    ``saved`` and ``current`` describe both sides in words; the message names
+    both and what to do.
+    """
+
+    def __init__(self, what: str, saved: str, current: str, fix: str) -> None:
+        self.what = what
+        self.saved = saved
+        self.current = current
+        self.fix = fix
+        super().__init__(
+            f"{what}: the artifact was saved for {saved}, this job has {current}; {fix}"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str]]:
+        return type(self), (self.what, self.saved, self.current, self.fix)
 
 
 class UntrustedArtifactError(PrecompileError):

@@ -104,6 +104,8 @@ class Header:
     guards_text: str
     globals_module: str = ""  # the traced function's module
     global_names: tuple[str, ...] = ()  # names the code reads from it (version-1 fallback)
+    # A model of DTensors: world size, mesh, placements, shard files (``_distributed.Layout``).
+    distributed: dict[str, Any] | None = None
 
     @property
     def training(self) -> bool:
@@ -129,6 +131,7 @@ class Header:
             "guards_text": self.guards_text,
             "globals_module": self.globals_module,
             "global_names": list(self.global_names),
+            "distributed": self.distributed,
         }
 
     @classmethod
@@ -177,6 +180,9 @@ class Header:
             guards_text=_typed(data, "guards_text", str, ""),
             globals_module=_typed(data, "globals_module", str, ""),
             global_names=tuple(names),
+            distributed=_object(data["distributed"], "distributed")
+            if data.get("distributed") is not None
+            else None,
         )
 
     @classmethod

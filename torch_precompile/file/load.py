@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .. import _compat, _system
+from .. import _compat, _distributed, _system
 from .._artifact import PrecompiledArtifact
 from .._errors import ArtifactCorruptedError, KernelDirectoryError
 from .._precompile_stage import bundle_variants
@@ -51,13 +51,16 @@ def load(
     with open_artifact(path, verify_key=verify_key) as reader:
         header = Header.decode(reader.info.format_version, reader.info.meta, path)
         _system.check_compatible(header.system, header.device_type, path=path)
+        layout = _distributed.check_job(header.distributed, path, model)
         sections = _Sections(reader)
         kernels = _kernels(reader.info.format_version, sections)
-        bound = _bind(header.kind, sections, model, path)
-        variants = [
-            _load_variant(header, i, sections, kernels, bound, path)
-            for i in range(len(header.variants))
-        ]
+        bound = _bind(header.kind, sections, model, path, layout)
+        # A compile_on_one_rank graph holds a DeviceMesh: bound to this rank's mesh.
+        with _distributed.deserializing(layout, model, path):
+            variants = [
+                _load_variant(header, i, sections, kernels, bound, path)
+                for i in range(len(header.variants))
+            ]
     artifact = bundle_variants(variants) if header.bundle else variants[0]
     artifact.timings["load"] = time.perf_counter() - start
     artifact._origin.update(path=os.path.abspath(path), created=header.created)
@@ -210,7 +213,13 @@ def _module_globals(header: Header, path: str) -> dict[str, Any] | None:
     return module.__dict__
 
 
-def _bind(kind: str, sections: _Sections, model: Any, path: str) -> Any:
+def _bind(
+    kind: str,
+    sections: _Sections,
+    model: Any,
+    path: str,
+    layout: _distributed.Layout | None = None,
+) -> Any:
     if kind == "module":
         if model is not None:
             if not isinstance(model, torch.nn.Module):
@@ -219,7 +228,10 @@ def _bind(kind: str, sections: _Sections, model: Any, path: str) -> Any:
                 )
             return model  # the weights in the file are not even read
         skeleton = json.loads(sections["skeleton"])
-        return standin.build_standin(skeleton, standin.unpack_tensors(sections["weights"]))
+        tensors = standin.unpack_tensors(sections["weights"])
+        if layout is not None:  # DTensors from this rank's own shard file
+            return _distributed.build_standin(path, layout, skeleton, tensors, sections)
+        return standin.build_standin(skeleton, tensors)
     if kind == "object":
         return model if model is not None else pickle.loads(sections["self"])
     if model is not None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .. import _compat
+from .. import _compat, _distributed
 from .._artifact import PrecompiledArtifact
 from ..guards import Guards, unmet_by
 from . import standin
@@ -49,13 +49,18 @@ def save(
     }
     bound = artifact.module
     kind = "function"
+    layout = _distributed.describe(bound)  # None unless the model holds DTensors
     if isinstance(bound, torch.nn.Module):
         kind = "module"
         skeleton = standin.describe_module(bound)
         tensors = standin.module_tensors(bound)
+        if layout is not None:  # shards go to per-rank files (_distributed.save_shard)
+            tensors, extra = _distributed.code_file_parts(bound, tensors)
+            sections.update(extra)
         sections["skeleton"] = json.dumps(skeleton).encode()
         sections["weights"] = standin.pack_tensors(tensors)
-        _warn_if_standin_falls_short(path, artifact, skeleton, tensors)
+        if layout is None:
+            _warn_if_standin_falls_short(path, artifact, skeleton, tensors)
     elif bound is not None:
         kind = "object"
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
@@ -94,8 +99,11 @@ def save(
         globals_module=artifact.globals_module,
         # Names the compiled code reads from the model's module (e.g. an output dataclass).
         global_names=tuple(_compat.unresolved_globals(artifact.compiled_function)),
+        distributed=layout.to_json() if layout is not None else None,
     )
     write_artifact(path, header.to_json(), sections, sign_key=sign_key)
+    if layout is not None:
+        _distributed.save_shard(path, bound)  # the calling rank's shard file
     artifact._sizes.clear()
     artifact._sizes.update(sizes)
     artifact._origin.update(path=os.path.abspath(path), created=header.created)

@@ -30,11 +30,15 @@ def call_of(guards: Sequence[Guard], f_locals: dict[str, Any]) -> Call:
 
 
 def _rank(g: Guard) -> int:
-    # Grad mode and hooks first, then the recorded ranges (they say what sizes
-    # are served), then everything else in stage order.
-    if isinstance(g, (AutogradGuard, HooksGuard)):
+    # Grad mode first, then the recorded ranges (they say what sizes are served),
+    # then everything else in stage order, and module hooks last: a hook that is
+    # meant to be there (DTensor's, rebuilt on a stand-in) must not hide the
+    # guard that actually broke.
+    if isinstance(g, AutogradGuard):
         return 0
-    return 1 if isinstance(g, RangeGuard) else 2
+    if isinstance(g, RangeGuard):
+        return 1
+    return 3 if isinstance(g, HooksGuard) else 2
 
 
 def diagnose(guards: Sequence[Guard], f_locals: dict[str, Any], fallback: str) -> GuardError:

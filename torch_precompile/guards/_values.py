@@ -31,7 +31,7 @@ class TensorGuard(Guard):
     def of(cls, source: str, value: torch.Tensor, dynamic: Mapping[int, str]) -> TensorGuard:
         shape = tuple(dynamic.get(i) or int(s) for i, s in enumerate(value.shape))
         t = cls(
-            "dynamo", "", source, dtype_name(value.dtype), shape, value.device.type,
+            "dynamo", "", source, dtype_name(value.dtype), shape, str(value.device),
             bool(value.requires_grad),
         )  # fmt: skip
         grad = ", requires_grad" if t.requires_grad else ""
@@ -54,8 +54,9 @@ class TensorGuard(Guard):
             return render(self._not_tensor(type(value).__name__))
         if dtype_name(value.dtype) != self.dtype:
             return render(self._dtype(dtype_name(value.dtype)))
-        if value.device.type != self.device:
-            return render(self._device(value.device.type))
+        device = str(value.device) if ":" in self.device else value.device.type
+        if device != self.device:
+            return render(self._device(device))
         if value.dim() != len(self.shape):
             return render(self._dims(str(value.dim()), shape_text(tuple(value.shape))))
         if any(isinstance(w, int) and w != g for w, g in zip(self.shape, value.shape)):
@@ -63,6 +64,10 @@ class TensorGuard(Guard):
         if bool(value.requires_grad) != self.requires_grad:
             return render(self._requires_grad())
         return None
+
+    def _device_expr(self, x: str) -> str:
+        # Recorded with its index (cuda:0) since format 2; version-1 files: the type.
+        return f"str({x}.device)" if ":" in self.device else f"{x}.device.type"
 
     def _missing(self) -> Parts:
         return [f"{self.what}: expected a tensor, but it is missing"]
@@ -102,8 +107,8 @@ class TensorGuard(Guard):
             "    " + self.raise_line(self._not_tensor(Code(f"type({x}).__name__"))),
             f"if {x}.dtype != torch.{self.dtype}:",
             "    " + self.raise_line(self._dtype(Code(f"dtype_name({x}.dtype)"))),
-            f"if {x}.device.type != {self.device!r}:",
-            "    " + self.raise_line(self._device(Code(f"{x}.device.type"))),
+            f"if {self._device_expr(x)} != {self.device!r}:",
+            "    " + self.raise_line(self._device(Code(self._device_expr(x)))),
             f"if {x}.dim() != {len(self.shape)}:",
             "    " + self.raise_line(self._dims(Code(f"{x}.dim()"), Code(f"tuple({x}.shape)"))),
         ]

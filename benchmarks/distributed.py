@@ -1,0 +1,180 @@
+"""Distributed artifacts (issue 17): compile once vs per rank, first output of a fresh job.
+
+For each world size (torchrun jobs on CPU with gloo, ``examples/dist_job.py``):
+
+- *compile once* (empty Inductor cache): rank 0 alone compiles the tensor-parallel MLP and block
+  (``Precompile.compile``) and saves, every rank writes its shard: the job's
+  wall time and rank 0's compile seconds;
+- *compile per rank* (one empty Inductor cache shared by the job's ranks):
+  every rank compiles the same two programs, as a job without a shared
+  artifact does (all ranks share the machine's cores);
+- *first output*: a fresh job per case, from ``torchrun`` start to the end
+  (wall), and each rank's seconds from process start to its first output of
+  the block (the slowest rank): ``eager`` (build + ``parallelize_module``),
+  ``jit`` (that + ``torch.compile``, empty Inductor cache) and ``ours``
+  (``Precompile.load`` of the saved files, empty Inductor cache, no C++
+  compiler); medians of ``--runs``;
+- file sizes: the code file and one rank's shard.
+
+Usage (from the repository root)::
+
+    python benchmarks/distributed.py --worlds 2 4 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = ROOT / "examples" / "dist_job.py"
+
+
+def torchrun(world: int, *args: str, env: dict[str, str] | None = None) -> float:
+    """Run one job; its wall time in seconds."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={world}", str(JOB), *args]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{args} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return wall
+
+
+def ranks(out: Path, phase: str, world: int) -> list[dict[str, Any]]:
+    results = [
+        json.loads((out / f"{phase}-{world}-rank{r}.json").read_text()) for r in range(world)
+    ]
+    for res in results:
+        if "error" in res:
+            raise RuntimeError(res["error"])
+    return results
+
+
+def measure(world: int, runs: int, tmp: Path) -> dict[str, Any]:
+    out = tmp / f"world{world}"
+    out.mkdir()
+    row: dict[str, Any] = {"world": world}
+    # Compiles start from an empty Inductor cache, as on a first deployment.
+    cold = {"TORCHINDUCTOR_CACHE_DIR": str(tmp / f"cache-{world}-build")}
+    wall = torchrun(world, "build", str(out), env=cold)
+    build = ranks(out, "build", world)[0]
+    row["compile_once"] = {
+        "job_wall_s": wall,
+        "rank0_compile_s": build["compile_s"],
+        "compiles": 1,
+    }
+    cold = {"TORCHINDUCTOR_CACHE_DIR": str(tmp / f"cache-{world}-compile-all")}
+    wall = torchrun(world, "compile_all", str(out), env=cold)
+    per_rank = ranks(out, "compile_all", world)
+    row["compile_per_rank"] = {
+        "job_wall_s": wall,
+        "slowest_rank_compile_s": {
+            name: max(r["compile_s"][name] for r in per_rank) for name in ("mlp", "block")
+        },
+        "compiles": world,
+    }
+    first: dict[str, Any] = {}
+    for how in ("eager", "jit", "ours"):
+        walls, firsts = [], []
+        for i in range(runs):
+            cache = tmp / f"cache-{world}-{how}-{i}"
+            cache.mkdir()
+            env = {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
+            if how == "ours":
+                env["CXX"] = "/bin/false"  # nothing may compile
+            walls.append(torchrun(world, "first", str(out), how, "block", env=env))
+            firsts.append(max(r["first_output_s"] for r in ranks(out, f"first-{how}-block", world)))
+        first[how] = {
+            "job_wall_s": statistics.median(walls),
+            "slowest_rank_first_output_s": statistics.median(firsts),
+            "runs": runs,
+        }
+    row["first_output_block"] = first
+    row["file_bytes"] = {
+        name: {
+            "code_file": (out / f"{name}.pt").stat().st_size,
+            "shard_rank0": (out / f"{name}.pt.rank0-of-{world}").stat().st_size,
+        }
+        for name in ("mlp", "block", "train")
+    }
+    return row
+
+
+def _first(case: dict[str, Any]) -> str:
+    return f"{case['slowest_rank_first_output_s']:.1f} s (job {case['job_wall_s']:.1f} s)"
+
+
+def table(result: dict[str, Any]) -> str:
+    """The README's markdown table of a results file."""
+    lines = [
+        "| ranks | compile once (rank 0: MLP + block) | compile per rank (slowest rank) "
+        "| first output, eager | first output, torch.compile | first output, ours "
+        "| code file / shard (block) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["rows"]:
+        once = row["compile_once"]["rank0_compile_s"]
+        per = row["compile_per_rank"]["slowest_rank_compile_s"]
+        first = row["first_output_block"]
+        size = row["file_bytes"]["block"]
+        cells = [
+            str(row["world"]),
+            f"{once['mlp'] + once['block']:.1f} s, 1 compile",
+            f"{per['mlp'] + per['block']:.1f} s, {row['world']} compiles",
+            *(_first(first[h]) for h in ("eager", "jit", "ours")),
+            f"{size['code_file'] / 1024:.0f} KiB / {size['shard_rank0'] / 1024:.0f} KiB",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--table", action="store_true", help="print the README table of --out and exit"
+    )
+    parser.add_argument(
+        "--out", default=str(ROOT / "benchmarks" / "results" / "distributed_2026-11-23_cpu.json")
+    )
+    args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.out).read_text())))
+        return
+    import torch
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for world in args.worlds:
+            row = measure(world, args.runs, Path(tmp))
+            rows.append(row)
+            print(json.dumps(row, indent=1), flush=True)
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, load average "
+        f"{os.getloadavg()[0]:.1f} at the end",
+        "torch": torch.__version__,
+        "backend": "gloo (CPU), 1 thread per rank",
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()

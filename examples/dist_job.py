@@ -1,0 +1,233 @@
+"""A torchrun job that compiles, saves and loads tensor-parallel artifacts.
+
+Run by ``tests/test_distributed.py`` and ``benchmarks/distributed.py``::
+
+    torchrun --standalone --nproc-per-node 2 examples/dist_job.py build DIR
+    torchrun --standalone --nproc-per-node 2 examples/dist_job.py load DIR
+    torchrun --standalone --nproc-per-node 4 examples/dist_job.py load DIR4 DIR2
+    torchrun ... examples/dist_job.py compile_all DIR        # every rank compiles
+    torchrun ... examples/dist_job.py first DIR ours block   # or eager / jit
+
+``build``: rank 0 alone compiles each model (``mlp``, ``block`` for inference,
+``train``: the MLP with grad enabled) and saves the code file and its shard;
+every other rank writes only its shard (``save_shard``). ``load``: a fresh
+job loads every file (without ``model=`` and with a live parallelised
+``model=``), runs it, and compares with the same parallelised model run
+eagerly; given a second directory saved by a job of another world size, it
+records the error loading from there raises. ``build`` also records what
+capturing an FSDP2 (``fully_shard``) model raises. Each rank writes
+``DIR/<phase>-<world>-rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+T0 = time.perf_counter()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from examples.tp_models import build, example_input  # noqa: E402
+from torch_precompile import (  # noqa: E402
+    DistributedLayoutError,
+    Precompile,
+    save_shard,
+    use_device_mesh,
+)
+
+INFERENCE = ("mlp", "slice", "block")
+# TP_DEVICE=cuda: NCCL and a CUDA mesh (one GPU per rank), else gloo on the CPU.
+DEVICE = os.environ.get("TP_DEVICE", "cpu")
+
+
+def _local(t: Any) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((_local(a).detach() - _local(b).detach()).abs().max())
+
+
+def _train_step(fn: Any, params: list[torch.nn.Parameter], x: torch.Tensor) -> tuple[float, list]:
+    loss = fn(x).square().mean()
+    loss.backward()
+    return float(loss.detach()), [p.grad for p in params]
+
+
+def build_phase(out: Path, mesh: Any, rank: int) -> dict[str, Any]:
+    result: dict[str, Any] = {"compile_s": {}}
+    for name in (*INFERENCE, "train"):
+        model = build("mlp" if name == "train" else name, mesh)
+        x = example_input("mlp" if name == "train" else name, DEVICE)
+        path = out / f"{name}.pt"
+        if rank == 0:
+            start = time.perf_counter()
+            if name == "train":
+                artifact = Precompile.compile(model, x)
+            else:
+                with torch.no_grad():
+                    artifact = Precompile.compile(model.eval(), x)
+            result["compile_s"][name] = time.perf_counter() - start
+            Precompile.save(path, artifact)  # the code file and rank 0's shard
+        else:
+            save_shard(path, model)
+    if rank == 0:
+        result["fsdp2_capture"] = _try_fsdp2(mesh)
+    dist.barrier()
+    return result
+
+
+def _try_fsdp2(mesh: Any) -> str:
+    """What capturing a whole FSDP2 module raises (its hooks are Dynamo-disabled)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = build("mlp", None).to(DEVICE)
+    fully_shard(model, mesh=mesh)
+    try:
+        Precompile.compile(model, example_input("mlp", DEVICE))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+    return "captured"
+
+
+def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    opened: list[str] = []
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if event == "open" and isinstance(args[0], str) and args[0].startswith(str(out)):
+            opened.append(os.path.basename(args[0]))
+
+    sys.addaudithook(audit)  # which files of the artifacts this rank reads
+    start = time.perf_counter()
+    loaded = {name: Precompile.load(out / f"{name}.pt") for name in (*INFERENCE, "train")}
+    result["load_s"] = time.perf_counter() - start
+    result["files_read"] = sorted(set(opened))
+    opened.clear()
+    outputs = {}
+    with torch.no_grad():
+        for name in INFERENCE:
+            outputs[name] = loaded[name](example_input(name, DEVICE))
+    result["first_output_s"] = time.perf_counter() - T0
+    x = example_input("mlp", DEVICE)
+    train_params = [p for _, p in loaded["train"].named_parameters()]
+    loss_standin, grads_standin = _train_step(loaded["train"], train_params, x)
+    # Nothing compiled: Inductor's compile entry point was never imported.
+    result["compiler_imported"] = sorted(
+        m for m in ("torch._inductor.compile_fx", "torch._inductor.codecache") if m in sys.modules
+    )
+    result["diff"] = {}
+    for name in INFERENCE:
+        eager = build(name, mesh).eval()
+        bound = Precompile.load(out / f"{name}.pt", model=eager)
+        x = example_input(name, DEVICE)
+        with torch.no_grad():
+            expected = eager(x)
+            result["diff"][name] = _max_diff(outputs[name], expected)
+            result["diff"][name + "_bound"] = _max_diff(bound(x), expected)
+        result["local_shape_" + name] = list(_local(outputs[name]).shape)
+    x = example_input("mlp", DEVICE)
+    eager = build("mlp", mesh)
+    loss_eager, grads_eager = _train_step(eager, list(eager.parameters()), x)
+    live = build("mlp", mesh)
+    bound = Precompile.load(out / "train.pt", model=live)
+    loss_bound, grads_bound = _train_step(bound, list(live.parameters()), x)
+    result["train"] = {
+        "loss_eager": loss_eager,
+        "loss_standin": loss_standin,
+        "loss_bound": loss_bound,
+        "grad_diff_standin": max(_max_diff(a, b) for a, b in zip(grads_standin, grads_eager)),
+        "grad_diff_bound": max(_max_diff(a, b) for a, b in zip(grads_bound, grads_eager)),
+        "grads_are_dtensor": all(hasattr(g, "to_local") for g in grads_bound),
+    }
+    # A live model parallelised differently: up row-wise, down column-wise.
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    swapped = build("mlp", None).to(DEVICE)
+    parallelize_module(swapped, mesh, {"up": RowwiseParallel(), "down": ColwiseParallel()})
+    try:
+        Precompile.load(out / "mlp.pt", model=swapped)
+        result["placement_error"] = None
+    except DistributedLayoutError as exc:
+        result["placement_error"] = str(exc)
+    if len(sys.argv) > 3:  # files saved by a job of another world size
+        try:
+            Precompile.load(Path(sys.argv[3]) / "mlp.pt")
+            result["world_error"] = None
+        except DistributedLayoutError as exc:
+            result["world_error"] = str(exc)
+    return result
+
+
+def compile_all_phase(mesh: Any) -> dict[str, Any]:
+    """Today's way: every rank compiles the same program (``Precompile.compile``)."""
+    result: dict[str, Any] = {"compile_s": {}}
+    for name in INFERENCE:
+        model = build(name, mesh).eval()
+        start = time.perf_counter()
+        with torch.no_grad():
+            Precompile.compile(model, example_input(name, DEVICE))
+        result["compile_s"][name] = time.perf_counter() - start
+    dist.barrier()
+    return result
+
+
+def first_output_phase(out: Path, mesh: Any, how: str, name: str) -> dict[str, Any]:
+    """Seconds from process start to this rank's first output of ``name``: ``eager``
+    (build and parallelise the model), ``jit`` (that, then ``torch.compile``) or
+    ``ours`` (``Precompile.load`` of the saved files)."""
+    x = example_input(name, DEVICE)
+    with torch.no_grad():
+        if how == "ours":
+            y = Precompile.load(out / f"{name}.pt")(x)
+        else:
+            model = build(name, mesh).eval()
+            y = (torch.compile(model) if how == "jit" else model)(x)
+    return {"first_output_s": time.perf_counter() - T0, "shape": list(y.shape)}
+
+
+def main() -> None:
+    phase, out = sys.argv[1], Path(sys.argv[2])
+    torch.set_num_threads(1)  # Dynamo guards the thread count; N ranks share 2 cores
+    if DEVICE == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(DEVICE, (world,))
+    use_device_mesh(mesh)  # the eager references below build on this mesh too
+    try:
+        if phase == "build":
+            result = build_phase(out, mesh, rank)
+        elif phase == "compile_all":
+            result = compile_all_phase(mesh)
+        elif phase == "first":
+            result = first_output_phase(out, mesh, sys.argv[3], sys.argv[4])
+            phase = f"first-{sys.argv[3]}-{sys.argv[4]}"
+        else:
+            result = load_phase(out, mesh, rank, world)
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    result["total_s"] = time.perf_counter() - T0
+    (out / f"{phase}-{world}-rank{rank}.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Issue 17: one artifact for every rank of a torchrun job (CPU, gloo, 2 and 4 ranks).
+
+Four real torchrun jobs run once per module (``examples/dist_job.py``): for
+each world size a *build* job, where rank 0 alone compiles a tensor-parallel
+MLP, an MLP whose ranks each cut their own slice of a replicated activation
+(an offset that depends on the rank), a transformer block (inference) and
+the MLP's training step, and every
+rank saves its shard; then a fresh *load* job with an empty Inductor cache and
+no C++ compiler (``CXX=/bin/false``) that loads the files, runs them and
+compares each rank's output, loss and gradients with the same parallelised
+model run eagerly. The 4-rank load job also loads the 2-rank files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_precompile import DistributedLayoutError, IncompatibleSystemError, PrecompileError
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = ROOT / "examples" / "dist_job.py"
+WORLDS = (2, 4)
+TOL = 1e-5
+MODELS = ("mlp", "slice", "block", "train")  # "slice": each rank cuts a rank-dependent slice
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch built without torch.distributed"
+)
+
+
+def _torchrun(nproc: int, *args: str, env: dict[str, str] | None = None) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(JOB),
+        *args,
+    ]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, (
+        f"torchrun {args} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    )
+
+
+def _results(out: Path, phase: str, world: int) -> list[dict[str, Any]]:
+    ranks = [json.loads((out / f"{phase}-{world}-rank{r}.json").read_text()) for r in range(world)]
+    for r, res in enumerate(ranks):
+        assert "error" not in res, f"{phase} job, world {world}, rank {r}:\n{res['error']}"
+    return ranks
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Build and then load in fresh jobs, for 2 and 4 ranks; every rank's results."""
+    base = tmp_path_factory.mktemp("dist")
+    dirs = {w: base / f"world{w}" for w in WORLDS}
+    results: dict[str, Any] = {"dirs": dirs}
+    for world in WORLDS:
+        dirs[world].mkdir()
+        _torchrun(world, "build", str(dirs[world]))
+        results[f"build{world}"] = _results(dirs[world], "build", world)
+    for world in WORLDS:
+        cache = base / f"inductor-cache-{world}"
+        cache.mkdir()
+        other = [str(dirs[w]) for w in WORLDS if w != world][:1] if world == 4 else []
+        env = {
+            "TORCHINDUCTOR_CACHE_DIR": str(cache),  # empty: nothing cached to fall back on
+            "CXX": "/bin/false",  # any C++ compile would fail
+        }
+        _torchrun(world, "load", str(dirs[world]), *other, env=env)
+        results[f"load{world}"] = _results(dirs[world], "load", world)
+        results[f"cache{world}"] = sorted(p.name for p in cache.rglob("*") if p.is_file())
+    return results
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_compiled_once_saved_once(jobs: dict[str, Any], world: int) -> None:
+    build = jobs[f"build{world}"]
+    assert set(build[0]["compile_s"]) == set(MODELS)
+    assert all(not r["compile_s"] for r in build[1:]), "only rank 0 compiles"
+    names = sorted(p.name for p in jobs["dirs"][world].iterdir() if not p.name.endswith(".lock"))
+    for model in MODELS:
+        assert f"{model}.pt" in names
+        shards = [n for n in names if n.startswith(f"{model}.pt.rank")]
+        assert shards == [f"{model}.pt.rank{r}-of-{world}" for r in range(world)]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_each_rank_reads_only_its_own_shard(jobs: dict[str, Any], world: int) -> None:
+    for rank, res in enumerate(jobs[f"load{world}"]):
+        expected = sorted(
+            [f"{m}.pt" for m in MODELS] + [f"{m}.pt.rank{rank}-of-{world}" for m in MODELS]
+        )
+        assert res["files_read"] == expected
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("model", ["mlp", "slice", "block"])
+def test_tp_inference_matches_eager(jobs: dict[str, Any], world: int, model: str) -> None:
+    for res in jobs[f"load{world}"]:
+        assert res["diff"][model] <= TOL  # loaded without model=: stand-in and own shard
+        assert res["diff"][model + "_bound"] <= TOL  # load(path, model=live parallelised)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_tp_training_step_matches_eager(jobs: dict[str, Any], world: int) -> None:
+    for res in jobs[f"load{world}"]:
+        train = res["train"]
+        assert abs(train["loss_standin"] - train["loss_eager"]) <= 1e-6
+        assert abs(train["loss_bound"] - train["loss_eager"]) <= 1e-6
+        assert train["grad_diff_standin"] <= 1e-6
+        assert train["grad_diff_bound"] <= 1e-6
+        assert train["grads_are_dtensor"]  # gradients land on the live DTensor parameters
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_fresh_job_compiles_nothing(jobs: dict[str, Any], world: int) -> None:
+    for res in jobs[f"load{world}"]:
+        assert "torch._inductor.compile_fx" not in res["compiler_imported"]
+    # With CXX=/bin/false a C++ compile would have failed the job; nothing was built.
+    assert not [n for n in jobs[f"cache{world}"] if n.endswith(".so")]
+
+
+def test_world_size_mismatch_is_a_typed_error(jobs: dict[str, Any]) -> None:
+    for res in jobs["load4"]:
+        message = res["world_error"]
+        assert message is not None, "loading a 2-rank artifact in a 4-rank job must fail"
+        assert "saved for world size 2" in message and "this job has world size 4" in message
+        assert "--nproc-per-node 2" in message
+
+
+def test_placement_mismatch_names_both(jobs: dict[str, Any]) -> None:
+    for res in jobs["load2"]:
+        message = res["placement_error"]
+        assert message is not None
+        assert "'up.weight'" in message
+        assert "['Shard(0)']" in message and "['Shard(1)']" in message
+
+
+def test_fsdp2_whole_module_capture_is_refused(jobs: dict[str, Any]) -> None:
+    # FSDP2's hooks are wrapped in torch._dynamo.disable: no single graph exists.
+    assert jobs["build2"][0]["fsdp2_capture"].startswith("CaptureError")
+
+
+def test_load_without_process_group_is_a_typed_error(jobs: dict[str, Any]) -> None:
+    from torch_precompile import Precompile
+
+    assert not torch.distributed.is_initialized()
+    with pytest.raises(DistributedLayoutError) as info:
+        Precompile.load(jobs["dirs"][2] / "mlp.pt")
+    message = str(info.value)
+    assert "world size 2" in message and "no process group" in message
+    assert "init_process_group" in message
+
+
+def test_layout_error_type() -> None:
+    exc = DistributedLayoutError("f.pt", "world size 2", "world size 4", "run 2 ranks")
+    assert isinstance(exc, IncompatibleSystemError) and isinstance(exc, PrecompileError)
+    assert (
+        str(exc)
+        == "f.pt: the artifact was saved for world size 2, this job has world size 4; run 2 ranks"
+    )
+    again = pickle.loads(pickle.dumps(exc))
+    assert str(again) == str(exc) and again.saved == "world size 2"

@@ -1,0 +1,166 @@
+"""torch.distributed internals a distributed artifact needs.
+
+Each concern is tied to how torch 2.11-2.13 build and trace DTensor models:
+
+- ``torch.distributed.config.compile_on_one_rank``, under which tracing
+  leaves the rank out of the graph (coordinates computed at run time, process
+  groups reached through the DeviceMesh), and the DeviceMesh that such a
+  graph keeps as an Inductor opaque constant, which PyTorch's serialization
+  does not hand back at load (:func:`opaque_meshes_bound` does);
+- the forward hooks ``parallelize_module`` registers (``distribute_module``'s
+  lambdas around a ``ParallelStyle``'s input/output functions): read from a
+  live module at save, registered again on the stand-in at load, under the
+  same hook ids (Dynamo's guard tree checks the hook dicts' keys);
+- the process-group names a DeviceMesh holds (the compiled collectives
+  address their group by name, e.g. ``all_reduce(t, "sum", "0")``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+# The lambdas distribute_module wraps around a style's input/output functions,
+# and the ones PrepareModuleInput/Output register around a bound method.
+_DISTRIBUTE_MODULE_HOOK = "distribute_module.<locals>.<lambda>"
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+
+
+def compile_on_one_rank_available() -> bool:
+    """Whether this torch has ``torch.distributed.config.compile_on_one_rank``."""
+    try:
+        config = importlib.import_module("torch.distributed.config")
+    except ImportError:
+        return False
+    return hasattr(config, "compile_on_one_rank")
+
+
+@contextlib.contextmanager
+def compile_on_one_rank() -> Iterator[None]:
+    """Trace with ``torch.distributed.config.compile_on_one_rank`` on: DTensor
+    then computes a rank's mesh coordinate at run time (an op of the graph)
+    instead of baking in the tracing rank's, and reaches process groups
+    through the DeviceMesh."""
+    config = importlib.import_module("torch.distributed.config")
+    with config.patch(compile_on_one_rank=True):
+        yield
+
+
+def mesh_group_names(mesh: Any) -> list[str]:
+    """The c10d group name of each mesh dimension (what compiled collectives name)."""
+    return list(mesh._dim_group_names)
+
+
+def _closure(fn: Any) -> dict[str, Any]:
+    cells = getattr(fn, "__closure__", None) or ()
+    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, cells)}
+
+
+def parallel_hooks(module: torch.nn.Module) -> tuple[dict[str, Any], list[str]]:
+    """The parallelisation hooks of every submodule, in a picklable form.
+
+    Returns ``({fqn: {"input_fn", "output_fn", "pre_ids", "post_ids"}}, unknown)``:
+    ``input_fn``/``output_fn`` are the ``functools.partial`` of a ParallelStyle's
+    static method that ``distribute_module`` registered (None when absent), the
+    ids are the hook dicts' keys. ``unknown`` names hooks of any other origin,
+    which a stand-in cannot carry.
+    """
+    records: dict[str, Any] = {}
+    unknown: list[str] = []
+    for fqn, mod in module.named_modules():
+        entry: dict[str, Any] = {
+            "input_fn": None,
+            "output_fn": None,
+            "pre_ids": [],
+            "post_ids": [],
+        }
+        for attr, fn_key, ids_key in (
+            ("_forward_pre_hooks", "input_fn", "pre_ids"),
+            ("_forward_hooks", "output_fn", "post_ids"),
+        ):
+            for hook_id, hook in getattr(mod, attr).items():
+                cells = _closure(hook)
+                fn = cells.get(fn_key)
+                if (
+                    getattr(hook, "__qualname__", "") != _DISTRIBUTE_MODULE_HOOK
+                    or not isinstance(fn, functools.partial)
+                    or entry[fn_key] is not None
+                ):
+                    unknown.append(f"{fqn or '<root>'}.{attr}[{hook_id}] ({hook!r})")
+                    continue
+                entry[fn_key] = fn
+                entry[ids_key].append(hook_id)
+        if entry["pre_ids"] or entry["post_ids"]:
+            records[fqn] = entry
+    return records, unknown
+
+
+def restore_parallel_hooks(standin: torch.nn.Module, records: dict[str, Any], mesh: Any) -> None:
+    """Register the recorded hooks on the stand-in, as ``distribute_module`` did,
+    and give them the recorded hook ids."""
+    from torch.distributed.tensor import distribute_module
+
+    for fqn, entry in records.items():
+        sub = standin.get_submodule(fqn)
+        # The stand-in carries the flag as a plain attribute; distribute_module
+        # refuses a module flagged as already distributed.
+        sub.__dict__.pop("_distribute_module_applied", None)
+        distribute_module(
+            sub,
+            mesh,
+            partition_fn=lambda name, mod, mesh: None,  # parameters are DTensors already
+            input_fn=entry["input_fn"],
+            output_fn=entry["output_fn"],
+        )
+        for attr, key in (("_forward_pre_hooks", "pre_ids"), ("_forward_hooks", "post_ids")):
+            hooks = getattr(sub, attr)
+            items = list(hooks.values())
+            hooks.clear()
+            for hook_id, hook in zip(entry[key], items):
+                hooks[hook_id] = hook
+
+
+@contextlib.contextmanager
+def opaque_meshes_bound(mesh: Any) -> Iterator[None]:
+    """While compiled graphs are deserialized, give their DeviceMesh constants ``mesh``.
+
+    Under ``compile_on_one_rank`` the graph reaches its process groups through
+    the DeviceMesh, which Inductor keeps as an opaque constant of the wrapper
+    module (``_opaque_obj0``). PyTorch's cache serialization keeps the object
+    in ``torchbind_constants`` but does not hand it to the reloaded module
+    (there it is None); this hands the live mesh of this rank instead.
+    """
+    from torch._inductor import output_code
+    from torch.distributed.device_mesh import DeviceMesh
+
+    # The runtime ops the graph calls (``device_mesh._runtime_compute_coordinate_on_dim``,
+    # ...) are registered when this module is imported, which nothing else does at load.
+    importlib.import_module("torch.distributed._ops.device_mesh")
+
+    classes = (output_code.CompiledFxGraphConstants, output_code.CompiledFxGraphConstantsWithGm)
+    originals = {cls: cls.__dict__["unwrap"] for cls in classes if "unwrap" in cls.__dict__}
+
+    def patched(original: Any) -> Any:
+        @functools.wraps(original)
+        def unwrap(self: Any, g: Any) -> Any:
+            attrs = dict(original(self, g))
+            for name, value in (getattr(g, "torchbind_constants", None) or {}).items():
+                real = getattr(value, "real_obj", value)
+                if isinstance(real, DeviceMesh):
+                    attrs[name] = mesh
+            return attrs
+
+        return unwrap
+
+    for cls, original in originals.items():
+        cls.unwrap = patched(original)
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.unwrap = original

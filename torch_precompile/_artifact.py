@@ -107,7 +107,7 @@ class PrecompiledArtifact:
         if self._origin.get("path"):
             lines.append(f"file: {self._origin['path']}")
         lines.append("signature:")
-        lines.extend(f"  {line}" for line in _signature_lines(self.signature))
+        lines.extend(f"  {line}" for line in signature_lines(self.signature))
         lines.append(
             "system: " + ", ".join(f"{k}={v}" for k, v in self.system.items() if v is not None)
         )
@@ -162,7 +162,7 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def _signature_lines(sig: dict[str, Any]) -> list[str]:
+def signature_lines(sig: dict[str, Any]) -> list[str]:
     lines = []
     if "signature" in sig:
         lines.append(f"forward{sig['signature']}")

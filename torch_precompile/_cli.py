@@ -153,7 +153,8 @@ def format_header(data: dict[str, Any], typed: Header) -> str:
     Every string from the file is shown with its control characters escaped
     (no ANSI escape reaches the terminal) and cut at a sane length.
     """
-    from ._artifact import _signature_lines, human_size
+    # Imported when used: the command line starts without torch until a command needs it.
+    from ._artifact import human_size, signature_lines
     from .guards import Guards
 
     system = typed.system
@@ -179,7 +180,7 @@ def format_header(data: dict[str, Any], typed: Header) -> str:
         ),
         "signature:",
     ]
-    lines += [f"  {line}" for line in _signature_lines(typed.variants[0].signature)]
+    lines += [f"  {line}" for line in signature_lines(typed.variants[0].signature)]
     sizes = typed.sizes or {s["name"]: s["length"] for s in data["sections"]}
     lines.append("sizes:     " + ", ".join(f"{k} {human_size(int(v))}" for k, v in sizes.items()))
     lines += _load_paths(data, typed)

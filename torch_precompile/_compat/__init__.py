@@ -10,13 +10,21 @@ One module per concern, in pipeline order:
 
 - ``capture``: Dynamo's fullgraph capture and its shape environment;
 - ``joint``: AOTAutograd's joint export, partitioning and Inductor's compile;
-- ``functions``: PyTorch's ``AOTCompiledFunction`` (guards, assembly,
-  serialization, the accessors the runtime reads);
+- ``guard_manager``: Dynamo's guards of a capture (the save-time filter's
+  entries, the guard manager and its portable state);
+- ``guard_vocab``: Dynamo's guard kinds sorted into the package's categories;
+- ``functions``: PyTorch's ``AOTCompiledFunction`` (assembly, serialization,
+  the accessors the runtime reads);
 - ``kernels``: the shipped C++ kernels (one file section each, their private
   directory, and loading them in place of compiling on PyTorch's full path);
 - ``wrapper``: Inductor's generated Python wrapper, run with light stand-ins;
-- ``fastload``: loading a CPU inference artifact without the compiler stack;
-- ``light_guards``: Dynamo's guard tree as a plain-Python check;
+- ``triton_kernels``: Triton kernels as cubins, launched by PyTorch's static
+  CUDA launcher;
+- ``fastload``: loading an artifact (CPU or CUDA) without the compiler stack;
+- ``lean_autograd``: a training artifact's forward and backward without AOTAutograd;
+- ``light_guard_spec``, ``light_guards``: Dynamo's guard tree read at save into
+  a plain spec, and checked from it as plain Python at load;
+- ``distributed``: DTensor meshes and ``compile_on_one_rank``;
 - ``hooks``: the module hook dicts a call checks.
 """
 
@@ -30,10 +38,14 @@ from .capture import (
     shape_env_var_ranges,
     wants_size_oblivious,
 )
-from .fastload import cpu_fast_sections, cpu_kernel_binaries, load_fast_compiled_function
+from .fastload import (
+    cpu_fast_sections,
+    cpu_kernel_binaries,
+    cpu_kernels,
+    load_fast_compiled_function,
+)
 from .functions import (
     begin_cudagraph_step,
-    build_guard_manager,
     compiled_function_bytecode,
     compiled_function_closure_locals,
     compiled_function_device_type,
@@ -45,16 +57,13 @@ from .functions import (
     external_global_refs,
     global_state_snapshot,
     guard_failure_reason,
-    guard_filter_entry_derived_kinds,
-    guard_filter_entry_fields,
-    guard_filter_entry_source,
     import_global_refs,
     make_compiled_function,
-    recording_compiled_graph,
     serialize_compiled_function,
     stubbed_compiled_graph,
     unresolved_globals,
 )
+from .guard_manager import build_guard_manager
 from .guard_vocab import CapturedGuard, SaveCandidate, captured_guards, save_candidate
 from .hooks import hook_check, registered_global_hooks, registered_hooks
 from .joint import (
@@ -65,7 +74,6 @@ from .joint import (
     joint_needs_autograd,
 )
 from .kernels import (
-    cpu_kernels,
     reusing_shipped_kernels,
     shipped_cpu_kernels,
     shipped_kernels_enabled,
@@ -97,9 +105,6 @@ __all__ = [
     "fullgraph_capture",
     "global_state_snapshot",
     "guard_failure_reason",
-    "guard_filter_entry_derived_kinds",
-    "guard_filter_entry_fields",
-    "guard_filter_entry_source",
     "hook_check",
     "import_global_refs",
     "is_capture_error",
@@ -107,7 +112,6 @@ __all__ = [
     "joint_needs_autograd",
     "load_fast_compiled_function",
     "make_compiled_function",
-    "recording_compiled_graph",
     "registered_global_hooks",
     "registered_hooks",
     "reusing_shipped_kernels",

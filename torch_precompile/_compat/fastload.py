@@ -30,23 +30,25 @@ import functools
 import importlib
 import importlib.util
 import logging
+import marshal
 import pickle
 import re
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.autograd import profiler as _profiler_state
 
 from . import lean_autograd, triton_kernels, wrapper
-from .kernels import kernel_key
-from .light_guards import (
-    LightGuards,
-    TieredGuardManager,
-    light_guard_spec,
-    load_dynamo_guard_manager,
+from .kernels import (
+    SHIPPED_KERNELS,
+    compiled_graph_sources,
+    kernel_file_without_compiling,
+    kernel_key,
 )
+from .light_guard_spec import light_guard_spec
+from .light_guards import LightGuards, TieredGuardManager, load_dynamo_guard_manager
 
 FASTLOAD_VERSION = 1
 LEAN_DEVICES = ("cpu", "cuda")  # C++ kernels (shared objects), Triton kernels (cubins)
@@ -144,7 +146,6 @@ def cpu_fast_sections(
     looked up in Inductor's code cache (a hit right after compiling) and its
     shared object is read back.
     """
-    import marshal
 
     if isinstance(fn, FastCompiledFunction):
         return (fn.fastload, fn.kernels), None
@@ -240,7 +241,6 @@ def load_fast_compiled_function(
     module_globals: dict[str, Any] | None = None,
 ) -> FastCompiledFunction:
     """Rebuild a compiled function from its shipped kernels (no compiler, no Triton)."""
-    import marshal
 
     spec = pickle.loads(fastload)
     if spec.get("version") != FASTLOAD_VERSION or spec.get("torch") != torch.__version__:
@@ -371,7 +371,6 @@ def bytecode_function(
     module_globals: dict[str, Any] | None = None,
 ) -> types.FunctionType:
     """Dynamo's transformed bytecode as a function, with the graph bound to its backend name."""
-    import marshal
 
     f_globals: dict[str, Any] = {
         alias: _DynamoUtils()
@@ -393,3 +392,50 @@ def bytecode_function(
     if spec["kwdefaults"]:
         fn.__kwdefaults__ = spec["kwdefaults"]
     return fn
+
+
+def cpu_kernels(fns: Sequence[Any]) -> dict[str, bytes]:
+    """The shipped kernels of CPU compiled functions (all variants, forward and backward).
+
+    Each C++ kernel of each wrapper is looked for among the shipped kernels
+    loaded in this process, then in Inductor's code cache (no compile); a kernel
+    found in neither is left out (loading then compiles it).
+    """
+    log = logging.getLogger("torch_precompile")
+    binaries: dict[str, bytes] = {}
+    missing = 0
+    for fn in fns:
+        if isinstance(fn, FastCompiledFunction):
+            binaries.update((k, bytes(v)) for k, v in fn.kernels.items())
+            continue
+        try:
+            sources = compiled_graph_sources(fn)
+        except Exception as exc:  # an unexpected PyTorch structure: ship nothing for it
+            log.debug("no shipped kernels for a compiled function: %s", exc)
+            continue
+        for source in sources:
+            try:
+                calls = wrapper.recorded_kernels(source)
+            except Exception as exc:
+                log.debug("cannot list the kernels of a wrapper: %s", exc)
+                continue
+            for argtypes, kernel_source in calls:
+                key = kernel_key(argtypes, kernel_source)
+                if key in binaries:
+                    continue
+                shipped = SHIPPED_KERNELS.get(key)
+                try:
+                    if shipped is not None:
+                        path = shipped.__self__.__file__
+                    else:
+                        path = kernel_file_without_compiling(argtypes, kernel_source)
+                    if path is not None:
+                        with open(path, "rb") as f:
+                            binaries[key] = f.read()
+                        continue
+                except Exception as exc:
+                    log.debug("kernel %s not found: %s", key[:12], exc)
+                missing += 1
+    if missing:
+        log.debug("%d kernels not shipped: loading will compile them", missing)
+    return binaries

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .capture import UNSERIALIZABLE_GUARD_KINDS
-from .functions import (
+from .guard_manager import (
     guard_filter_entry_derived_kinds,
     guard_filter_entry_fields,
     guard_filter_entry_source,

@@ -17,10 +17,12 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import stat
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -113,8 +115,6 @@ def _prune_kernel_dirs(root: str, keep: str, max_age_s: float = KERNEL_DIR_MAX_A
     names of our shape (24 hex digits) are touched: ``TORCH_PRECOMPILE_KERNEL_DIR``
     may name a directory that holds other things.
     """
-    import shutil
-    import time
 
     cutoff = time.time() - max_age_s
     try:
@@ -252,10 +252,10 @@ class KernelLoader:
 # carry the shared objects built at save; while a compiled function is
 # deserialized, a kernel whose key is among them is loaded from the shipped file.
 
-_SHIPPED_KERNELS: dict[str, Any] = {}  # kernel key -> shipped kernel loaded in this process
+SHIPPED_KERNELS: dict[str, Any] = {}  # kernel key -> shipped kernel loaded in this process
 
 
-def _compiled_graph_sources(fn: Any) -> list[str]:
+def compiled_graph_sources(fn: Any) -> list[str]:
     """The Inductor wrapper source of each compiled graph (forward, backward) of ``fn``."""
     entry = fn._artifacts.compiled_fn.compiled_fn.serialize()
     sources = []
@@ -267,7 +267,7 @@ def _compiled_graph_sources(fn: Any) -> list[str]:
     return sources
 
 
-def _kernel_file_without_compiling(argtypes: list[str], source: str) -> str | None:
+def kernel_file_without_compiling(argtypes: list[str], source: str) -> str | None:
     """The ``.so`` of a kernel that Inductor built (or found on disk) in this process.
 
     A cache miss must not start a compile at save: C++ builds are refused while
@@ -299,61 +299,10 @@ def _kernel_file_without_compiling(argtypes: list[str], source: str) -> str | No
         cpp_builder.CppBuilder.build = original  # type: ignore[method-assign]
 
 
-def cpu_kernels(fns: Sequence[Any]) -> dict[str, bytes]:
-    """The shipped kernels of CPU compiled functions (all variants, forward and backward).
-
-    Each C++ kernel of each wrapper is looked for among the shipped kernels
-    loaded in this process, then in Inductor's code cache (no compile); a kernel
-    found in neither is left out (loading then compiles it).
-    """
-
-    from . import fastload, wrapper
-
-    log = logging.getLogger("torch_precompile")
-    binaries: dict[str, bytes] = {}
-    missing = 0
-    for fn in fns:
-        if isinstance(fn, fastload.FastCompiledFunction):
-            binaries.update((k, bytes(v)) for k, v in fn.kernels.items())
-            continue
-        try:
-            sources = _compiled_graph_sources(fn)
-        except Exception as exc:  # an unexpected PyTorch structure: ship nothing for it
-            log.debug("no shipped kernels for a compiled function: %s", exc)
-            continue
-        for source in sources:
-            try:
-                calls = wrapper.recorded_kernels(source)
-            except Exception as exc:
-                log.debug("cannot list the kernels of a wrapper: %s", exc)
-                continue
-            for argtypes, kernel_source in calls:
-                key = kernel_key(argtypes, kernel_source)
-                if key in binaries:
-                    continue
-                shipped = _SHIPPED_KERNELS.get(key)
-                try:
-                    if shipped is not None:
-                        path = shipped.__self__.__file__
-                    else:
-                        path = _kernel_file_without_compiling(argtypes, kernel_source)
-                    if path is not None:
-                        with open(path, "rb") as f:
-                            binaries[key] = f.read()
-                        continue
-                except Exception as exc:
-                    log.debug("kernel %s not found: %s", key[:12], exc)
-                missing += 1
-    if missing:
-        log.debug("%d kernels not shipped: loading will compile them", missing)
-    return binaries
-
-
 def shipped_kernels_enabled() -> bool:
-    """``TORCH_PRECOMPILE_SHIPPED_KERNELS=0`` makes the full path compile every kernel."""
-    import os
+    """``TORCH_PRECOMPILESHIPPED_KERNELS=0`` makes the full path compile every kernel."""
 
-    return os.environ.get("TORCH_PRECOMPILE_SHIPPED_KERNELS", "1") != "0"
+    return os.environ.get("TORCH_PRECOMPILESHIPPED_KERNELS", "1") != "0"
 
 
 @contextlib.contextmanager
@@ -414,7 +363,7 @@ def shipped_cpu_kernels(kernels: Mapping[str, bytes | memoryview] | None) -> Ite
             directory.append(kernel_dir(kernels))
         loader = KernelLoader(kernels, directory[0], data_ptr)
         kernel = loader.cpp_pybinding(argtypes, source)
-        _SHIPPED_KERNELS[key] = kernel
+        SHIPPED_KERNELS[key] = kernel
         return kernel
 
     with _pybindings_from(lookup):
@@ -425,8 +374,8 @@ def shipped_cpu_kernels(kernels: Mapping[str, bytes | memoryview] | None) -> Ite
 def reusing_shipped_kernels() -> Iterator[None]:
     """Kernels this process loaded from artifacts are found as if Inductor had built
     them: saving an artifact loaded through the full path reads them, never compiles."""
-    if not _SHIPPED_KERNELS:
+    if not SHIPPED_KERNELS:
         yield
         return
-    with _pybindings_from(lambda key, argtypes, source: _SHIPPED_KERNELS.get(key)):
+    with _pybindings_from(lambda key, argtypes, source: SHIPPED_KERNELS.get(key)):
         yield

@@ -1,0 +1,173 @@
+"""Dynamo's guards of a capture: the save-time filter's entries and the guard manager."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .capture import Capture
+from .light_guards import hook_guards_enabled
+from .pickling import findable_by_name, function_by_value, reducer_override_patched
+
+
+@contextlib.contextmanager
+def _guard_state_pickled_portably() -> Iterator[None]:
+    """Pickle Dynamo's guard state so that it rebuilds in a process without the model.
+
+    - nn.Modules become plain ``nn.Module`` objects: PyTorch pickles a
+      module-level class by reference, so loading would need the model's class
+      to be importable. Guards on module *types* are dropped by our filter, so
+      a plain module with the same attributes rebuilds the same guard tree.
+      Its state is ``nn.Module``'s (the instance ``__dict__``), whatever
+      ``__getstate__`` its class defines: the guards read the instance's
+      attributes, as on the stand-in, and a class's own pickling rules are for
+      pickling the model (a module with a parametrization, such as
+      ``weight_norm``, refuses to be pickled at all).
+    - A function pickle cannot find by qualified name (the undecorated
+      function a ``functools.wraps`` decorator keeps in its closure) is saved
+      by value. PyTorch would save a ``_Missing`` placeholder, and the guards
+      kept on it (its ``__defaults__``, say) would fail at load.
+    """
+    from torch._dynamo.guards import GuardsStatePickler
+
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        if (
+            isinstance(obj, torch.nn.Module)
+            and type(obj) is not torch.nn.Module
+            and id(obj) in self.guard_tree_values
+            and not isinstance(obj, torch.nn.parallel.DistributedDataParallel)
+        ):
+            original(self, obj)  # records missing values as a side effect
+            return GuardsStatePickler._unpickle_module, (torch.nn.Module.__getstate__(obj),)
+        if (
+            inspect.isfunction(obj)
+            and id(obj) not in self.missing_values
+            and "<locals>" not in obj.__qualname__
+            and not findable_by_name(obj)
+        ):
+            return function_by_value(obj)
+        return original(self, obj)
+
+    with reducer_override_patched(GuardsStatePickler, reducer_override):
+        yield
+
+
+def guard_filter_entry_fields(entry: Any) -> tuple[str, str, bool, Any]:
+    """(name, guard_type, is_global, value) of a Dynamo GuardFilterEntry.
+
+    ``is_global``: the source is rooted in the capturing process's globals, as
+    Dynamo's own flag says, or in a module it reached by import, which Dynamo's
+    flag leaves out (see :func:`_rooted_in_process_globals`).
+    """
+    orig = getattr(entry, "orig_guard", None)
+    source = getattr(orig, "originating_source", None)
+    is_global = entry.is_global or (source is not None and _rooted_in_process_globals(source))
+    return entry.name, entry.guard_type, is_global, entry.value
+
+
+def _rooted_in_process_globals(source: Any) -> bool:
+    """Whether a Dynamo source reads the process's state rather than the call's inputs:
+    a global of the traced code's module, or a module Dynamo imports itself
+    (``__import__('torch').utils._pytree.SUPPORTED_NODES``, a registry that
+    libraries fill as they are imported, guarded when traced code uses pytree).
+
+    Dynamo rebuilds an import-rooted source only inside a trace, so such a
+    source in the saved guard state would also fail to load.
+    """
+    from torch._dynamo.source import ChainedSource, ImportSource, get_global_source_name
+
+    if get_global_source_name(source) is not None:
+        return True
+    while isinstance(source, ChainedSource):
+        source = source.base
+    return isinstance(source, ImportSource)
+
+
+def guard_filter_entry_derived_kinds(entry: Any) -> tuple[str, ...]:
+    """The guard kinds a Dynamo GuardFilterEntry is built on (BUILTIN_MATCH -> ID_MATCH)."""
+    return tuple(getattr(entry, "derived_guard_types", ()) or ())
+
+
+def guard_filter_entry_source(entry: Any) -> str:
+    """The full source of a GuardFilterEntry (``L['x']``; its ``name`` drops the ``L[...]``)."""
+    orig = getattr(entry, "orig_guard", None)
+    return getattr(orig, "name", None) or entry.name
+
+
+def _pruning_key_order_sources(
+    output_graph: Any,
+    guard_filter: Callable[[Sequence[Any]], Sequence[bool]],
+    keep_source: Callable[[str, bool], bool],
+) -> Callable[[Sequence[Any]], list[bool]]:
+    """Wrap ``guard_filter`` so that dict key order is guarded only where guards are kept.
+
+    Dynamo evaluates every ``guard_on_key_order`` source each time it builds a
+    guard manager, and again at load. The key order of a library's global
+    registry (filled as its models are built) differs in another process, and
+    the guards on it are dropped by our filter: evaluating its source at load
+    would fail on something the artifact does not check. Dynamo calls the
+    filter between its unfiltered and its filtered build; from then on (the
+    in-process manager and the saved state alike) only sources that
+    ``keep_source`` accepts and some kept guard reads are key-order guarded.
+    """
+
+    def wrapped(entries: Sequence[Any]) -> list[bool]:
+        keep = list(guard_filter(entries))
+        kept_names = [guard_filter_entry_source(e) for e, k in zip(entries, keep) if k]
+        output_graph.guard_on_key_order = {
+            source
+            for source in output_graph.guard_on_key_order
+            if keep_source(source.name, _rooted_in_process_globals(source))
+            and any(source.name in name for name in kept_names)
+        }
+        return keep
+
+    return wrapped
+
+
+def build_guard_manager(
+    capture: Capture,
+    guard_filter: Callable[[Sequence[Any]], Sequence[bool]],
+    keep_source: Callable[[str, bool], bool],
+) -> tuple[Any, bytes]:
+    """Build Dynamo's guard manager after compilation (so shape guards added by
+    AOTAutograd and Inductor are included) and its serialized state.
+
+    ``keep_source(name, is_global)`` says whether guards on a source are saved;
+    sources Dynamo evaluates for dict key order are pruned with it.
+    """
+    from torch._dynamo.hooks import Hooks
+    from torch._dynamo.utils import dynamo_timed, get_metrics_context
+    from torch._dynamo.variables.torch_function import (
+        torch_function_mode_stack_state_mgr,
+    )
+
+    output_graph = capture.graph_capture_output.output_graph
+    key_order = output_graph.guard_on_key_order
+    hooks = Hooks(
+        guard_filter_fn=_pruning_key_order_sources(output_graph, guard_filter, keep_source)
+    )
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(get_metrics_context())
+        stack.enter_context(dynamo_timed("torch_precompile.build_guards"))
+        if torch_function_mode_stack_state_mgr.stack:
+            stack.enter_context(torch_function_mode_stack_state_mgr.temp_restore_stack())
+        stack.enter_context(_guard_state_pickled_portably())
+        stack.enter_context(hook_guards_enabled())
+        # Dynamo checks the new guards against the current global state: restore the
+        # capture's grad mode, so precompile() may run outside the capture's no_grad block.
+        stack.enter_context(torch.set_grad_enabled(capture.grad_enabled))
+        # A stage output is a value: the capture's key-order set is put back.
+        stack.callback(setattr, output_graph, "guard_on_key_order", key_order)
+        check_fn = capture.graph_capture_output.build_guards(
+            capture.traced_fn.__code__, hooks=hooks, save=True, strict_error=True
+        )
+    if check_fn.guards_state is None:
+        raise RuntimeError("Dynamo produced no serializable guard state")
+    return check_fn.guard_manager, check_fn.guards_state

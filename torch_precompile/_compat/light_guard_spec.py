@@ -1,0 +1,315 @@
+"""Light guards, at save: Dynamo's guard tree read into a plain spec (lists and dicts)."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+from typing import Any
+
+import torch
+
+# Light guards: Dynamo's guard tree, translated at save time into a plain-Python
+# check that is at least as strict as Dynamo's (any leaf or accessor we do not
+# know means no light guards). At load it runs without importing torch._dynamo;
+# when it fails, Dynamo's own guard manager is built and decides.
+
+_TENSOR_RE = re.compile(
+    r"check_tensor\((?P<src>.*?), (?P<cls>\w+), (?P<keys>DispatchKeySet\([^)]*\)), "
+    r"torch\.(?P<dtype>\w+), device=(?P<dev>None|\d+), requires_grad=(?P<rg>True|False), "
+    r"size=\[(?P<size>[^\]]*)\], stride=\[(?P<stride>[^\]]*)\]\)"
+)
+LIGHT_TYPES: dict[str, type] = {
+    "dict": dict,
+    "list": list,
+    "tuple": tuple,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str": str,
+    "NoneType": type(None),
+    "torch.Size": torch.Size,
+}
+_SAVED_TENSOR_HOOKS_GUARD = (
+    "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
+)
+
+
+class _NoLightGuards(Exception):
+    """A guard the light check cannot express."""
+
+
+def _code_part(leaf: Any) -> str:
+    # One expression, possibly recorded once per place that needed it.
+    parts = {part.split("  #", 1)[0].strip() for part in leaf.verbose_code_parts()}
+    if len(parts) != 1:
+        raise _NoLightGuards(f"{type(leaf).__name__} with {len(parts)} different code parts")
+    return parts.pop()
+
+
+def _rhs_after(text: str, op: str) -> Any:
+
+    if op not in text:
+        raise _NoLightGuards(text)
+    return ast.literal_eval(text.rsplit(op, 1)[1].strip())
+
+
+def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
+    kind = type(leaf).__name__
+    if kind == "DIMENSION_DYNAMIC_MARKING_GUARD":
+        attrs = []
+        dynamic: list[int] | None = None
+        for part in leaf.verbose_code_parts():
+            m = re.match(r"hasattr\(.*, '(_dynamo_\w+)'\) == False(\s|$)", part)
+            if m is not None:
+                attrs.append(m.group(1))
+                continue
+            # A dimension marked dynamic at capture: later marks may only be a subset.
+            m = re.match(
+                r"\(\(getattr\(.*, '_dynamo_dynamic_indices', set\(\)\)\.issubset\("
+                r"(\{[\d, ]*\}|set\(\))\)\) if hasattr\(.*, '_dynamo_dynamic_indices'\) "
+                r"else True\)(\s|$)",
+                part,
+            )
+            if m is None or dynamic is not None:
+                raise _NoLightGuards(part)
+            dynamic = sorted(int(x) for x in re.findall(r"\d+", m.group(1)))
+        if dynamic is not None:
+            return ["no_dynamic_marking", attrs, dynamic]
+        return ["no_dynamic_marking", attrs]
+    text = _code_part(leaf)
+    if kind == "NO_HASATTR":  # torch 2.11 spells the dynamic-marking checks one per leaf
+        m = re.fullmatch(r"hasattr\(.*, '(_dynamo_\w+)'\) == False", text)
+        if m is None:
+            raise _NoLightGuards(text)
+        return ["no_dynamic_marking", [m.group(1)]]
+    if kind == "TENSOR_MATCH":
+        m = _TENSOR_RE.fullmatch(text)
+        if m is None or m["cls"] not in ("Tensor", "Parameter"):
+            raise _NoLightGuards(text)
+        # None: a dynamic dimension (its range is an epilogue shape guard).
+        size = [_dim(x) for x in m["size"].split(",") if x.strip()]
+        stride = [_dim(x) for x in m["stride"].split(",") if x.strip()]
+        device = None if m["dev"] == "None" else int(m["dev"])  # None: the CPU
+        leaf = ["tensor", m["cls"], m["keys"], m["dtype"], m["rg"] == "True", size, stride]
+        return [*leaf, device] if device is not None else leaf
+    prefix = "check_no_aliasing("
+    if kind == "NO_TENSOR_ALIASING" and text.startswith(prefix) and text.endswith(")"):
+        return ["no_aliasing", [s.strip() for s in text[len(prefix) : -1].split(", ")]]
+    if kind == "TYPE_MATCH":
+        m = re.search(r"type=<class '([\w.]+)'>", leaf.verbose_code_parts()[0])
+        if m is None or m.group(1) not in LIGHT_TYPES:
+            raise _NoLightGuards(text)
+        return ["type", m.group(1)]
+    if kind == "EQUALS_MATCH":
+        expected = _rhs_after(text, " == ")
+        if has_value and not (type(value) is type(expected) and value == expected):
+            raise _NoLightGuards(f"{text}: the saved model does not satisfy it")
+        return ["equals", expected]
+    if kind in ("NONE_MATCH", "TRUE_MATCH", "FALSE_MATCH"):
+        return ["is", {"NONE_MATCH": None, "TRUE_MATCH": True, "FALSE_MATCH": False}[kind]]
+    if kind in ("LENGTH_CHECK", "DICT_LENGTH"):
+        # Dynamo writes an expected length of 0 as ``not <source>`` (module hook dicts).
+        if text.startswith("not ") and " == " not in text:
+            return ["len", 0]
+        return ["len", int(_rhs_after(text, " == "))]
+    if kind == "DICT_CONTAINS":
+        m = re.fullmatch(r"(not )?___dict_contains\((.+?), .*\)", text)
+        if m is None:
+            raise _NoLightGuards(text)
+
+        return ["contains", ast.literal_eval(m.group(2)), m.group(1) is None]
+    if kind == "GLOBAL_STATE" and " against " in text:
+        return ["global_state", text.split(" against ", 1)[1]]
+    if kind == "TORCH_FUNCTION_MODE_STACK" and torch._C._len_torch_function_stack() == 0:
+        # The guard passed at build time with an empty stack, so it expects an empty stack.
+        return ["no_torch_function_mode"]
+    if kind == "DEFAULT_DEVICE" and text.replace(" ", "") == "utils_device.CURRENT_DEVICE==None":
+        return ["no_default_device"]
+    if kind == "LAMBDA_GUARD" and text == _SAVED_TENSOR_HOOKS_GUARD:
+        return ["no_saved_tensor_hooks"]
+    raise _NoLightGuards(f"{kind}: {text}")
+
+
+def _dim(text: str) -> int | None:
+    text = text.strip()
+    return None if text == "None" else int(text)
+
+
+# Dynamo's shape guards (epilogue lambda guards) over input sizes, as Python
+# expressions: ``1 <= L['x'].size()[0] <= 64``, ``L['a'].size()[1] == L['b'].size()[0]``.
+# Only this small grammar is accepted (sizes and strides of frame locals,
+# integers, arithmetic, comparisons, ``and``, and ``is`` between two attribute
+# paths from frame locals, for tied weights); anything else means no light guards.
+_SHAPE_BINOPS = ("Add", "Sub", "Mult", "FloorDiv", "Mod")
+_SHAPE_CMPOPS = ("Eq", "NotEq", "Lt", "LtE", "Gt", "GtE")
+
+
+def shape_expr_ok(node: Any) -> bool:
+
+    if isinstance(node, ast.Expression):
+        return shape_expr_ok(node.body)
+    if isinstance(node, ast.BoolOp):
+        return isinstance(node.op, ast.And) and all(shape_expr_ok(v) for v in node.values)
+    if isinstance(node, ast.Compare):
+        if len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+            # Tied weights: ``L['self']._modules['a']._parameters['w'] is L['self']...``
+            return _source_chain(node.left) and _source_chain(node.comparators[0])
+        return all(type(op).__name__ in _SHAPE_CMPOPS for op in node.ops) and all(
+            shape_expr_ok(v) for v in (node.left, *node.comparators)
+        )
+    if isinstance(node, ast.BinOp):
+        return (
+            type(node.op).__name__ in _SHAPE_BINOPS
+            and shape_expr_ok(node.left)
+            and shape_expr_ok(node.right)
+        )
+    if isinstance(node, ast.UnaryOp):
+        return isinstance(node.op, ast.USub) and shape_expr_ok(node.operand)
+    if isinstance(node, ast.Constant):
+        return type(node.value) is int
+    if isinstance(node, ast.Subscript):  # L['x'].size()[0]
+        call, index = node.value, node.slice
+        return (
+            isinstance(index, ast.Constant)
+            and type(index.value) is int
+            and isinstance(call, ast.Call)
+            and not call.args
+            and not call.keywords
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("size", "stride")
+            and _frame_local(call.func.value)
+        )
+    return False
+
+
+def _source_chain(node: Any) -> bool:
+    """``L['x']`` followed by plain attributes and constant subscripts."""
+
+    while True:
+        if _frame_local(node):
+            return True
+        if (isinstance(node, ast.Attribute) and not node.attr.startswith("__")) or (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.slice, ast.Constant)
+            and type(node.slice.value) in (str, int)
+        ):
+            node = node.value
+        else:
+            return False
+
+
+def _frame_local(node: Any) -> bool:
+
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "L"
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    )
+
+
+def _shape_guards(root: Any) -> list[str]:
+    """Dynamo's epilogue shape guards as checked Python expressions."""
+
+    exprs = []
+    for guard in root.get_epilogue_lambda_guards():
+        if type(guard).__name__ != "LAMBDA_GUARD":
+            raise _NoLightGuards(f"epilogue guard {type(guard).__name__}")
+        for part in guard.verbose_code_parts():
+            expr = part.split("  #", 1)[0].strip()
+            try:
+                tree = ast.parse(expr, mode="eval")
+            except SyntaxError as exc:
+                raise _NoLightGuards(f"epilogue guard {expr!r}") from exc
+            if not shape_expr_ok(tree):
+                raise _NoLightGuards(f"epilogue guard {expr!r}")
+            exprs.append(expr)
+    return exprs
+
+
+def _light_step(accessor: Any) -> list[Any]:
+
+    text = accessor.repr()
+    m = re.fullmatch(r"(\w+)\((.*)\)", text, re.S)
+    if m is None:
+        if text == "GetGenericDictGuardAccessor":
+            return ["vars"]
+        raise _NoLightGuards(text)
+    kind, arg = m.groups()
+    if kind == "FrameLocalsGuardAccessor":
+        km = re.match(r"key=('(?:[^'\\]|\\.)*')", arg)
+        if km is None:
+            raise _NoLightGuards(text)
+        return ["local", ast.literal_eval(km.group(1))]
+    if kind == "DictGetItemGuardAccessor":
+        return ["item", ast.literal_eval(arg)]
+    if kind == "GetGenericDictGuardAccessor":
+        return ["vars"]
+    raise _NoLightGuards(text)
+
+
+_MISSING = object()
+
+
+def _apply_step(step: list[Any], value: Any) -> Any:
+    kind = step[0]
+    if kind == "local":
+        return value[step[1]]
+    if kind == "vars":
+        return value.__dict__
+    return value[step[1]]  # "item": a dict entry
+
+
+def _light_node(manager: Any, value: Any) -> dict[str, Any]:
+    has_value = value is not _MISSING
+    node: dict[str, Any] = {
+        "source": manager.get_source(),
+        "leaves": [_light_leaf(leaf, value, has_value) for leaf in manager.get_leaf_guards()],
+        "children": [],
+    }
+    kind = type(manager).__name__
+    if kind == "DictGuardManager":
+        if not has_value or type(value) is not dict:
+            raise _NoLightGuards(f"dict guard on {node['source']} without its saved value")
+        entries = manager.get_key_value_managers()
+        if len(entries) != len(value):
+            raise _NoLightGuards(f"dict guard on {node['source']} covers part of the dict")
+        keys, values = list(value), list(value.values())
+        node["dict"] = {
+            "size": len(value),
+            "entries": [
+                [
+                    int(i),
+                    _light_node(k, keys[i]) if k is not None else None,
+                    _light_node(v, values[i]) if v is not None else None,
+                ]
+                for i, (k, v) in sorted(entries.items())
+            ],
+        }
+    elif kind not in ("GuardManager", "RootGuardManager"):
+        raise _NoLightGuards(kind)
+    for accessor, child in zip(manager.get_accessors(), manager.get_child_managers()):
+        step = _light_step(accessor)
+        try:
+            child_value = _apply_step(step, value) if has_value else _MISSING
+        except (KeyError, AttributeError, TypeError, IndexError):
+            child_value = _MISSING
+        node["children"].append([step, _light_node(child, child_value)])
+    return node
+
+
+def light_guard_spec(guard_manager: Any, bound_self: Any) -> dict[str, Any] | None:
+    """Dynamo's guard tree as plain data the light check runs, or None if it cannot."""
+    try:
+        root = guard_manager.root
+        shape_guards = _shape_guards(root)
+        f_locals = {"self": bound_self} if bound_self is not None else {}
+        spec = _light_node(root, f_locals)
+        if shape_guards:
+            spec["shape_guards"] = shape_guards  # absent: no dynamic shapes (older files)
+        return spec
+    except Exception as exc:  # _NoLightGuards, or a code part we could not parse
+        logging.getLogger("torch_precompile").debug("no light guards: %s", exc)
+        return None

@@ -1,0 +1,96 @@
+"""Pickling functions by value where PyTorch's picklers would save a name that
+another process cannot import (functions defined inside functions, ``__main__``)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def reducer_override_patched(pickler: type, override: Callable[..., Any]) -> Iterator[None]:
+    """Swap a PyTorch pickler's reducer_override for the duration of one save."""
+    original = pickler.reducer_override
+    pickler.reducer_override = override  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        pickler.reducer_override = original  # type: ignore[method-assign]
+
+
+def findable_by_name(fn: types.FunctionType) -> bool:
+    """Whether pickle can find ``fn`` by module and qualified name (it is that object)."""
+
+    if "<locals>" in fn.__qualname__:
+        return False
+    obj: Any = sys.modules.get(fn.__module__)
+    for part in fn.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+def _rebuild_function(
+    code: types.CodeType,
+    module: str,
+    name: str,
+    qualname: str,
+    defaults: tuple[Any, ...] | None,
+    kwdefaults: dict[str, Any] | None,
+    closure: tuple[Any, ...] | None,
+    attrs: dict[str, Any],
+) -> types.FunctionType:
+    """Inverse of the by-value reduction in :func:`_functions_pickled_by_value`."""
+
+    try:
+        f_globals = importlib.import_module(module).__dict__
+    except ImportError:
+        # The code runs nowhere (Dynamo traced it into the graph); it is kept
+        # so that guards and closures that hold it can be rebuilt.
+        f_globals = {"__name__": module, "__builtins__": __builtins__}
+    fn = types.FunctionType(code, f_globals, name, defaults, closure)
+    fn.__qualname__ = qualname
+    fn.__kwdefaults__ = kwdefaults
+    fn.__dict__.update(attrs)
+    return fn
+
+
+def function_by_value(fn: types.FunctionType) -> tuple[Any, tuple[Any, ...]]:
+    """A pickle reduction that rebuilds ``fn`` from its code, not its name."""
+    return _rebuild_function, (
+        fn.__code__,
+        fn.__module__,
+        fn.__name__,
+        fn.__qualname__,
+        fn.__defaults__,
+        fn.__kwdefaults__,
+        fn.__closure__,
+        dict(fn.__dict__),
+    )
+
+
+@contextlib.contextmanager
+def functions_pickled_by_value() -> Iterator[None]:
+    """Pickle functions that pickle cannot find by qualified name by value.
+
+    A decorated method (``functools.wraps``) keeps the undecorated function in
+    its closure under the same qualified name, which now names the wrapper;
+    pickle by reference fails on it ("not the same object as ..."). PyTorch
+    already saves ``<locals>`` functions by value; this covers the rest.
+    """
+    from torch._dynamo.aot_compile import AOTCompilePickler
+
+    original = AOTCompilePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        by_value = inspect.isfunction(obj) and "<locals>" not in obj.__qualname__
+        if by_value and not findable_by_name(obj):
+            return function_by_value(obj)
+        return original(self, obj)
+
+    with reducer_override_patched(AOTCompilePickler, reducer_override):
+        yield

@@ -328,3 +328,24 @@ def test_output_structures_become_code() -> None:
     assert code is None and why == "a returned tensor is neither a graph output nor a graph input"
     code, _, why = _rebuilt(_CustomInit(a), [a], [])
     assert code is None and "cannot be rebuilt" in why
+
+
+def test_loaded_artifact_module_checks_the_guard_tree_in_plain_python(
+    convnet: dict, tmp_path: Path
+) -> None:
+    """After a lean load the whole guard check is plain Python in the module: the typed
+    guards' ifs, then PyTorch's guard tree (strides, aliasing, structure) as a function."""
+    loaded = Precompile.load(convnet["root"] / "convnet.pt")
+    src = loaded.to_python(tmp_path / "tree_gen.py")
+    assert "\ndef _guard_tree(L, seen, T):\n" in src
+    assert "ok = _guard_tree({'self': MODEL, 'x': x}, seen, T)" in src
+    assert "PARTS.check_structure(" not in src
+    gen = _import(tmp_path / "tree_gen.py", "tree_gen")
+    (x,) = convnet["args"]
+    with torch.no_grad():
+        torch.testing.assert_close(gen.forward(x), loaded(x))
+        # Same shape, dtype and device, other strides: only the tree can refuse it.
+        strided = x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        assert strided.shape == x.shape and strided.stride() != x.stride()
+        with pytest.raises(GuardError, match=r"guard tree|stride"):
+            gen.forward(strided)

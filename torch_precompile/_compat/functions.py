@@ -236,7 +236,6 @@ def compiled_function_globals(fn: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-@contextlib.contextmanager
 def stubbed_compiled_graph(fn: Any, outputs: list[Any]) -> Iterator[list[tuple[Any, ...]]]:
     """Run an AOTCompiledFunction's bytecode with its compiled graph replaced by a stub
     that returns ``outputs`` (no kernel runs); yields the flat inputs of each call."""

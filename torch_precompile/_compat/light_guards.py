@@ -60,6 +60,7 @@ class LightGuards:
         from torch.utils import _device
 
         namespace["utils_device"] = _device
+        self.namespace = dict(namespace)  # what ``source`` reads besides its arguments
         exec(compile(source, "<torch_precompile light guards>", "exec"), namespace)
         self._fn = namespace["light_check"]
         self.source = source
@@ -86,6 +87,11 @@ class LightGuards:
                 return False
         except (KeyError, AttributeError, TypeError, IndexError, ValueError):
             return False
+        return self.collected_ok(seen, tensors)
+
+    def collected_ok(self, seen: dict[str, Any], tensors: list[Any]) -> bool:
+        """The tensors ``source`` collected (``T``), and the aliasing between the values
+        it recorded (``seen``), against what the capture saw."""
         mode = self._tensor_inference_mode
         if mode is None or mode == torch.is_inference_mode_enabled():
             tensors_ok = self._tensors_ok(tensors)

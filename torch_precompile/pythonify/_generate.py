@@ -24,6 +24,7 @@ import os
 import tempfile
 from typing import TYPE_CHECKING
 
+from .._runtime import CheckGuards
 from ..guards._python import literal as _literal
 from ._names import LOCAL_NAME, MODULE_NAMES, Emitter, Names, source_expr
 from ._output import Output, output_of
@@ -32,6 +33,7 @@ from ._steps import (
     emit_call_and_output,
     emit_extraction,
     emit_grad_mode,
+    emit_guard_tree,
     emit_model_checks,
 )
 
@@ -110,6 +112,7 @@ def generate(artifact: PrecompiledArtifact, artifact_path: str) -> str:
     e = Emitter()
     _emit_header(e, artifact, artifact_path, sources, observed)
     emit_model_checks(e, artifact, names)
+    emit_guard_tree(e, next(s for s in runtime.checks if isinstance(s, CheckGuards)))
     e("")
     e("")
     e(f"def forward{fwd_sig}:")

@@ -13,10 +13,11 @@ MODULE_NAMES = frozenset(
         "torch", "GuardError", "Identity", "parts_of", "plain", "dtype_name", "identity_of",
         "describe_identity", "global_state", "autocast_enabled", "any_requires_grad", "Precompile",
         "ARTIFACT", "ARTIFACT_PATH", "PARTS", "MODEL", "PARAMS", "BUFFERS", "CLOSURE", "GLOBALS",
-        "COMPILED_GRAPH", "DEFAULTS", "forward", "graph_out", "lo", "hi",
+        "COMPILED_GRAPH", "DEFAULTS", "forward", "graph_out", "lo", "hi", "seen", "T", "ok",
+        "_guard_tree", "tf_stack_len", "top_hooks", "utils_device",
     ]
 )  # fmt: skip
-LOCAL_NAME = re.compile(r"(arg|value|s)\d+")
+LOCAL_NAME = re.compile(r"(arg|value|s|k|v)\d+")
 
 
 @dataclasses.dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any
 
 from .._runtime import CheckGuards, CheckHooks, CheckIdentities, CheckIndices
@@ -39,7 +40,7 @@ def emit_model_checks(e: Emitter, artifact: PrecompiledArtifact, names: Names) -
         if g.kind in ("tensor", "value") and is_model_side(g.subject, names):
             tables = g.kind == "tensor"
             read = lambda text, tables=tables: source_expr(text, names, tables)  # noqa: E731
-            emitted += _emit_guard(e, g, read, 1, "PARTS.check_structure in forward()")
+            emitted += _emit_guard(e, g, read, 1, "the guard tree in forward()")
     if not emitted:
         e("return None", 1)
     e("")
@@ -87,7 +88,7 @@ def _emit_hooks(e: Emitter, step: CheckHooks, names: Names) -> None:
 
 def _emit_guards(e: Emitter, step: CheckGuards, names: Names) -> None:
     e.section("guards: global state and inputs")
-    manager = "PARTS.check_structure below"
+    manager = "the guard tree below"
     read = lambda text: source_expr(text, names)  # noqa: E731
     temp = 0
     for g in step.guards:
@@ -111,20 +112,57 @@ def _emit_guards(e: Emitter, step: CheckGuards, names: Names) -> None:
         else:
             _emit_guard(e, g, read, 1, manager)
     e.section("guards: the rest of PyTorch's guard tree")
-    e("# Strides, aliasing between inputs, module structure and attributes: the", 1)
-    e("# artifact's guard manager (plain Python after a lean load). Failures are", 1)
-    e("# explained in the words of the guards above.", 1)
-    e(f"PARTS.check_structure({f_locals_expr(names)})", 1)
+    e("# Strides, aliasing between inputs, module structure and attributes. Failures", 1)
+    e("# are explained in the words of the guards above.", 1)
+    if tree_source(step) is not None:
+        e("seen, T = {}, []  # values recorded for the aliasing check, tensors collected", 1)
+        e("try:", 1)
+        e(f"ok = _guard_tree({f_locals_expr(names)}, seen, T)", 2)
+        e("except (KeyError, AttributeError, TypeError, IndexError, ValueError):", 1)
+        e("ok = False", 2)
+        e("if not (ok and PARTS.tree_collected_ok(seen, T)):", 1)
+        e(f"PARTS.explain({f_locals_expr(names)})", 2)
+    else:
+        e("# (Dynamo's own guard manager: this artifact has no plain-Python translation)", 1)
+        e(f"PARTS.check_structure({f_locals_expr(names)})", 1)
     noted = [g for g in step.guards if g.kind in ("system", "structure", "dropped")]
     if noted:
         e.section("guards checked elsewhere")
         for g in noted:
             where = {
                 "system": "Precompile.load, at import",
-                "structure": "PARTS.check_structure above",
+                "structure": "the guard tree above",
                 "dropped": "no one (PyTorch cannot save them)",
             }[g.kind]
             e(f"# [{g.phase}] {g.expr}  -- checked by {where}", 1)
+
+
+def tree_source(step: CheckGuards) -> str | None:
+    """The guard tree's plain-Python source (a lean load's translation), or None."""
+    light = getattr(step.guard_manager, "light", None)
+    return getattr(light, "source", None)
+
+
+def emit_guard_tree(e: Emitter, step: CheckGuards) -> None:
+    """The guard tree as a module-level function ``_guard_tree(L, seen, T)``."""
+    source = tree_source(step)
+    if source is None:
+        return
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    e("")
+    e("")
+    e("# PyTorch's guard tree as plain Python: the lean load's translation of Dynamo's")
+    e("# guard manager, walking the model and the arguments as the C++ manager does.")
+    e("# Its constants (k0, k1, ...) are rebuilt from the artifact file.")
+    e(f"if PARTS.tree is None or PARTS.tree_digest() != {digest!r}:")
+    e(
+        'raise ImportError("the artifact loaded here without this guard tree: '
+        'call to_python() again")',
+        1,
+    )
+    e("globals().update(PARTS.tree.namespace)")
+    for line in source.rstrip().splitlines():
+        e(line.replace("def light_check(L, seen, T):", "def _guard_tree(L, seen, T):"))
 
 
 def _emit_identities(e: Emitter, step: CheckIdentities, names: Names) -> None:

@@ -9,6 +9,7 @@ internals change.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 import torch
@@ -56,6 +57,31 @@ class Parts:
         failure = self._hooks.check(Frame((), {}, f_locals))
         if failure is not None:
             raise failure
+
+    @property
+    def tree(self) -> Any:
+        """The guard tree as plain Python (a lean load's light guards), or None."""
+        return getattr(self._guard_manager, "light", None)
+
+    def tree_digest(self) -> str | None:
+        """A short digest of the guard tree's source (a generated module checks it)."""
+        tree = self.tree
+        if tree is None:
+            return None
+        return hashlib.sha256(tree.source.encode()).hexdigest()[:16]
+
+    def tree_collected_ok(self, seen: dict[str, Any], tensors: list[Any]) -> bool:
+        """Strides, dispatch keys and aliasing of the tensors the tree collected."""
+        return bool(self.tree.collected_ok(seen, tensors))
+
+    def explain(self, f_locals: dict[str, Any]) -> None:
+        """Raise the GuardError that says which guard this call breaks."""
+        reason = "the guard tree (strides, aliasing, module structure) differs"
+        for g in self._guards:
+            error = g.error(call_of(self._guards, f_locals))
+            if error is not None:
+                raise error
+        raise GuardError(f"a guard failed: {reason} [dynamo]")
 
     def check_structure(self, f_locals: dict[str, Any]) -> None:
         """The rest of the guard tree (strides, aliasing, module structure, attributes):

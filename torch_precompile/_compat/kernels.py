@@ -300,9 +300,9 @@ def kernel_file_without_compiling(argtypes: list[str], source: str) -> str | Non
 
 
 def shipped_kernels_enabled() -> bool:
-    """``TORCH_PRECOMPILESHIPPED_KERNELS=0`` makes the full path compile every kernel."""
+    """``TORCH_PRECOMPILE_SHIPPED_KERNELS=0`` makes the full path compile every kernel."""
 
-    return os.environ.get("TORCH_PRECOMPILESHIPPED_KERNELS", "1") != "0"
+    return os.environ.get("TORCH_PRECOMPILE_SHIPPED_KERNELS", "1") != "0"
 
 
 @contextlib.contextmanager

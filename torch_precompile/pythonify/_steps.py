@@ -165,24 +165,26 @@ def emit_guard_tree(e: Emitter, step: CheckGuards) -> None:
         e(line.replace("def light_check(L, seen, T):", "def _guard_tree(L, seen, T):"))
 
 
-def _emit_identities(e: Emitter, step: CheckIdentities, names: Names) -> None:
-    entries = [g for g, _ in step.identities.local]
+def _emit_entries(e: Emitter, title: str, entries: list[Guard], names: Names, where: str) -> None:
+    """A section of guards printed in their own Python form (nothing when empty)."""
     if not entries:
         return
-    e.section("identities of the functions the traced code called [dynamo]")
+    e.section(title)
     read = lambda text: source_expr(text, names)  # noqa: E731
     for g in entries:
-        _emit_guard(e, g, read, 1, "Precompile.load (globals are checked once)")
+        _emit_guard(e, g, read, 1, where)
+
+
+def _emit_identities(e: Emitter, step: CheckIdentities, names: Names) -> None:
+    entries = [g for g, _ in step.identities.local]
+    title = "identities of the functions the traced code called [dynamo]"
+    _emit_entries(e, title, entries, names, "Precompile.load (globals are checked once)")
 
 
 def _emit_indices(e: Emitter, step: CheckIndices, names: Names) -> None:
     entries = [g for _, g in step.indices.checks]
-    if not entries:
-        return
-    e.section("index inputs in range, IndexError as eager [inductor]")
-    read = lambda text: source_expr(text, names)  # noqa: E731
-    for g in entries:
-        _emit_guard(e, g, read, 1, "the kernels (CUDA asserts)")
+    title = "index inputs in range, IndexError as eager [inductor]"
+    _emit_entries(e, title, entries, names, "the kernels (CUDA asserts)")
 
 
 STEP_EMITTERS: dict[type, Any] = {

@@ -17,7 +17,7 @@ import torch
 from .. import _compat
 from .._errors import GuardError
 from .._runtime import CheckHooks, Frame
-from ..guards import Guards, Identity, call_of, identity_of
+from ..guards import Guards, Identity, diagnose, identity_of
 from ..guards._python import dtype_name, plain
 
 __all__ = [
@@ -77,22 +77,14 @@ class Parts:
     def explain(self, f_locals: dict[str, Any]) -> None:
         """Raise the GuardError that says which guard this call breaks."""
         reason = "the guard tree (strides, aliasing, module structure) differs"
-        for g in self._guards:
-            error = g.error(call_of(self._guards, f_locals))
-            if error is not None:
-                raise error
-        raise GuardError(f"a guard failed: {reason} [dynamo]")
+        raise diagnose(self._guards, f_locals, reason)
 
     def check_structure(self, f_locals: dict[str, Any]) -> None:
         """The rest of the guard tree (strides, aliasing, module structure, attributes):
         PyTorch's guard manager, or its plain-Python translation after a lean load."""
         if not self._guard_manager.check(f_locals):
             reason = _compat.guard_failure_reason(self._guard_manager, f_locals)
-            for g in self._guards:
-                error = g.error(call_of(self._guards, f_locals))
-                if error is not None:
-                    raise error
-            raise GuardError(f"a guard failed: {reason} [dynamo]")
+            raise diagnose(self._guards, f_locals, reason)
 
 
 def parts_of(artifact: Any) -> Parts:

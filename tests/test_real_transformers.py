@@ -189,6 +189,48 @@ def test_fresh_process_load_matches_eager(fresh_results: dict[str, Any], name: s
     assert result["ok"], result["error"]
 
 
+_LEAN = """
+import json, sys
+import torch
+from torch_precompile import Precompile
+
+cases, out = json.loads(sys.argv[1]), {}
+for name, case in cases.items():
+    art = Precompile.load(case["path"])
+    ids, want = torch.load(case["ids"]), torch.load(case["logits"])
+    with torch.no_grad():
+        got = art(ids).logits
+    out[name] = {"diff": (got - want).abs().max().item(), "path": type(art.compiled_function).__name__}
+heavy = ("torch._dynamo", "torch._inductor.compile_fx", "sympy")
+out["imported"] = sorted(
+    m for m in sys.modules if m in heavy or m.startswith("transformers.models.")
+)
+print(json.dumps(out))
+"""
+
+
+def test_decoders_load_lean_without_their_library_or_dynamo(
+    built: dict[str, Any], tmp_path: Path
+) -> None:
+    """GPT-2 and Llama load and run in a fresh process without a compiler, and neither
+    their modeling or configuration modules (which import most of ``transformers``,
+    Dynamo among it) nor Dynamo, Inductor's compiler or sympy are imported: the
+    artifact carries its kernels, light guards and a stand-in of the config."""
+    cases = {}
+    for name in ("gpt2", "llama_gqa"):
+        _, args, kwargs = MODELS[name]
+        ids, logits = tmp_path / f"{name}.ids", tmp_path / f"{name}.logits"
+        torch.save(args[0], ids)
+        torch.save(built[name]["want"].logits, logits)
+        cases[name] = {"path": str(built[name]["path"]), "ids": str(ids), "logits": str(logits)}
+    proc = run_script(_LEAN, json.dumps(cases), env=no_compiler_env(tmp_path))
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["imported"] == [], out["imported"]
+    for name in cases:
+        assert out[name]["path"] == "FastCompiledFunction", out[name]
+        assert out[name]["diff"] < 1e-4, out[name]
+
+
 def test_static_artifact_refuses_another_shape_after_load(built: dict[str, Any]) -> None:
     art = Precompile.load(built["gpt2"]["path"])
     with torch.no_grad(), pytest.raises(GuardError, match=r"args\[0\]|input_ids"):

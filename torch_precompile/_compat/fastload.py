@@ -30,9 +30,10 @@ import functools
 import importlib
 import importlib.util
 import logging
-import marshal
 import pickle
 import re
+import sys
+import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -49,6 +50,7 @@ from .kernels import (
 )
 from .light_guard_spec import light_guard_spec
 from .light_guards import LightGuards, TieredGuardManager, load_dynamo_guard_manager
+from .pickling import dumps_lean, loads_code
 
 FASTLOAD_VERSION = 1
 LEAN_DEVICES = ("cpu", "cuda")  # C++ kernels (shared objects), Triton kernels (cubins)
@@ -189,13 +191,12 @@ def cpu_fast_sections(
         binaries.update(cubins)
     env = fn._artifacts.runtime_env
     try:
-        used_globals = pickle.dumps(dict(env.used_globals), protocol=pickle.HIGHEST_PROTOCOL)
+        used_globals = dumps_lean(dict(env.used_globals))
         signature = pickle.dumps(fn._artifacts.signature, protocol=pickle.HIGHEST_PROTOCOL)
         # A closure's cells hold values the compiled code reads (and guards check);
-        # they travel by value, as PyTorch's serialization carries them.
-        closure = pickle.dumps(
-            [cell.cell_contents for cell in env.closure or ()], protocol=pickle.HIGHEST_PROTOCOL
-        )
+        # they travel by value, as PyTorch's serialization carries them (a decorated
+        # method's undecorated function included).
+        closure = dumps_lean([cell.cell_contents for cell in env.closure or ()])
     except Exception as exc:
         return None, f"the closure or globals cannot be pickled ({type(exc).__name__}: {exc})"
     spec = {
@@ -204,8 +205,9 @@ def cpu_fast_sections(
         "wrapper": sources[0],
         "extern_kernels": extern_names,
         "inputs_to_check": [int(i) for i in (graphs[0].inputs_to_check or ())],
-        "bytecode": marshal.dumps(env.bytecode),
+        "bytecode": dumps_lean(env.bytecode),
         "import_sources": dict(env.import_sources),
+        "global_homes": global_homes(env.bytecode, env.import_sources),
         "used_globals": used_globals,
         "used_global_names": sorted(env.used_globals),
         "external_refs": sorted(env.external_refs),
@@ -214,7 +216,7 @@ def cpu_fast_sections(
         "kwdefaults": env.kwdefaults,
         "backend_id": fn._artifacts.backend_id,
         "signature": signature,
-        "original_code": marshal.dumps(fn._artifacts.original_code),
+        "original_code": dumps_lean(fn._artifacts.original_code),
         "guards_state": fn._artifacts.guards_state,
         "light_guards": light_guard_spec(fn._artifacts.guard_manager, bound_self),
         "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
@@ -275,7 +277,7 @@ def load_fast_compiled_function(
             bw_call.call_list,
         )
     fn = bytecode_function(spec, graph_call, module_globals)
-    original_code = marshal.loads(spec["original_code"])
+    original_code = loads_code(spec["original_code"])
     light = None
     if spec.get("light_guards") is not None:
         try:
@@ -348,21 +350,94 @@ class _DynamoUtils:
     def call_storage_offset(x: Any) -> int:
         return x.storage_offset()
 
+    # Side effects replayed after the graph: an attribute written to (or deleted
+    # from) an object's instance dict, as Dynamo's helpers do for plain objects.
+    @staticmethod
+    def object_setattr_ignore_descriptor(obj: Any, name: str, value: Any) -> None:
+        _instance_dict(obj)[name] = value
+
+    @staticmethod
+    def object_delattr_ignore_descriptor(obj: Any, name: str) -> None:
+        del _instance_dict(obj)[name]
+
     def __getattr__(self, name: str) -> Any:
         return getattr(importlib.import_module("torch._dynamo.utils"), name)
 
 
-# Compiler packages a bytecode may name but rarely reads at run time: imported
-# when an attribute is first read, not at load.
-_LAZY_PREFIXES = ("torch._dynamo", "torch._inductor", "torch._functorch")
+def _instance_dict(obj: Any) -> dict[str, Any]:
+    try:
+        return object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        if not isinstance(obj, threading.local):
+            raise
+        return threading.local.__getattribute__(obj, "__dict__")  # type: ignore[no-any-return]
 
 
 class _LazyModule(types.ModuleType):
     """A module imported on first attribute access; named as the module, so that
-    identity guards on the global (a module, by name) hold without importing it."""
+    identity guards on the global (a module, by name) hold without importing it.
+
+    ``homes``: names the module re-exports from elsewhere (``modeling_llama``'s
+    ``CausalLMOutputWithPast`` is ``modeling_outputs``'s), as ``[module,
+    qualname]`` where each was defined: read from there, without importing this
+    module. They were the same object at save; until this module is imported
+    nothing can have rebound them, and once it is, the artifact's identity
+    guards on its globals are checked.
+    """
+
+    def __init__(self, name: str, homes: dict[str, list[str]] | None = None) -> None:
+        super().__init__(name)
+        self.__homes = homes or {}
 
     def __getattr__(self, attr: str) -> Any:
+        home = self.__homes.get(attr)
+        if home is not None and self.__name__ not in sys.modules:
+            obj: Any = importlib.import_module(home[0])
+            for part in home[1].split("."):
+                obj = getattr(obj, part)
+            return obj
         return getattr(importlib.import_module(self.__name__), attr)
+
+
+def global_homes(code: types.CodeType, import_sources: Mapping[str, str]) -> dict[str, Any]:
+    """For each module the bytecode names, the classes and functions it may read from
+    it that are defined in another module: ``{alias: {name: [module, qualname]}}``."""
+    homes: dict[str, dict[str, list[str]]] = {}
+    for alias, module_name in import_sources.items():
+        module = sys.modules.get(module_name)
+        if module is None or module_name.startswith("torch"):
+            continue
+        for name in code.co_names:
+            value = getattr(module, name, None)
+            if not isinstance(value, (type, types.FunctionType)):
+                continue
+            home, qualname = value.__module__, value.__qualname__
+            if home == module_name or "<locals>" in qualname:
+                continue
+            if _named(home, qualname) is value:
+                homes.setdefault(alias, {})[name] = [home, qualname]
+    return homes
+
+
+def _named(module: str, qualname: str) -> Any:
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _bytecode_global_module(module_name: str, homes: dict[str, list[str]] | None = None) -> Any:
+    """What a bytecode's global names for ``module_name``: the module if imported,
+    else a stand-in that imports it when the bytecode first reads from it.
+
+    Dynamo's bytecode names every module its sources went through (a model
+    library's modules, ``torch._dynamo.polyfills``) but at run time reads few of
+    them, often none: a load imports none of them.
+    """
+    if module_name == "torch._dynamo.utils":
+        return _DynamoUtils()
+    loaded = sys.modules.get(module_name)
+    return loaded if loaded is not None else _LazyModule(module_name, homes)
 
 
 def bytecode_function(
@@ -373,18 +448,14 @@ def bytecode_function(
     """Dynamo's transformed bytecode as a function, with the graph bound to its backend name."""
 
     f_globals: dict[str, Any] = {
-        alias: _DynamoUtils()
-        if module_name == "torch._dynamo.utils"
-        else _LazyModule(module_name)
-        if module_name.startswith(_LAZY_PREFIXES)
-        else importlib.import_module(module_name)
+        alias: _bytecode_global_module(module_name, spec.get("global_homes", {}).get(alias))
         for alias, module_name in spec["import_sources"].items()
     }
     f_globals.update(pickle.loads(spec["used_globals"]))
     f_globals.update(module_globals or {})  # e.g. an output dataclass, as PyTorch's path does
     f_globals["__builtins__"] = __builtins__
     f_globals[spec["backend_id"]] = graph_call
-    code = marshal.loads(spec["bytecode"])
+    code = loads_code(spec["bytecode"])
     closure = None
     if spec.get("closure") is not None:
         closure = tuple(types.CellType(v) for v in pickle.loads(spec["closure"]))

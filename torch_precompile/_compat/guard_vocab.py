@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .._config_standin import is_config
 from .capture import UNSERIALIZABLE_GUARD_KINDS
 from .guard_manager import (
     guard_filter_entry_derived_kinds,
@@ -101,6 +102,8 @@ def save_candidate(entry: Any) -> SaveCandidate:
     drop: str | None = None
     if (kind in ("TYPE_MATCH", "ID_MATCH") and isinstance(value, torch.nn.Module)) or module_class:
         drop = "module type"
+    elif kind == "TYPE_MATCH" and name.startswith("self.") and is_config(value):
+        drop = "config type"
     elif "type(" in name:
         drop = "class attribute"
     elif kind in UNSERIALIZABLE_GUARD_KINDS or any(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import logging
 import re
+import sys
 from typing import Any
 
 import torch
@@ -78,11 +79,14 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
             return ["no_dynamic_marking", attrs, dynamic]
         return ["no_dynamic_marking", attrs]
     text = _code_part(leaf)
-    if kind == "NO_HASATTR":  # torch 2.11 spells the dynamic-marking checks one per leaf
-        m = re.fullmatch(r"hasattr\(.*, '(_dynamo_\w+)'\) == False", text)
+    if kind == "NO_HASATTR":
+        m = re.fullmatch(r"(?:not hasattr\(.*, '(\w+)'\))|(?:hasattr\(.*, '(\w+)'\) == False)", text)
         if m is None:
             raise _NoLightGuards(text)
-        return ["no_dynamic_marking", [m.group(1)]]
+        name = m.group(1) or m.group(2)
+        if name.startswith("_dynamo_"):  # torch 2.11 spells dynamic-marking checks one per leaf
+            return ["no_dynamic_marking", [name]]
+        return ["no_attr", name]
     if kind == "TENSOR_MATCH":
         m = _TENSOR_RE.fullmatch(text)
         if m is None or m["cls"] not in ("Tensor", "Parameter"):
@@ -98,9 +102,16 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
         return ["no_aliasing", [s.strip() for s in text[len(prefix) : -1].split(", ")]]
     if kind == "TYPE_MATCH":
         m = re.search(r"type=<class '([\w.]+)'>", leaf.verbose_code_parts()[0])
-        if m is None or m.group(1) not in LIGHT_TYPES:
+        if m is not None and m.group(1) in LIGHT_TYPES:
+            return ["type", m.group(1)]
+        # Another class: checked by identity with the class of that name, which the
+        # object's own module (imported, since the object exists) defines.
+        cls = type(value)
+        if m is None or not has_value or f"{cls.__module__}.{cls.__qualname__}" != m.group(1):
             raise _NoLightGuards(text)
-        return ["type", m.group(1)]
+        if "<locals>" in cls.__qualname__ or named_class(cls.__module__, cls.__qualname__) is not cls:
+            raise _NoLightGuards(f"{text}: the class cannot be found by its name")
+        return ["class", cls.__module__, cls.__qualname__]
     if kind == "EQUALS_MATCH":
         expected = _rhs_after(text, " == ")
         if has_value and not (type(value) is type(expected) and value == expected):
@@ -129,6 +140,14 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
     if kind == "LAMBDA_GUARD" and text == _SAVED_TENSOR_HOOKS_GUARD:
         return ["no_saved_tensor_hooks"]
     raise _NoLightGuards(f"{kind}: {text}")
+
+
+def named_class(module: str, qualname: str) -> Any:
+    """The object ``module.qualname`` names among the modules already imported (or None)."""
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def _dim(text: str) -> int | None:
@@ -229,13 +248,23 @@ def _shape_guards(root: Any) -> list[str]:
     return exprs
 
 
-def _light_step(accessor: Any) -> list[Any]:
+# Accessors Dynamo prints without an argument, as steps.
+_BARE_STEPS: dict[str, list[Any]] = {
+    "GetGenericDictGuardAccessor": ["vars"],
+    "FuncDefaultsGuardAccessor": ["attr", "__defaults__"],
+    "FuncKwDefaultsGuardAccessor": ["attr", "__kwdefaults__"],
+}
 
+
+def _light_step(accessor: Any) -> list[Any]:
+    """One accessor of the tree as a step from a value to its child: ``["local",
+    name]``, ``["item", key]``, ``["attr", name]`` (``getattr``), ``["oattr", name]``
+    (``object.__getattribute__``) or ``["vars"]``."""
     text = accessor.repr()
+    if text in _BARE_STEPS:
+        return list(_BARE_STEPS[text])
     m = re.fullmatch(r"(\w+)\((.*)\)", text, re.S)
     if m is None:
-        if text == "GetGenericDictGuardAccessor":
-            return ["vars"]
         raise _NoLightGuards(text)
     kind, arg = m.groups()
     if kind == "FrameLocalsGuardAccessor":
@@ -243,10 +272,17 @@ def _light_step(accessor: Any) -> list[Any]:
         if km is None:
             raise _NoLightGuards(text)
         return ["local", ast.literal_eval(km.group(1))]
-    if kind == "DictGetItemGuardAccessor":
-        return ["item", ast.literal_eval(arg)]
-    if kind == "GetGenericDictGuardAccessor":
-        return ["vars"]
+    if kind in ("DictGetItemGuardAccessor", "GetItemGuardAccessor"):
+        key = ast.literal_eval(arg)
+        if type(key) not in (str, int):
+            raise _NoLightGuards(text)
+        return ["item", key]
+    if kind in ("TupleGetItemGuardAccessor", "ListGetItemGuardAccessor"):
+        return ["item", int(arg)]
+    if kind in ("GetAttrGuardAccessor", "GenericGetAttrGuardAccessor"):
+        if not re.fullmatch(r"\w+", arg):
+            raise _NoLightGuards(text)
+        return ["attr" if kind == "GetAttrGuardAccessor" else "oattr", arg]
     raise _NoLightGuards(text)
 
 
@@ -255,11 +291,13 @@ _MISSING = object()
 
 def _apply_step(step: list[Any], value: Any) -> Any:
     kind = step[0]
-    if kind == "local":
-        return value[step[1]]
     if kind == "vars":
         return value.__dict__
-    return value[step[1]]  # "item": a dict entry
+    if kind == "attr":
+        return getattr(value, step[1])
+    if kind == "oattr":
+        return object.__getattribute__(value, step[1])
+    return value[step[1]]  # "local" or "item"
 
 
 def _light_node(manager: Any, value: Any) -> dict[str, Any]:

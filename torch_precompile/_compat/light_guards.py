@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .light_guard_spec import LIGHT_TYPES, shape_expr_ok
+from .light_guard_spec import LIGHT_TYPES, named_class, shape_expr_ok
 
 # (python type, dtype, requires_grad, size, stride, dispatch keys, device): a size
 # or stride of None is dynamic; a device of None is the CPU, an int a CUDA index.
@@ -56,6 +56,7 @@ class LightGuards:
             **self._consts,
             "tf_stack_len": torch._C._len_torch_function_stack,
             "top_hooks": torch._C._autograd._top_saved_tensors_default_hooks,
+            "named_class": named_class,
         }
         from torch.utils import _device
 
@@ -235,6 +236,11 @@ class LightGuards:
             item = self._var()
             if step[0] == "vars":
                 self._lines.append(f"    {item} = {var}.__dict__")
+            elif step[0] == "attr":
+                self._lines.append(f"    {item} = getattr({var}, {self._const(str(step[1]))})")
+            elif step[0] == "oattr":
+                name = self._const(str(step[1]))
+                self._lines.append(f"    {item} = object.__getattribute__({var}, {name})")
             else:
                 self._lines.append(f"    {item} = {var}[{self._const(step[1])}]")
             self._emit_node(child, item, _depth + 1)
@@ -286,6 +292,13 @@ class LightGuards:
             pass  # checked once every value is known
         elif kind == "type":
             self._fail_unless(f"type({v}) is {self._const(LIGHT_TYPES[leaf[1]])}")
+        elif kind == "class":
+            # The class of that name, looked up when checked: an instance of it
+            # means its module is imported; nothing is imported here.
+            module, qualname = self._const(str(leaf[1])), self._const(str(leaf[2]))
+            self._fail_unless(f"named_class({module}, {qualname}) is type({v})")
+        elif kind == "no_attr":
+            self._fail_unless(f"not hasattr({v}, {self._const(str(leaf[1]))})")
         elif kind == "equals":
             expected = self._const(leaf[1])
             self._fail_unless(f"type({v}) is {self._const(type(leaf[1]))} and {v} == {expected}")

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .._config_standin import class_level_values, is_config, standin_class
+
 _PLAIN = (bool, int, float, str, type(None))
 _SKIP_ATTRS = frozenset(
     {
@@ -33,9 +35,10 @@ _SKIP_ATTRS = frozenset(
         "_load_state_dict_post_hooks",
     }
 )
-# Skeletons before this version held plain values as ``[type name, JSON value]``
-# and configs of plain values only; they still load.
-SKELETON_VERSION = 2
+# Skeletons of version 1 held plain values as ``[type name, JSON value]`` and configs
+# of plain values only; version 2 held configs as instances of their class (tag
+# ``object``); both still load. Version 3 holds configs as stand-ins (tag ``config``).
+SKELETON_VERSION = 3
 
 
 class _Unencodable(Exception):
@@ -62,7 +65,7 @@ def encode_value(value: Any, memo: dict[int, int], depth: int = 0) -> list[Any]:
     if id(value) in memo:
         return ["same", memo[id(value)]]
     encoded = _encode_object(value, memo, depth)
-    if encoded[0] in ("seq", "map", "object") and encoded[1].get("type") != "tuple":
+    if encoded[0] in ("seq", "map", "object", "config") and encoded[1].get("type") != "tuple":
         memo[id(value)] = len(memo)
         encoded[1]["memo"] = memo[id(value)]
     return encoded
@@ -97,14 +100,41 @@ def _encode_object(value: Any, memo: dict[int, int], depth: int) -> list[Any]:
                 ],
             },
         ]
-    if _is_config(value):
-        try:  # what load does: an instance without __init__, then its __dict__
-            type(value).__new__(type(value))
-        except Exception as exc:
-            raise _Unencodable(f"{type(value).__qualname__} cannot be made empty") from exc
+    if is_config(value):
+        # A stand-in without the config's class (see torch_precompile._config_standin).
         state = {k: encode_value(v, memo, depth + 1) for k, v in vars(value).items()}
-        return ["object", {"class": _reference(type(value)), "state": state}]
+        values, methods = class_level_values(value)
+        encoded_values = {}
+        for name, v in values.items():
+            trial = dict(memo)
+            try:
+                encoded = encode_value(v, trial, depth + 1)
+            except _Unencodable:
+                continue
+            if not _imports(encoded):  # a class or function would import its library
+                encoded_values[name] = encoded
+                memo.update(trial)
+        return [
+            "config",
+            {
+                "class": _reference(type(value)),
+                "state": state,
+                "class_values": encoded_values,
+                "methods": sorted(methods),
+            },
+        ]
     raise _Unencodable(type(value).__qualname__)
+
+
+def _imports(encoded: Any) -> bool:
+    """Whether decoding ``encoded`` imports a module (a class, function or enum)."""
+    if isinstance(encoded, list):
+        if len(encoded) == 2 and encoded[0] in ("ref", "enum", "partial", "object"):
+            return True
+        return any(_imports(e) for e in encoded)
+    if isinstance(encoded, dict):
+        return any(_imports(e) for e in encoded.values())
+    return False
 
 
 def decode_value(encoded: list[Any], memo: dict[int, Any]) -> Any:
@@ -123,6 +153,15 @@ def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
         return payload
     if tag == "tuple":  # version 1
         return _to_tuple(payload)
+    if tag == "config" and "state" in payload:  # a stand-in of a config object
+        cls = standin_class(*payload["class"], {}, payload["methods"])
+        obj = cls.__new__(cls)
+        memo[payload["memo"]] = obj  # before its state: the state may refer back to it
+        # In the order they were encoded: a later value may refer to an earlier one.
+        obj.__dict__.update({k: decode_value(v, memo) for k, v in payload["state"].items()})
+        for name, value in payload["class_values"].items():
+            setattr(cls, name, decode_value(value, memo))
+        return obj
     if tag == "config":  # version 1
         obj = _new_instance(_find_class(payload["module"], payload["qualname"]))
         for key, (type_name, value) in payload["state"].items():
@@ -262,19 +301,6 @@ def build_standin(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) ->
             child_path = f"{path}.{child}" if path else child
             mod._modules[child] = mods[child_path]
     return mods[""]
-
-
-def _is_config(value: Any) -> bool:
-    """A configuration object (HF's ``self.config``): an importable, non-torch class
-    whose instance keeps its state in ``__dict__``."""
-    cls = type(value)
-    if isinstance(value, torch.nn.Module) or not hasattr(value, "__dict__"):
-        return False
-    if cls.__module__ in ("builtins", "__main__") or "<locals>" in cls.__qualname__:
-        return False
-    if cls.__module__.split(".")[0] == "torch":
-        return False
-    return _find_class(cls.__module__, cls.__qualname__, import_missing=False) is cls
 
 
 def _find_class(module: str, qualname: str, import_missing: bool = True) -> Any:

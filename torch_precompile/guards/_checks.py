@@ -4,6 +4,7 @@ that says in words which guard a refused call breaks."""
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 
 from .._errors import GuardError
 from ._base import Call, Guard
+from ._identity import installed_library
 from ._objects import HooksGuard, IdentityGuard, IndexGuard
 from ._python import render
 from ._shapes import RangeGuard
@@ -105,25 +107,51 @@ def _inference_mode_hint(reason: str, f_locals: dict[str, Any]) -> str:
 class IdentityChecks:
     """The identity guards of an artifact, checked cheaply.
 
-    Globals are checked once (when the artifact is built or loaded); locals
-    (closure variables, arguments) on each call, by full comparison only when
-    the object differs from the last one that passed.
+    Locals (closure variables, arguments) are checked on each call, by full
+    comparison only when the object differs from the last one that passed.
+    Globals are checked once. A global read from a module this process has not
+    imported is checked when the module is first seen imported, if the library
+    installed here is the version the capture saw: until then nothing in this
+    process can have changed it, so a load never imports a model library for
+    its identity guards. Any other global is checked at load.
     """
 
     def __init__(self, guards: Sequence[Guard], f_globals: dict[str, Any]) -> None:
         entries = [g for g in guards if isinstance(g, IdentityGuard)]
         self.local = [(g, Source.parse(g.source)) for g in entries if g.source.startswith("L[")]
         self.global_failure: GuardError | None = None
+        self._f_globals = f_globals
+        # module -> its guards, checked once the module is imported
+        self.pending: dict[str, list[tuple[IdentityGuard, Source]]] = {}
+        now = []
         for g in entries:
             source = Source.parse(g.source)
-            if source is not None and not source.is_local:
-                problem = g.check_value(source.resolve({}, f_globals, g.scope_module))
-                if problem:
-                    self.global_failure = GuardError(f"{problem} [{g.phase}]")
-                    break
+            if source is None or source.is_local:
+                continue
+            module = source.module(g.scope_module)
+            if (
+                module is not None
+                and module not in sys.modules
+                and g.library is not None
+                and installed_library(module) == g.library
+            ):
+                self.pending.setdefault(module, []).append((g, source))
+            else:
+                now.append((g, source))
+        self._check_globals(now)
         self._passed: dict[int, Any] = {}
 
+    def _check_globals(self, entries: Sequence[tuple[IdentityGuard, Source]]) -> None:
+        for g, source in entries:
+            problem = g.check_value(source.resolve({}, self._f_globals, g.scope_module))
+            if problem:
+                self.global_failure = GuardError(f"{problem} [{g.phase}]")
+                return
+
     def check(self, f_locals: dict[str, Any]) -> GuardError | None:
+        if self.pending and self.global_failure is None:
+            for module in [m for m in self.pending if m in sys.modules]:
+                self._check_globals(self.pending.pop(module))
         if self.global_failure is not None:
             return self.global_failure
         for i, (g, source) in enumerate(self.local):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.metadata
 import types
 from typing import Any
 
@@ -90,3 +91,17 @@ def identity_of(value: Any) -> Identity | None:
             return None
         return Identity("class" if isinstance(fn, type) else "builtin", module, qualname)
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def installed_library(module: str) -> tuple[str, str] | None:
+    """(distribution, version) of the installed package that provides ``module``, or
+    None (the standard library, a script's module, a package without metadata).
+
+    Read from the package's metadata, without importing it.
+    """
+    top = module.split(".", 1)[0]
+    try:
+        return top, importlib.metadata.version(top)
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None

@@ -22,6 +22,8 @@ class IdentityGuard(Guard):
     source: str = ""
     identity: Identity | None = None
     scope_module: str | None = None
+    # (distribution, version) of the library a global is read from, at capture.
+    library: tuple[str, str] | None = None
     kind: ClassVar[str] = "identity"
 
     @property
@@ -67,7 +69,15 @@ class IdentityGuard(Guard):
     @classmethod
     def _from_typed(cls, data: Mapping[str, Any]) -> Guard:
         identity = Identity.from_json(data["identity"])
-        return cls(data["phase"], data["expr"], data["source"], identity, data.get("scope_module"))
+        library = data.get("library")
+        return cls(
+            data["phase"],
+            data["expr"],
+            data["source"],
+            identity,
+            data.get("scope_module"),
+            (str(library[0]), str(library[1])) if library else None,
+        )
 
     @classmethod
     def _from_untyped(cls, data: Mapping[str, Any]) -> Guard:

@@ -90,6 +90,14 @@ class Source:
         """Whether this source reads argument ``root`` (``self``, ``x``)."""
         return self.scope == "L" and self.root == root
 
+    def module(self, scope_module: str | None = None) -> str | None:
+        """The module a global source is read from (None for a local or a builtin)."""
+        if self.scope == "L" or self.root.startswith("__builtins_dict__"):
+            return None
+        if self.root.startswith("__import_"):
+            return self.root[len("__import_") :].replace("_dot_", ".")
+        return scope_module
+
     def resolve(
         self,
         f_locals: dict[str, Any],

@@ -12,7 +12,7 @@ import torch
 
 from .. import _compat
 from ._base import Guard, note
-from ._identity import identity_of
+from ._identity import identity_of, installed_library
 from ._objects import DroppedGuard, HooksGuard, IdentityGuard
 from ._shapes import RangeGuard, ShapeGuard
 from ._source import MISSING, Source, describe_source, split_size
@@ -160,7 +160,9 @@ def identity_guard(
     where = parsed.describe()
     if parsed.is_local and parsed.root in closure_names:
         where = where.replace("input '", "closure variable '", 1)
-    return IdentityGuard("dynamo", f"{where} is {ident}", source, ident, scope_module)
+    module = parsed.module(scope_module)
+    library = installed_library(module) if module else None
+    return IdentityGuard("dynamo", f"{where} is {ident}", source, ident, scope_module, library)
 
 
 def source_is_rechecked(name: str, is_global: bool) -> bool:
@@ -180,6 +182,11 @@ DROP_CATEGORIES = {
         "module types",
         "the artifact also runs on a stand-in without the model's class; the module's "
         "weights, attributes and structure stay guarded",
+    ),
+    "config type": (
+        "config types",
+        "the artifact also runs on a stand-in without the config's class; the config's "
+        "values that the code read stay guarded",
     ),
     "class attribute": (
         "class attributes read through type()",

@@ -338,6 +338,12 @@ with torch.no_grad():
             fn = lambda: loaded(model, ids, **kwargs)
     else:
         from torch_precompile import Precompile
+        import logging
+        LOG = []  # why a load or a call leaves the lean path
+        handler = logging.Handler(logging.INFO)
+        handler.emit = lambda record: LOG.append(record.getMessage()[:800])
+        logging.getLogger("torch_precompile").addHandler(handler)
+        logging.getLogger("torch_precompile").setLevel(logging.INFO)
         t = mark("import_torch_precompile", t)
         art = Precompile.load(path)
         t = mark("load", t)
@@ -359,7 +365,8 @@ with torch.no_grad():
     logits = out.logits if hasattr(out, "logits") else (out[0] if isinstance(out, tuple) else out)
     torch.save(logits.float().cpu(), sys.argv[5])
 res = {"first_output_s": first, "phases": phases, "per_call_ms": per_call * 1e3,
-       "heavy_modules": heavy, "lean_load": lean}
+       "heavy_modules": heavy, "lean_load": lean,
+       "log": LOG[:6] if method == "ours" else []}
 print("RESULT " + json.dumps(res))
 """
 
@@ -461,6 +468,7 @@ def _summary(runs: list[dict]) -> dict:
         "per_call_ms": statistics.median(r["per_call_ms"] for r in ok),
         "heavy_modules": ok[0]["heavy_modules"],
         "lean_load": ok[0]["lean_load"],
+        "log": ok[0].get("log", []),
         "errors": [r["error"][:300] for r in runs if "error" in r],
     }
 

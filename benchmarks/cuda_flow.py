@@ -82,6 +82,12 @@ HEAVY = ("torch._dynamo", "torch._inductor.compile_fx", "sympy", "triton", "trit
 
 from torch_precompile import Precompile
 from examples import models
+import logging
+LOG = []  # the package's INFO lines (why a variant or a call leaves the lean path)
+_handler = logging.Handler(logging.INFO)
+_handler.emit = lambda record: LOG.append(record.getMessage()[:800])
+logging.getLogger("torch_precompile").addHandler(_handler)
+logging.getLogger("torch_precompile").setLevel(logging.INFO)
 
 TOL = json.loads(sys.argv[5])
 T_PKG = time.perf_counter() - T0
@@ -124,6 +130,7 @@ else:
     res["max_abs_diff"] = (out - ref).abs().max().item()
 
 res["heavy_modules_after_first_call"] = [m for m in HEAVY if m in sys.modules]
+res["log"] = LOG[:10]
 res["first_heavy_imports"] = dict(FIRST_IMPORT)
 _gm = getattr(getattr(art.compiled_function, "_artifacts", None), "guard_manager", None)
 res["light_guards"] = getattr(_gm, "light", None) is not None

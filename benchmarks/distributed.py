@@ -1,6 +1,7 @@
 """Distributed artifacts (issue 17): compile once vs per rank, first output of a fresh job.
 
-For each world size (torchrun jobs on CPU with gloo, ``examples/dist_job.py``):
+For each world size (torchrun jobs of ``examples/dist_job.py``: on CPU with gloo, or
+with ``TP_DEVICE=cuda`` on one GPU per rank with NCCL):
 
 - *compile once* (empty Inductor cache): rank 0 alone compiles the tensor-parallel MLP and block
   (``Precompile.compile``) and saves, every rank writes its shard: the job's
@@ -19,6 +20,7 @@ For each world size (torchrun jobs on CPU with gloo, ``examples/dist_job.py``):
 Usage (from the repository root)::
 
     python benchmarks/distributed.py --worlds 2 4 --runs 3
+    TP_DEVICE=cuda python benchmarks/distributed.py --worlds 2 --runs 3 --out results.json
 """
 
 from __future__ import annotations
@@ -171,6 +173,15 @@ def main() -> None:
         "backend": "gloo (CPU), 1 thread per rank",
         "rows": rows,
     }
+    if os.environ.get("TP_DEVICE") == "cuda":
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        result["backend"] = f"NCCL {nccl}, one GPU per rank"
+        result["gpu"] = torch.cuda.get_device_name(0)
+        result["driver"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()[0]
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
     print(table(result))

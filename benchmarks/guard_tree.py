@@ -59,7 +59,7 @@ def walk(manager: object, depth: int, show_all: bool, out: list[str]) -> None:
         try:
             spec_mod._light_leaf(leaf, None, False)
             ok = True
-        except Exception as exc:  # noqa: BLE001 - a diagnostic
+        except Exception as exc:
             ok = False
             bad_leaves.append(f"{type(leaf).__name__}: {exc}")
         if show_all and ok:
@@ -70,7 +70,7 @@ def walk(manager: object, depth: int, show_all: bool, out: list[str]) -> None:
         try:
             spec_mod._light_step(accessor)
             mark = ""
-        except Exception:  # noqa: BLE001
+        except Exception:
             mark = "REFUSED "
         if show_all or mark:
             out.append(f"{pad}{mark}{accessor.repr()[:160]} -> {child.get_source()[:160]}")

@@ -31,6 +31,13 @@ from typing import Any
 
 T0 = time.perf_counter()
 
+if os.environ.get("TP_DEVICE") == "cuda" and "LOCAL_RANK" in os.environ:
+    # One GPU per rank, seen by the rank as cuda:0: a CUDA artifact runs on the
+    # device index it was compiled for (rank 0 compiles on its cuda:0).
+    _visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    _local = int(os.environ["LOCAL_RANK"])
+    os.environ["CUDA_VISIBLE_DEVICES"] = _visible[_local] if _visible[0] else str(_local)
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
@@ -39,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from examples.tp_models import build, example_input  # noqa: E402
+from examples.tp_models import build, example_input, run  # noqa: E402
 from torch_precompile import (  # noqa: E402
     DistributedLayoutError,
     Precompile,
@@ -47,7 +54,8 @@ from torch_precompile import (  # noqa: E402
     use_device_mesh,
 )
 
-INFERENCE = ("mlp", "slice", "block")
+# TP_LLAMA=1 adds a tensor-parallel Hugging Face Llama (bfloat16) to the inference models.
+INFERENCE = ("mlp", "slice", "block", *(("llama",) if os.environ.get("TP_LLAMA") == "1" else ()))
 # TP_DEVICE=cuda: NCCL and a CUDA mesh (one GPU per rank), else gloo on the CPU.
 DEVICE = os.environ.get("TP_DEVICE", "cpu")
 
@@ -74,11 +82,12 @@ def build_phase(out: Path, mesh: Any, rank: int) -> dict[str, Any]:
         path = out / f"{name}.pt"
         if rank == 0:
             start = time.perf_counter()
+            kwargs = {"use_cache": False} if name == "llama" else {}
             if name == "train":
                 artifact = Precompile.compile(model, x)
             else:
                 with torch.no_grad():
-                    artifact = Precompile.compile(model.eval(), x)
+                    artifact = Precompile.compile(model.eval(), (x,), kwargs)
             result["compile_s"][name] = time.perf_counter() - start
             Precompile.save(path, artifact)  # the code file and rank 0's shard
         else:
@@ -119,7 +128,7 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     outputs = {}
     with torch.no_grad():
         for name in INFERENCE:
-            outputs[name] = loaded[name](example_input(name, DEVICE))
+            outputs[name] = run(loaded[name], name, example_input(name, DEVICE))
     result["first_output_s"] = time.perf_counter() - T0
     x = example_input("mlp", DEVICE)
     train_params = [p for _, p in loaded["train"].named_parameters()]
@@ -134,9 +143,9 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         bound = Precompile.load(out / f"{name}.pt", model=eager)
         x = example_input(name, DEVICE)
         with torch.no_grad():
-            expected = eager(x)
+            expected = run(eager, name, x)
             result["diff"][name] = _max_diff(outputs[name], expected)
-            result["diff"][name + "_bound"] = _max_diff(bound(x), expected)
+            result["diff"][name + "_bound"] = _max_diff(run(bound, name, x), expected)
         result["local_shape_" + name] = list(_local(outputs[name]).shape)
     x = example_input("mlp", DEVICE)
     eager = build("mlp", mesh)
@@ -181,8 +190,9 @@ def compile_all_phase(mesh: Any) -> dict[str, Any]:
     for name in INFERENCE:
         model = build(name, mesh).eval()
         start = time.perf_counter()
+        kwargs = {"use_cache": False} if name == "llama" else {}
         with torch.no_grad():
-            Precompile.compile(model, example_input(name, DEVICE))
+            Precompile.compile(model, (example_input(name, DEVICE),), kwargs)
         result["compile_s"][name] = time.perf_counter() - start
     dist.barrier()
     return result
@@ -195,10 +205,10 @@ def first_output_phase(out: Path, mesh: Any, how: str, name: str) -> dict[str, A
     x = example_input(name, DEVICE)
     with torch.no_grad():
         if how == "ours":
-            y = Precompile.load(out / f"{name}.pt")(x)
+            y = run(Precompile.load(out / f"{name}.pt"), name, x)
         else:
             model = build(name, mesh).eval()
-            y = (torch.compile(model) if how == "jit" else model)(x)
+            y = run(torch.compile(model) if how == "jit" else model, name, x)
     return {"first_output_s": time.perf_counter() - T0, "shape": list(y.shape)}
 
 
@@ -206,7 +216,7 @@ def main() -> None:
     phase, out = sys.argv[1], Path(sys.argv[2])
     torch.set_num_threads(1)  # Dynamo guards the thread count; N ranks share 2 cores
     if DEVICE == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(0)  # this rank's GPU (see CUDA_VISIBLE_DEVICES above)
     dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh(DEVICE, (world,))
@@ -225,6 +235,10 @@ def main() -> None:
         result = {"error": traceback.format_exc()}
     result["total_s"] = time.perf_counter() - T0
     (out / f"{phase}-{world}-rank{rank}.json").write_text(json.dumps(result, indent=1))
+    if "error" in result:
+        # Another rank may be waiting for this one in a collective: end the job
+        # (torchrun stops the other ranks) rather than leave it hanging.
+        os._exit(1)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -10,6 +10,11 @@
   as plain tensors. The head count per rank is read from the local tensor's
   shape, the usual way to write a TP attention.
 
+- ``llama``: a Hugging Face ``LlamaForCausalLM`` (random-init config, bfloat16,
+  grouped-query attention), parallelised with the usual Llama plan: ``q/k/v``,
+  ``gate/up`` column-wise, ``o``/``down`` row-wise; embeddings, norms and the
+  head replicated. Its input is token ids (``example_input("llama")``).
+
 ``build(name, mesh)`` builds one deterministically (same weights on every
 rank before sharding) and parallelises it with ``parallelize_module``.
 """
@@ -76,19 +81,60 @@ PLANS = {
 }
 
 
+LLAMA_LAYERS = 2
+LLAMA_VOCAB = 1000
+
+
+def _llama() -> nn.Module:
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=LLAMA_LAYERS,
+        num_attention_heads=8,
+        num_key_value_heads=4,  # divisible by 1, 2 and 4 ranks
+        vocab_size=LLAMA_VOCAB,
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def _llama_plan() -> dict[str, ColwiseParallel | RowwiseParallel]:
+    plan: dict[str, ColwiseParallel | RowwiseParallel] = {}
+    for i in range(LLAMA_LAYERS):
+        layer = f"model.layers.{i}"
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+            plan[f"{layer}.{name}"] = ColwiseParallel()
+        plan[f"{layer}.self_attn.o_proj"] = RowwiseParallel()
+        plan[f"{layer}.mlp.gate_proj"] = ColwiseParallel()
+        plan[f"{layer}.mlp.up_proj"] = ColwiseParallel()
+        plan[f"{layer}.mlp.down_proj"] = RowwiseParallel()
+    return plan
+
+
 def build(name: str, mesh: DeviceMesh | None, seed: int = 0) -> nn.Module:
-    """The model ``name`` ("mlp", "slice" or "block"), parallelised over ``mesh``
-    (None: not at all), on the mesh's device type."""
+    """The model ``name`` ("mlp", "slice", "block" or "llama"), parallelised over
+    ``mesh`` (None: not at all), on the mesh's device type."""
     torch.manual_seed(seed)
-    model = TPBlock() if name == "block" else TPMLP()
+    model = _llama() if name == "llama" else TPBlock() if name == "block" else TPMLP()
     if mesh is not None:
         model.to(mesh.device_type)
-        parallelize_module(model, mesh, PLANS[name])
+        parallelize_module(model, mesh, _llama_plan() if name == "llama" else PLANS[name])
     return model
 
 
 def example_input(name: str, device: str = "cpu", seed: int = 1) -> torch.Tensor:
     """The same input on every rank (tensor parallel replicates the activations)."""
     g = torch.Generator().manual_seed(seed)
+    if name == "llama":
+        return torch.randint(0, LLAMA_VOCAB, (2, 16), generator=g).to(device)
     shape = (2, 16, D_MODEL) if name == "block" else (4, D_MODEL)
     return torch.randn(shape, generator=g).to(device)
+
+
+def run(model: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+    """One forward of ``name``: the logits for the decoder, the output otherwise."""
+    if name == "llama":
+        return model(x, use_cache=False).logits
+    return model(x)

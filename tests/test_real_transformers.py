@@ -200,7 +200,8 @@ for name, case in cases.items():
     ids, want = torch.load(case["ids"]), torch.load(case["logits"])
     with torch.no_grad():
         got = art(ids).logits
-    out[name] = {"diff": (got - want).abs().max().item(), "path": type(art.compiled_function).__name__}
+    kind = type(art.compiled_function).__name__
+    out[name] = {"diff": (got - want).abs().max().item(), "path": kind}
 heavy = ("torch._dynamo", "torch._inductor.compile_fx", "sympy")
 out["imported"] = sorted(
     m for m in sys.modules if m in heavy or m.startswith("transformers.models.")
@@ -218,7 +219,7 @@ def test_decoders_load_lean_without_their_library_or_dynamo(
     artifact carries its kernels, light guards and a stand-in of the config."""
     cases = {}
     for name in ("gpt2", "llama_gqa"):
-        _, args, kwargs = MODELS[name]
+        args = MODELS[name][1]
         ids, logits = tmp_path / f"{name}.ids", tmp_path / f"{name}.logits"
         torch.save(args[0], ids)
         torch.save(built[name]["want"].logits, logits)

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from torch_precompile._config_standin import ConfigStandIn
-
 from torch_precompile.file import standin as _standin
 
 

@@ -185,7 +185,11 @@ def _aot_stage2_context(fake_mode: Any) -> Iterator[None]:
 def inductor_config_patches(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
     from torch._inductor import list_mode_options
 
-    patches: dict[str, Any] = dict(list_mode_options(mode) if mode else {})
+    # Short Triton kernel names: Triton cuts cache file names to 150 characters, and a
+    # kernel with a longer descriptive name ("triton_poi_fused__scaled_dot_product_...")
+    # is then not found by Inductor's static CUDA launcher, so it cannot be shipped.
+    patches: dict[str, Any] = {"triton.descriptive_names": False}
+    patches.update(list_mode_options(mode) if mode else {})
     patches.update(options or {})
     return patches
 

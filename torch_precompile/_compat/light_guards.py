@@ -90,6 +90,44 @@ class LightGuards:
             return False
         return self.collected_ok(seen, tensors)
 
+    def why_not(self, f_locals: dict[str, Any]) -> str:
+        """Why :meth:`check` refuses ``f_locals``, in one line (for the log; slow path)."""
+        lines = self.source.splitlines()
+        # The same function, returning the number of the line that failed.
+        numbered = [
+            line.replace(": return False", f": return {i}") if ": return False" in line else line
+            for i, line in enumerate(lines)
+        ]
+        numbered[-1] = numbered[-1].replace("return True", "return None")
+        namespace = dict(self.namespace)
+        exec(compile("\n".join(numbered), "<light guards: why>", "exec"), namespace)
+        seen: dict[str, Any] = {}
+        tensors: list[Any] = []
+        try:
+            failed = namespace["light_check"](f_locals, seen, tensors)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if failed is not None:
+            return lines[failed].strip()
+        for i, t in enumerate(tensors):
+            if not self._check_tensors_at(i, t):
+                cls, dtype, grad, size, stride, _, device = self._tensor_checks[i]
+                got = (
+                    f"{type(t).__name__} {t.dtype} {tuple(t.size())} {t.stride()} {t.device}"
+                    if isinstance(t, torch.Tensor)
+                    else type(t).__name__
+                )
+                want = f"{cls.__name__} {dtype} {size} {stride} device {device} grad {grad}"
+                return f"tensor {i}: expected {want} (and dispatch keys), got {got}"
+        return "aliasing between inputs"
+
+    def _check_tensors_at(self, i: int, t: Any) -> bool:
+        checks, self._tensor_checks = self._tensor_checks, [self._tensor_checks[i]]
+        try:
+            return self._check_tensors([t])
+        finally:
+            self._tensor_checks = checks
+
     def collected_ok(self, seen: dict[str, Any], tensors: list[Any]) -> bool:
         """The tensors ``source`` collected (``T``), and the aliasing between the values
         it recorded (``seen``), against what the capture saw."""
@@ -366,6 +404,14 @@ class TieredGuardManager:
     def check(self, f_locals: dict[str, Any]) -> bool:
         if self.light is not None and self.light.check(f_locals):
             return True
+        if self.light is not None and self._full is None:
+            log = logging.getLogger("torch_precompile")
+            if log.isEnabledFor(logging.INFO):
+                log.info(
+                    "the light guards refused a call (%s); Dynamo's guard manager decides "
+                    "(this imports torch._dynamo)",
+                    self.light.why_not(f_locals),
+                )
         return bool(self.full.check(f_locals))
 
     def check_verbose(self, f_locals: dict[str, Any]) -> Any:

@@ -173,10 +173,8 @@ def dumps_lean(obj: Any) -> bytes:
 
 def loads_code(data: bytes) -> types.CodeType:
     """A code object written by :func:`dumps_lean` (or, in older files, by marshal)."""
-    if data[:1] == b"\x80":  # a pickle (protocol 2 or later)
-        code = pickle.loads(data)
-    else:
-        code = marshal.loads(data)
+    # A pickle (protocol 2 or later) starts with 0x80; marshal's code objects do not.
+    code = pickle.loads(data) if data[:1] == b"\x80" else marshal.loads(data)
     if not isinstance(code, types.CodeType):
         raise ValueError("the fast-load section does not hold a code object")
     return code

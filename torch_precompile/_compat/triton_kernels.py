@@ -122,7 +122,10 @@ def _add_specs(
             return f"Triton kernel {name}: coordinate descent tuning or store_cubin"
         launcher = tuner.launchers[0]
         if not getattr(launcher, "_is_static", False):
-            return f"Triton kernel {name} is not launched by the static CUDA launcher"
+            return (
+                f"Triton kernel {name} is not launched by the static CUDA launcher "
+                f"({_why_not_static(tuner)})"
+            )
         runner = launcher.__globals__.get("runner")
         kernel = getattr(runner, "__self__", None)
         code = launcher.__code__
@@ -147,6 +150,25 @@ def _add_specs(
             "profile_name": tuner.inductor_meta.get("kernel_name", name),
         }
     return None
+
+
+def _why_not_static(tuner: Any) -> str:
+    """What Inductor's static launcher says of the tuner's kernel (a diagnostic)."""
+    try:
+        from torch._inductor import config
+        from torch._inductor.runtime.triton_heuristics import StaticTritonCompileResult
+
+        for result in getattr(tuner, "compile_results", ()):
+            kernel = getattr(result, "kernel", None)
+            if kernel is None:
+                continue
+            with config.patch(strict_static_triton_launcher=True):
+                StaticTritonCompileResult.can_statically_launch(
+                    kernel, tuner.inductor_meta, tuner.triton_meta, tuner.heuristic_type
+                )
+        return "no reason given"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:400]
 
 
 # ------------------------------------------------------------------------ load

@@ -93,7 +93,7 @@ def identity_of(value: Any) -> Identity | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def installed_library(module: str) -> tuple[str, str] | None:
     """(distribution, version) of the installed package that provides ``module``, or
     None (the standard library, a script's module, a package without metadata).

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _profiler_state
 
+from .._config_standin import find
 from .pickling import loads_code
 
 
@@ -100,10 +101,7 @@ class _LazyModule(types.ModuleType):
     def __getattr__(self, attr: str) -> Any:
         home = self.__homes.get(attr)
         if home is not None and self.__name__ not in sys.modules:
-            obj: Any = importlib.import_module(home[0])
-            for part in home[1].split("."):
-                obj = getattr(obj, part)
-            return obj
+            return find(home[0], home[1])
         return getattr(importlib.import_module(self.__name__), attr)
 
 
@@ -122,16 +120,9 @@ def global_homes(code: types.CodeType, import_sources: Mapping[str, str]) -> dic
             home, qualname = value.__module__, value.__qualname__
             if home == module_name or "<locals>" in qualname:
                 continue
-            if _named(home, qualname) is value:
+            if find(home, qualname, import_missing=False) is value:
                 homes.setdefault(alias, {})[name] = [home, qualname]
     return homes
-
-
-def _named(module: str, qualname: str) -> Any:
-    obj: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return obj
 
 
 def _bytecode_global_module(module_name: str, homes: dict[str, list[str]] | None = None) -> Any:

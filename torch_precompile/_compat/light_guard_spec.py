@@ -5,10 +5,11 @@ from __future__ import annotations
 import ast
 import logging
 import re
-import sys
 from typing import Any
 
 import torch
+
+from .._config_standin import find
 
 # Light guards: Dynamo's guard tree, translated at save time into a plain-Python
 # check that is at least as strict as Dynamo's (any leaf or accessor we do not
@@ -147,10 +148,7 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
 
 def named_class(module: str, qualname: str) -> Any:
     """The object ``module.qualname`` names among the modules already imported (or None)."""
-    obj: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return obj
+    return find(module, qualname, import_missing=False)
 
 
 def _dim(text: str) -> int | None:

@@ -109,9 +109,11 @@ class LightGuards:
             return f"{type(exc).__name__}: {exc}"
         if failed is not None:
             return lines[failed].strip()
-        for i, t in enumerate(tensors):
-            if not self._check_tensors_at(i, t):
-                cls, dtype, grad, size, stride, _, device = self._tensor_checks[i]
+        inc = torch._C._dispatch_tls_local_include_set()
+        exc = torch._C._dispatch_tls_local_exclude_set()
+        for i, (t, check) in enumerate(zip(tensors, self._tensor_checks)):
+            if not _tensor_ok(t, check, inc, exc):
+                cls, dtype, grad, size, stride, _, device = check
                 got = (
                     f"{type(t).__name__} {t.dtype} {tuple(t.size())} {t.stride()} {t.device}"
                     if isinstance(t, torch.Tensor)
@@ -120,13 +122,6 @@ class LightGuards:
                 want = f"{cls.__name__} {dtype} {size} {stride} device {device} grad {grad}"
                 return f"tensor {i}: expected {want} (and dispatch keys), got {got}"
         return "aliasing between inputs"
-
-    def _check_tensors_at(self, i: int, t: Any) -> bool:
-        checks, self._tensor_checks = self._tensor_checks, [self._tensor_checks[i]]
-        try:
-            return self._check_tensors([t])
-        finally:
-            self._tensor_checks = checks
 
     def collected_ok(self, seen: dict[str, Any], tensors: list[Any]) -> bool:
         """The tensors ``source`` collected (``T``), and the aliasing between the values
@@ -152,21 +147,10 @@ class LightGuards:
         """Each collected tensor against its recorded properties, in Python."""
         inc = torch._C._dispatch_tls_local_include_set()
         exc = torch._C._dispatch_tls_local_exclude_set()
-        dispatch_keys = torch._C._dispatch_keys
-        for t, (cls, dtype, requires_grad, size, stride, raw, device) in zip(
-            tensors, self._tensor_checks, strict=True
-        ):
-            if not (
-                type(t) is cls
-                and t.dtype is dtype
-                and (t.is_cpu if device is None else t.is_cuda and t.get_device() == device)
-                and t.requires_grad is requires_grad
-                and (t.size() == size if None not in size else _same_dims(t.size(), size))
-                and (t.stride() == stride if None not in stride else _same_dims(t.stride(), stride))
-                and ((dispatch_keys(t) | inc) - exc).raw_repr() == raw
-            ):
-                return False
-        return True
+        return all(
+            _tensor_ok(t, check, inc, exc)
+            for t, check in zip(tensors, self._tensor_checks, strict=True)
+        )
 
     def _tensors_ok(self, tensors: list[Any]) -> bool:
         native = self._tensor_guards
@@ -358,6 +342,21 @@ class LightGuards:
             self._fail_unless("top_hooks(True) is None")
         else:
             raise ValueError(f"unknown light guard {kind!r}")
+
+
+def _tensor_ok(t: Any, check: _TensorCheck, inc: Any, exc: Any) -> bool:
+    """One collected tensor against its recorded properties (``inc``/``exc``: the
+    thread's local dispatch key sets)."""
+    cls, dtype, requires_grad, size, stride, raw, device = check
+    return (
+        type(t) is cls
+        and t.dtype is dtype
+        and (t.is_cpu if device is None else t.is_cuda and t.get_device() == device)
+        and t.requires_grad is requires_grad
+        and (t.size() == size if None not in size else _same_dims(t.size(), size))
+        and (t.stride() == stride if None not in stride else _same_dims(t.stride(), stride))
+        and ((torch._C._dispatch_keys(t) | inc) - exc).raw_repr() == raw
+    )
 
 
 def _dispatch_key_set_raw(text: str) -> int:

@@ -10,10 +10,11 @@ import inspect
 import io
 import marshal
 import pickle
-import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from .._config_standin import find
 
 
 @contextlib.contextmanager
@@ -29,18 +30,14 @@ def reducer_override_patched(pickler: type, override: Callable[..., Any]) -> Ite
 
 def findable_by_name(fn: types.FunctionType) -> bool:
     """Whether pickle can find ``fn`` by module and qualified name (it is that object)."""
-
     if "<locals>" in fn.__qualname__:
         return False
-    obj: Any = sys.modules.get(fn.__module__)
-    for part in fn.__qualname__.split("."):
-        obj = getattr(obj, part, None)
-    return obj is fn
+    return find(fn.__module__, fn.__qualname__, import_missing=False) is fn
 
 
-def _rebuild_function(
+def _function(
     code: types.CodeType,
-    module: str,
+    f_globals: dict[str, Any],
     name: str,
     qualname: str,
     defaults: tuple[Any, ...] | None,
@@ -48,19 +45,22 @@ def _rebuild_function(
     closure: tuple[Any, ...] | None,
     attrs: dict[str, Any],
 ) -> types.FunctionType:
-    """Inverse of the by-value reduction in :func:`_functions_pickled_by_value`."""
+    fn = types.FunctionType(code, f_globals, name, defaults, closure)
+    fn.__qualname__ = qualname
+    fn.__kwdefaults__ = kwdefaults
+    fn.__dict__.update(attrs)
+    return fn
 
+
+def _rebuild_function(code: types.CodeType, module: str, *rest: Any) -> types.FunctionType:
+    """Inverse of :func:`function_by_value`: the function in its imported module."""
     try:
         f_globals = importlib.import_module(module).__dict__
     except ImportError:
         # The code runs nowhere (Dynamo traced it into the graph); it is kept
         # so that guards and closures that hold it can be rebuilt.
         f_globals = {"__name__": module, "__builtins__": __builtins__}
-    fn = types.FunctionType(code, f_globals, name, defaults, closure)
-    fn.__qualname__ = qualname
-    fn.__kwdefaults__ = kwdefaults
-    fn.__dict__.update(attrs)
-    return fn
+    return _function(code, f_globals, *rest)
 
 
 def function_by_value(fn: types.FunctionType) -> tuple[Any, tuple[Any, ...]]:
@@ -119,20 +119,10 @@ class _ModuleGlobals(dict):  # type: ignore[type-arg]
 
 
 def _function_with_module_globals(
-    code: types.CodeType,
-    module: str,
-    name: str,
-    qualname: str,
-    defaults: tuple[Any, ...] | None,
-    kwdefaults: dict[str, Any] | None,
-    closure: tuple[Any, ...] | None,
-    attrs: dict[str, Any],
+    code: types.CodeType, module: str, *rest: Any
 ) -> types.FunctionType:
-    fn = types.FunctionType(code, _ModuleGlobals(module), name, defaults, closure)
-    fn.__qualname__ = qualname
-    fn.__kwdefaults__ = kwdefaults
-    fn.__dict__.update(attrs)
-    return fn
+    """Inverse of :func:`function_by_value`, its module imported only when the code runs."""
+    return _function(code, _ModuleGlobals(module), *rest)
 
 
 def _cell(contents: Any) -> types.CellType:

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import enum
 import functools
-import importlib
 import json
-import sys
 import types
 import warnings
 from typing import Any
 
 import torch
 
-from .._config_standin import class_level_values, is_config, standin_class
+from .._config_standin import class_level_values, find, is_config, standin_class
 
 _PLAIN = (bool, int, float, str, type(None))
 _SKIP_ATTRS = frozenset(
@@ -163,7 +161,7 @@ def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
             setattr(cls, name, decode_value(value, memo))
         return obj
     if tag == "config":  # version 1
-        obj = _new_instance(_find_class(payload["module"], payload["qualname"]))
+        obj = _new_instance(find(payload["module"], payload["qualname"]))
         for key, (type_name, value) in payload["state"].items():
             obj.__dict__[key] = _to_tuple(value) if type_name == "tuple" else value
         return obj
@@ -179,9 +177,9 @@ def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
     if tag == "device":
         return torch.device(payload)
     if tag == "ref":
-        return _find_class(*payload)
+        return find(*payload)
     if tag == "enum":
-        return getattr(_find_class(*payload[:2]), payload[2])
+        return getattr(find(*payload[:2]), payload[2])
     if tag == "partial":
         return functools.partial(
             decode_value(payload["func"], memo),
@@ -189,7 +187,7 @@ def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
             **{k: decode_value(v, memo) for k, v in payload["kwargs"]},
         )
     if tag == "object":
-        obj = _new_instance(_find_class(*payload["class"]))
+        obj = _new_instance(find(*payload["class"]))
         memo[payload["memo"]] = obj  # before its state: the state may refer back to it
         obj.__dict__.update({k: decode_value(v, memo) for k, v in payload["state"].items()})
         return obj
@@ -201,7 +199,7 @@ def _reference(obj: Any) -> list[str]:
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
     if not isinstance(module, str) or "<locals>" in qualname or module == "__main__":
         raise _Unencodable(f"{qualname} cannot be imported by name")
-    if _find_class(module, qualname, import_missing=False) is not obj:
+    if find(module, qualname, import_missing=False) is not obj:
         raise _Unencodable(f"{module}.{qualname} is not importable under that name")
     return [module, qualname]
 
@@ -301,15 +299,6 @@ def build_standin(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) ->
             child_path = f"{path}.{child}" if path else child
             mod._modules[child] = mods[child_path]
     return mods[""]
-
-
-def _find_class(module: str, qualname: str, import_missing: bool = True) -> Any:
-    obj: Any = sys.modules.get(module)
-    if obj is None and import_missing:
-        obj = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return obj
 
 
 def _to_tuple(value: Any) -> Any:

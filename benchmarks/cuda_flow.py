@@ -2,7 +2,8 @@
 
 Cases: the transformer and the GPT-style decoder from ``examples/models.py``, for
 inference (no_grad) and training (forward + backward, gradients compared), with the
-default Inductor mode and with ``mode="reduce-overhead"`` (CUDA graphs). Each artifact
+default Inductor mode and with ``mode="reduce-overhead"`` (CUDA graphs); and graphs
+that write their inputs (a static KV cache step, BatchNorm training). Each artifact
 is built through the staged API (``dynamo -> aot_autograd -> inductor -> precompile``),
 checked against eager in the compiling process, saved, then loaded in a fresh
 process with empty ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR``. That process
@@ -40,6 +41,10 @@ CASES = [
     ("gpt-train", "build_gpt", True, None),
     ("transformer-infer-cudagraphs", "build_transformer", False, "reduce-overhead"),
     ("gpt-train-cudagraphs", "build_gpt", True, "reduce-overhead"),
+    # Input mutations in the graph (a static KV cache, BatchNorm's running statistics).
+    ("kvcache-infer", "build_kv_cache_step", False, None),
+    ("kvcache-infer-cudagraphs", "build_kv_cache_step", False, "reduce-overhead"),
+    ("convnet-train", "build_convnet_train", True, None),
 ]
 TOL = {"rtol": 2e-3, "atol": 2e-3}  # TF32 is off by default; Triton's fused reductions reorder sums
 
@@ -100,6 +105,13 @@ res = {"import_torch_s": T_TORCH, "import_package_s": T_PKG, "load_s": t_load,
        "lean_file": LEAN_FILE,
        "lean_load": type(art.compiled_function).__name__ == "FastCompiledFunction"}
 
+def fresh_input(a):
+    # A new input like a: token ids, a cache position (KV cache), or values.
+    if a.is_floating_point():
+        return torch.randn_like(a)
+    high = 16 if builder == "build_kv_cache_step" else 500
+    return torch.randint_like(a, 0, high)
+
 def loss_of(out):
     return out.float().pow(2).mean()
 
@@ -145,7 +157,7 @@ if PROFILE:
 ctx = torch.enable_grad() if training else torch.no_grad()
 with ctx:
     for i in range(3):
-        x = tuple(torch.randint_like(a, 0, 500) for a in args)
+        x = tuple(fresh_input(a) for a in args)
         o = art(*x)
         if training:
             loss_of(o).backward()
@@ -168,7 +180,20 @@ res["inductor_counters"] = {k: v for k, v in counters["inductor"].items()
                             if "compile" in k or "triton" in k or "cudagraph" in k}
 tdir = os.environ["TRITON_CACHE_DIR"]
 res["triton_cache_files_after"] = sum(len(f) for _, _, f in os.walk(tdir))
-if mode == "reduce-overhead":
+if mode == "reduce-overhead" and res["lean_load"]:
+    from torch_precompile._compat import lean_cudagraphs
+    res["cudagraphs_recorded"] = lean_cudagraphs.STATS["recorded"]
+    res["cudagraph_replays"] = lean_cudagraphs.STATS["replayed"]
+    # An output of an earlier call, overwritten by a later replay, raises on access.
+    with torch.no_grad():
+        first = art(*args)
+        art(*args)
+    try:
+        first.sum()
+        res["overwritten_output_raises"] = False
+    except RuntimeError as exc:
+        res["overwritten_output_raises"] = "overwritten" in str(exc)
+elif mode == "reduce-overhead":
     from torch._inductor import cudagraph_trees
     tm = cudagraph_trees.get_container(0).tree_manager
     res["cudagraphs_recorded"] = 0 if tm is None else sum(len(v) for v in tm.roots.values())

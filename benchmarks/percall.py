@@ -15,6 +15,11 @@ Usage (from the repository root)::
 
     python benchmarks/percall.py                       # transformer and tiny_mlp
     python benchmarks/percall.py --models tiny_mlp --rounds 40
+    python benchmarks/percall.py --device cuda --models transformer gpt   # a GPU
+
+On CUDA two more methods run in the same rotation: ``torch.compile(model,
+mode="reduce-overhead")`` and ours compiled with that mode (CUDA graphs
+recorded after a lean load).
 
 It prints a markdown table and writes ``benchmarks/results/percall_cpu.json``.
 """
@@ -44,11 +49,19 @@ CHILD = textwrap.dedent(
     from torch_precompile import Precompile
 
     mode, name, work, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    device = sys.argv[5]
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     model, args, kwargs = BUILDERS[name]()
+    model = model.to(device)
+    args = tuple(a.to(device) for a in args)
     if mode == "build":
         with torch.no_grad():
-            art = Precompile.compile(model, *args, **kwargs)
-        Precompile.save(f"{{work}}/{{name}}.pt", art)
+            art = Precompile.compile(model, args, kwargs)
+            Precompile.save(f"{{work}}/{{name}}.pt", art)
+            if cuda:
+                art = Precompile.compile(model, args, kwargs, mode="reduce-overhead")
+                Precompile.save(f"{{work}}/{{name}}.ro.pt", art)
         torch.save(model.state_dict(), f"{{work}}/{{name}}.weights.pt")
         sys.exit(0)
 
@@ -58,38 +71,48 @@ CHILD = textwrap.dedent(
         "torch.compile": torch.compile(model),
         "ours": Precompile.load(f"{{work}}/{{name}}.pt"),
     }}
+    if cuda:  # mode="reduce-overhead": CUDA graphs (ours: recorded after a lean load)
+        fns["torch.compile reduce-overhead"] = torch.compile(model, mode="reduce-overhead")
+        fns["ours reduce-overhead"] = Precompile.load(f"{{work}}/{{name}}.ro.pt")
+    lean = {{k: type(getattr(f, "compiled_function", None)).__name__ == "FastCompiledFunction"
+             for k, f in fns.items()}}
     with torch.no_grad():
         ref = model(*args, **kwargs)
         diffs = {{}}
         for key, fn in fns.items():
             for _ in range(10):
                 out = fn(*args, **kwargs)
-            diffs[key] = (out - ref).abs().max().item()
+            diffs[key] = (out.float() - ref.float()).abs().max().item()
+        sync()
         t = time.perf_counter()
         for _ in range(10):
             model(*args, **kwargs)
+        sync()
         per_batch = max(1, int(0.05 / ((time.perf_counter() - t) / 10)))
         keys = list(fns)
         times = {{key: [] for key in keys}}
         for r in range(rounds):
             for key in keys[r % len(keys):] + keys[: r % len(keys)]:
                 fn = fns[key]
+                sync()
                 t = time.perf_counter()
                 for _ in range(per_batch):
                     fn(*args, **kwargs)
+                sync()
                 times[key].append((time.perf_counter() - t) / per_batch)
     print(json.dumps({{"times": times, "max_diff": diffs, "per_batch": per_batch,
-                      "threads": torch.get_num_threads()}}))
+                      "threads": torch.get_num_threads(), "lean": lean,
+                      "device": torch.cuda.get_device_name(0) if cuda else "cpu"}}))
     """
 )
 
 
-def run_model(name: str, rounds: int, work: Path) -> dict[str, Any]:
+def run_model(name: str, rounds: int, work: Path, device: str = "cpu") -> dict[str, Any]:
     script = work / "child.py"
     script.write_text(CHILD.format(repo=str(REPO)))
     for mode in ("build", "measure"):
         proc = subprocess.run(
-            [sys.executable, str(script), mode, name, str(work), str(rounds)],
+            [sys.executable, str(script), mode, name, str(work), str(rounds), device],
             capture_output=True,
             text=True,
             check=False,
@@ -97,8 +120,13 @@ def run_model(name: str, rounds: int, work: Path) -> dict[str, Any]:
         if proc.returncode != 0:
             raise RuntimeError(f"{name} {mode} failed:\n{proc.stderr[-3000:]}")
     raw = json.loads(proc.stdout.strip().splitlines()[-1])
-    result: dict[str, Any] = {"per_batch": raw["per_batch"], "threads": raw["threads"]}
-    for key in METHODS:
+    result: dict[str, Any] = {
+        "per_batch": raw["per_batch"],
+        "threads": raw["threads"],
+        "device": raw["device"],
+        "lean": raw["lean"],
+    }
+    for key in raw["times"]:
         ts = sorted(raw["times"][key])
         q = statistics.quantiles(ts, n=4)
         result[key] = {
@@ -123,6 +151,11 @@ def table(results: dict[str, Any]) -> str:
         e, j, o = (r[k]["median_s"] for k in METHODS)
         cells = [_fmt(e), _fmt(j), _fmt(o), f"{o / e:.2f}x", f"{o / j:.2f}x"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        ro = ("torch.compile reduce-overhead", "ours reduce-overhead")
+        if all(k in r for k in ro):
+            j, o = (r[k]["median_s"] for k in ro)
+            cells = ["", _fmt(j), _fmt(o), f"{o / e:.2f}x", f"{o / j:.2f}x"]
+            lines.append(f"| {name}, reduce-overhead | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -130,13 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["transformer", "tiny_mlp"])
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--out", default=str(REPO / "benchmarks/results/percall_cpu.json"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--out", default=None, help="default: benchmarks/results/percall_<device>.json"
+    )
     ns = parser.parse_args(argv)
+    ns.out = ns.out or str(REPO / f"benchmarks/results/percall_{ns.device}.json")
     results = {}
     with tempfile.TemporaryDirectory(prefix="percall-") as tmp:
         for name in ns.models:
             print(f"[percall] {name}", file=sys.stderr, flush=True)
-            results[name] = run_model(name, ns.rounds, Path(tmp))
+            results[name] = run_model(name, ns.rounds, Path(tmp), ns.device)
     import torch
 
     report = {

@@ -29,12 +29,16 @@ Models (``nn.Module``):
 - ``ContextManagerModel``: ``torch.no_grad()`` and bfloat16 autocast inside
   ``forward``.
 - ``TinyMLP``: two 64-wide Linear layers, for per-call overhead (cold-start benchmark).
+- ``KVCacheStep``: one attention decoding step writing a static KV cache and a
+  step counter (buffers) in place.
 
 Callables (not modules):
 
 - ``nested_fn(x, y, *, scale=1.0, bias=None)``: keyword arguments, nested output.
 - ``make_closure(weight)``: a closure capturing a tensor and a float.
 - ``scalar_fn(x, alpha, n, flag)``: Python scalars as arguments.
+- ``view_outputs(x, scale)``: returns its input and views of it; doubles
+  ``scale`` in place.
 
 Each has a ``build_<name>()`` returning ``(model_or_fn, example_args,
 example_kwargs)`` built under ``torch.manual_seed(0)``, in ``eval()`` mode
@@ -710,6 +714,48 @@ def build_dropout_mlp_train() -> Built:
     return model, (torch.randn(8, 32),), {}
 
 
+class KVCacheStep(nn.Module):
+    """One decoding step of an attention layer with a static KV cache.
+
+    ``forward(x, pos)`` writes this step's keys and values into the cache
+    buffers at ``pos`` in place (as a static KV cache does), counts the steps
+    in a buffer, and attends over the cache up to ``pos``.
+    """
+
+    def __init__(self, dim: int = 32, max_len: int = 16) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.register_buffer("k_cache", torch.zeros(1, max_len, dim))
+        self.register_buffer("v_cache", torch.zeros(1, max_len, dim))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.register_buffer("positions", torch.arange(max_len))
+
+    def forward(self, x: Tensor, pos: Tensor) -> Tensor:
+        """x (1, 1, dim) at position pos (a 1-element long tensor) to (1, 1, dim)."""
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        self.k_cache.index_copy_(1, pos, k)
+        self.v_cache.index_copy_(1, pos, v)
+        self.steps.add_(1)
+        mask = self.positions <= pos
+        att = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask)
+        return self.out(att)
+
+
+def build_kv_cache_step() -> Built:
+    """KVCacheStep (32 wide, 16 positions) in eval mode with one token at position 0."""
+    torch.manual_seed(0)
+    model = KVCacheStep().eval()
+    return model, (torch.randn(1, 1, 32), torch.tensor([0])), {}
+
+
+def build_convnet_train() -> Built:
+    """ConvNet in train mode (BatchNorm updates its running statistics in place)."""
+    torch.manual_seed(0)
+    model = ConvNet().train()
+    return model, (image_inputs(),), {}
+
+
 # ---------------------------------------------------------------------------
 # Plain callables
 # ---------------------------------------------------------------------------
@@ -749,6 +795,19 @@ def build_closure() -> Built:
     torch.manual_seed(0)
     weight = torch.randn(8, 4)
     return make_closure(weight), (torch.randn(3, 8),), {}
+
+
+def view_outputs(x: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Outputs that are the input, views of it (a transpose, a row, a dtype view)
+    and a new tensor; ``scale`` is doubled in place."""
+    scale.mul_(2)
+    return x, x.t(), x[1], x.view(torch.int32), torch.relu(x) * scale
+
+
+def build_view_outputs() -> Built:
+    """``view_outputs`` with x of shape (4, 8) and a scale of shape (8,)."""
+    torch.manual_seed(0)
+    return view_outputs, (torch.randn(4, 8), torch.rand(8)), {}
 
 
 def scalar_fn(x: Tensor, alpha: float, n: int, flag: bool) -> Tensor:
@@ -814,5 +873,8 @@ BUILDERS: dict[str, Callable[[], Built]] = {
     "scalar_fn": build_scalar_fn,
     "context_managers": build_context_managers,
     "tiny_mlp": build_tiny_mlp,
+    "kv_cache_step": build_kv_cache_step,
+    "convnet_train": build_convnet_train,
+    "view_outputs": build_view_outputs,
 }
 """Every builder by short name; each returns ``(model_or_fn, args, kwargs)``."""

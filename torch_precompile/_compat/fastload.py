@@ -16,11 +16,12 @@ not read, and neither ``torch._inductor``'s compiler nor AOTAutograd is
 imported. Guards are checked by a plain-Python translation of Dynamo's guard
 tree (:mod:`.light_guards`); Dynamo's own guard manager (which imports
 ``torch._dynamo``) is built only when that check fails or the tree could not be
-translated. The saved code was checked at save time to be one of the plain
-cases this runner handles (inference, CPU, no input mutation, no output
-aliasing an input); dynamic shapes are among them, since Inductor's wrapper
-reads the sizes off its inputs. Any other artifact, or any failure here, loads
-through PyTorch's full path.
+translated. The saved code was checked at save time to be one of the cases
+this runner handles: inference (:mod:`.lean_runtime`: input mutations kept in
+the graph, outputs aliasing inputs; ``mode="reduce-overhead"`` recorded by
+:mod:`.lean_cudagraphs`) and training (:mod:`.lean_autograd`), on CPU or CUDA,
+static or dynamic shapes (Inductor's wrapper reads the sizes off its inputs).
+Any other artifact, or any failure here, loads through PyTorch's full path.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from typing import Any
 
 import torch
 
-from . import lean_autograd, triton_kernels, wrapper
+from . import lean_autograd, lean_cudagraphs, lean_runtime, triton_kernels, wrapper
 from .bytecode_globals import bytecode_function, global_homes
+from .joint import compiled_function_uses_cudagraphs
 from .kernels import (
     SHIPPED_KERNELS,
     compiled_graph_sources,
@@ -47,6 +49,8 @@ from .kernels import (
 from .light_guard_spec import light_guard_spec
 from .light_guards import LightGuards, TieredGuardManager, load_dynamo_guard_manager
 from .pickling import dumps_lean, loads_code
+
+log = logging.getLogger("torch_precompile")
 
 FASTLOAD_VERSION = 1
 LEAN_DEVICES = ("cpu", "cuda")  # C++ kernels (shared objects), Triton kernels (cubins)
@@ -78,50 +82,54 @@ class FastCompiledFunction:
         return self.fn(*args, **kwargs)
 
 
-def _fast_load_refusal(fn: Any) -> tuple[str | None, Any, Any]:
-    """Why ``fn`` cannot take the fast path (None if it can), its compiled graphs
-    (forward, and backward for training) and, for training, the autograd spec."""
+@dataclasses.dataclass(frozen=True)
+class _LeanPlan:
+    """How an artifact runs lean: its compiled graphs (forward, and backward for
+    training), and the autograd spec (training) or the runtime spec (inference)."""
+
+    graphs: list[Any]
+    autograd: lean_autograd.AutogradSpec | None = None
+    inference: lean_runtime.InferenceSpec | None = None
+
+
+def _fast_load_refusal(fn: Any) -> tuple[str | None, _LeanPlan | None]:
+    """Why ``fn`` cannot take the fast path (None if it can), and how it runs if it can."""
     artifacts = fn._artifacts
     if artifacts.device_type not in LEAN_DEVICES:
-        return f"device {artifacts.device_type}", None, None
+        return f"device {artifacts.device_type}", None
     entry = artifacts.compiled_fn.compiled_fn.serialize()
+    if entry.maybe_subclass_meta is not None:
+        return "tensor subclass inputs", None
+    if any(getattr(w, "needs_post_compile", True) for w in entry.dispatch_wrappers):
+        return "duplicated or aliased inputs", None
+    if entry.indices_of_inps_to_detach:
+        return "inputs to detach", None
     if entry.compiled_bw is not None or entry.num_fw_outs_saved_for_bw:
         reason, autograd = lean_autograd.autograd_refusal(entry)
         if reason is not None:
-            return f"training artifact: {reason}", None, None
-        graphs = [entry.compiled_fw.result, entry.compiled_bw.result]
-        for graph in graphs:
-            reason = _graph_refusal(graph)
-            if reason is not None:
-                return reason, None, None
-        return None, graphs, autograd
-    if entry.maybe_subclass_meta is not None:
-        return "tensor subclass inputs", None, None
-    if any(getattr(w, "needs_post_compile", True) for w in entry.dispatch_wrappers):
-        return "duplicated or aliased inputs", None, None
-    if entry.indices_of_inps_to_detach:
-        return "inputs to detach", None, None
-    meta = entry.runtime_metadata
-    for info in meta.input_info:
-        if info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata:
-            return "the graph mutates an input", None, None
-    for info in meta.output_info:
-        if info.output_type.name != "non_alias":
-            return f"an output is {info.output_type.name}", None, None
-    if meta.num_intermediate_bases or meta.tokens or getattr(meta, "num_unsafe_view_outputs", 0):
-        return "intermediate bases or effect tokens", None, None
-    graph = entry.compiled_fw.result
-    reason = _graph_refusal(graph)
-    if reason is not None:
-        return reason, None, None
-    return None, [graph], None
+            return f"training artifact: {reason}", None
+        plan = _LeanPlan([entry.compiled_fw.result, entry.compiled_bw.result], autograd=autograd)
+    else:
+        reason, inference = lean_runtime.inference_refusal(entry)
+        if reason is not None:
+            return reason, None
+        plan = _LeanPlan([entry.compiled_fw.result], inference=inference)
+    for graph in plan.graphs:
+        reason = _graph_refusal(graph)
+        if reason is not None:
+            return reason, None
+    if plan.autograd is not None and plan.graphs[1].mutated_input_idxs:
+        return "training artifact: the backward writes its inputs", None
+    return None, plan
 
 
 def _graph_refusal(graph: Any) -> str | None:
     if set(graph.device_types) - set(LEAN_DEVICES):
         return f"devices {sorted(graph.device_types)}"
-    if graph.constants or graph.torchbind_constants or graph.mutated_inputs or graph.partition_maps:
-        return "constants, mutated inputs or partitions in the compiled graph"
+    if graph.constants or graph.torchbind_constants:
+        return "constants in the compiled graph"
+    if graph.partition_maps and any(pm.constant_names for pm in graph.partition_maps):
+        return "graph partitions that read constants"
     return wrapper.wrapper_refusal(graph.source_code)
 
 
@@ -150,15 +158,27 @@ def cpu_fast_sections(
     if not hasattr(fn, "_artifacts"):
         return None, "not a compiled function PyTorch can serialize"
     try:
-        reason, graphs, autograd = _fast_load_refusal(fn)
+        reason, plan = _fast_load_refusal(fn)
     except Exception as exc:  # an unexpected PyTorch structure: keep the full path
-        reason, graphs, autograd = f"{type(exc).__name__}: {exc}", None, None
-    if reason is not None:
+        reason, plan = f"{type(exc).__name__}: {exc}", None
+    if reason is not None or plan is None:
         logging.getLogger("torch_precompile").debug("no fast load: %s", reason)
         return None, reason
     from torch._inductor import select_algorithm
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
+    graphs = plan.graphs
+    cudagraphs: dict[str, Any] | None = None
+    if compiled_function_uses_cudagraphs(fn):
+        if plan.autograd is not None:
+            return None, 'mode="reduce-overhead" training (CUDA graphs of forward and backward)'
+        if plan.inference is not None and plan.inference.aliases:
+            return None, 'mode="reduce-overhead" with outputs aliasing inputs'
+        recording, skipped = lean_cudagraphs.cudagraph_spec(graphs[0])
+        if recording is None:
+            log.info("no CUDA graphs for this artifact: %s", skipped)
+        else:
+            cudagraphs = dataclasses.asdict(recording)
     sources = [graph.source_code for graph in graphs]
     extern_names = sorted(
         {name for src in sources for name in re.findall(r"\bextern_kernels\.(\w+)", src)}
@@ -201,6 +221,7 @@ def cpu_fast_sections(
         "wrapper": sources[0],
         "extern_kernels": extern_names,
         "inputs_to_check": [int(i) for i in (graphs[0].inputs_to_check or ())],
+        "mutated_inputs": sorted(int(i) for i in graphs[0].mutated_input_idxs),
         "bytecode": dumps_lean(env.bytecode),
         "import_sources": dict(env.import_sources),
         "global_homes": global_homes(env.bytecode, env.import_sources),
@@ -218,7 +239,14 @@ def cpu_fast_sections(
         "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
         "device_type": fn._artifacts.device_type,
         "triton": triton_specs,  # key -> launch spec of each Triton kernel (cubin in kernels)
+        "cudagraphs": cudagraphs,  # mode="reduce-overhead": how to record (None: no CUDA graphs)
     }
+    if plan.inference is not None:
+        spec["inference"] = {
+            "version": lean_runtime.RUNTIME_SPEC_VERSION,
+            **dataclasses.asdict(plan.inference),
+        }
+    autograd = plan.autograd
     if autograd is not None:
         # Training: the backward's wrapper and how autograd runs the pair
         # (absent: an inference artifact).
@@ -253,6 +281,7 @@ def load_fast_compiled_function(
         data_ptr,
         filename,
         spec.get("triton"),
+        spec.get("mutated_inputs", ()),
     )
     backward = spec.get("backward")
     if backward is not None:
@@ -272,6 +301,21 @@ def load_fast_compiled_function(
             graph_call.call_list,
             bw_call.call_list,
         )
+    else:
+        call_list = graph_call.call_list
+        if spec.get("cudagraphs"):
+            found = dict(spec["cudagraphs"])
+            recording = lean_cudagraphs.CUDAGraphSpec(
+                static_inputs=tuple(found["static_inputs"]),
+                device_index=int(found["device_index"]),
+                partitions=None
+                if found.get("partitions") is None
+                else tuple(tuple(p) for p in found["partitions"]),
+            )
+            call_list = lean_cudagraphs.install(
+                call_list, graph_call.apply_to_partitions, recording
+            )
+        graph_call = lean_runtime.make_inference_call(_inference_spec(spec), call_list)
     fn = bytecode_function(spec, graph_call, module_globals)
     original_code = loads_code(spec["original_code"])
     light = None
@@ -309,6 +353,18 @@ def load_fast_compiled_function(
         original_code=original_code,
     )
     return FastCompiledFunction(artifacts, fn, serialized, fastload, kernels, module_globals)
+
+
+def _inference_spec(spec: dict[str, Any]) -> lean_runtime.InferenceSpec:
+    """The inference runtime spec of a fastload section (absent: a file that had none)."""
+    found = dict(spec.get("inference") or {"version": lean_runtime.RUNTIME_SPEC_VERSION})
+    if found.pop("version") != lean_runtime.RUNTIME_SPEC_VERSION:
+        raise ValueError("the fast-load runtime spec was written by another version")
+    return lean_runtime.InferenceSpec(
+        mutated_seen_by_autograd=tuple(found.get("mutated_seen_by_autograd", ())),
+        aliases=tuple(None if a is None else tuple(a) for a in found.get("aliases", ())),
+        dynamic_dims=tuple(None if d is None else tuple(d) for d in found.get("dynamic_dims", ())),
+    )
 
 
 def cpu_kernels(fns: Sequence[Any]) -> dict[str, bytes]:

@@ -157,6 +157,16 @@ def joint_for_one_compile(jd: Any, gm: torch.fx.GraphModule) -> Any:
     return new
 
 
+def static_input_indices(dynamo_gm: torch.fx.GraphModule) -> list[int]:
+    """The graph inputs Dynamo marked static (parameters and buffers of the module),
+    as AOTAutograd's ``_try_get_metadata_from_dynamo`` finds them."""
+    return [
+        i
+        for i, node in enumerate(dynamo_gm.graph.find_nodes(op="placeholder"))
+        if node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type")
+    ]
+
+
 def joint_input_count(jd: Any) -> int:
     return len(jd._aot_state.flat_args)
 
@@ -317,6 +327,10 @@ def compile_joint(
     from torch._inductor.virtualized import V
 
     jd = joint_for_one_compile(exported, joint_gm)
+    # The exported joint records no static inputs (export has no Dynamo sources);
+    # torch.compile's path reads them off Dynamo's placeholders, as here: the
+    # parameters and buffers, read in place by CUDA graphs (reduce-overhead).
+    jd._aot_state.fw_metadata.static_input_indices = static_input_indices(dynamo_gm)
     patches = inductor_config_patches(mode, options)
     num_outputs = cfx.get_num_model_outputs(dynamo_gm)
     num_inputs = len(capture.fake_inputs)

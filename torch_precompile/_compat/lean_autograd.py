@@ -7,7 +7,7 @@ its runtime (``_AOTDispatchAutogradFunctionFactory`` in
 graph: which forward outputs are the user's, which are tensors and sizes saved
 for backward, which outputs are viewed with ``_unsafe_view`` or do not need a
 gradient, which outputs' gradients the backward takes (and in what layout).
-Anything else (input mutation, outputs aliasing inputs, RNG state, tensor
+Anything else (input mutations outside the graph, outputs aliasing inputs, RNG state, tensor
 subclasses, effect tokens, a lazily compiled backward) is refused with a reason,
 and the artifact loads through PyTorch's full path.
 """
@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from . import lean_runtime
 
 AUTOGRAD_SPEC_VERSION = 1
 
@@ -50,6 +52,9 @@ class AutogradSpec:
     tangent_layouts: tuple[Any, ...]  # per tangent: (size, stride) or a torch.memory_format
     donated_buffers: bool  # the backward reuses saved buffers: no retain_graph
     nondeterministic: bool  # compiled with deterministic algorithms off
+    # Inputs the forward writes (in the graph) whose writes autograd must see
+    # (absent: a file written before input mutations ran lean).
+    mutated_seen_by_autograd: tuple[int, ...] = ()
 
 
 def autograd_refusal(entry: Any) -> tuple[str | None, AutogradSpec | None]:
@@ -59,18 +64,12 @@ def autograd_refusal(entry: Any) -> tuple[str | None, AutogradSpec | None]:
 
     if entry.compiled_bw is None:
         return "the backward is compiled lazily", None
-    if entry.maybe_subclass_meta is not None:
-        return "tensor subclass inputs", None
-    if any(getattr(w, "needs_post_compile", True) for w in entry.dispatch_wrappers):
-        return "duplicated or aliased inputs", None
-    if entry.indices_of_inps_to_detach:
-        return "inputs to detach", None
     if getattr(entry.compiled_bw, "backward_state_indices", None):
         return "a BackwardState input (compiled autograd)", None
     meta = entry.runtime_metadata
-    for info in meta.input_info:
-        if info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata:
-            return "the graph mutates an input", None
+    reason = lean_runtime.mutation_refusal(meta)
+    if reason is not None:
+        return reason, None
     allowed = {OutputType.non_alias, OutputType.unsafe_view_alias}
     for info in meta.output_info:
         if info.output_type not in allowed:
@@ -128,6 +127,9 @@ def autograd_refusal(entry: Any) -> tuple[str | None, AutogradSpec | None]:
         tangent_layouts=tuple(layouts),
         donated_buffers=bool(meta.bw_donated_idxs),
         nondeterministic=meta.deterministic is False,
+        mutated_seen_by_autograd=tuple(
+            int(i) for i in meta.mutated_graph_handled_indices_seen_by_autograd
+        ),
     )
     return None, spec
 
@@ -209,7 +211,11 @@ def make_autograd_call(
                 out = backward(all_args)
             return tuple(out)
 
+    bumped = tuple(spec.mutated_seen_by_autograd)
+
     def call(*args: Any) -> Any:
+        if bumped:
+            lean_runtime.bump_versions(args, bumped)
         with torch.enable_grad():
             return CompiledFunction.apply(*args)
 

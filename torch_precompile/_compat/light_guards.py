@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import itertools
 import logging
 import types
 from collections.abc import Callable
@@ -138,8 +139,7 @@ class LightGuards:
             tensors = [seen.get(src) for src in group]
             if any(t is None for t in tensors) or len({id(t) for t in tensors}) != len(tensors):
                 return False
-            ptrs = {t.untyped_storage().data_ptr() for t in tensors}
-            if len(ptrs) != len(tensors):
+            if _overlapping(tensors):
                 return False
         return True
 
@@ -342,6 +342,25 @@ class LightGuards:
             self._fail_unless("top_hooks(True) is None")
         else:
             raise ValueError(f"unknown light guard {kind!r}")
+
+
+def _overlapping(tensors: list[Any]) -> bool:
+    """Whether two of ``tensors`` share memory.
+
+    Dynamo's own check is object identity; the compiled graph also assumes
+    distinct inputs do not overlap, so overlapping memory is refused too. Views
+    of one block that do not overlap (the weights of a file read as one block)
+    pass.
+    """
+    spans = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        extent = sum((n - 1) * abs(s) for n, s in zip(t.size(), t.stride())) + 1
+        start = t.data_ptr()
+        spans.append((t.device, start, start + extent * t.element_size()))
+    spans.sort(key=lambda span: (str(span[0]), span[1]))
+    return any(a[0] == b[0] and b[1] < a[2] for a, b in itertools.pairwise(spans))
 
 
 def _tensor_ok(t: Any, check: _TensorCheck, inc: Any, exc: Any) -> bool:

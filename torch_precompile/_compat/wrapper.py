@@ -129,20 +129,43 @@ def _namespace(loader: Any, extern_names: Sequence[str]) -> dict[str, Any]:
 class GraphCall:
     """The compiled graph with Dynamo's calling convention: ``fn(*graph_inputs)``."""
 
-    def __init__(self, call: Callable[[list[Any]], Any], inputs_to_check: Sequence[int]) -> None:
+    def __init__(
+        self,
+        call: Callable[[list[Any]], Any],
+        inputs_to_check: Sequence[int],
+        mutated_inputs: Sequence[int] = (),
+    ) -> None:
         self._call = call
         self._inputs_to_check = tuple(inputs_to_check)
+        self._mutated = frozenset(mutated_inputs)
+        # With Inductor's graph partitions: replaces each partition function
+        # (``fns[i](partition_i)``), as Inductor does to record CUDA graphs.
+        self.apply_to_partitions: Callable[[list[Any]], None] | None = None
 
     def __call__(self, *args: Any) -> Any:
         return self.call_list(list(args))
 
-    def call_list(self, inputs: list[Any]) -> Any:
-        """Inductor's boxed convention: ``call`` takes (and empties) the list."""
+    def call_list(self, inputs: list[Any], received: list[Any] | None = None) -> Any:
+        """Inductor's boxed convention: ``call`` takes (and empties) the list.
+
+        An input Inductor assumed aligned that is not runs as an aligned copy;
+        if the graph writes that input, the copy is written back after the call
+        (as Inductor's ``align_inputs_from_check_idxs``). ``received`` gets the
+        inputs as the graph received them (an output aliasing an input is
+        placed relative to those)."""
+        written_back: list[tuple[torch.Tensor, torch.Tensor]] = []
         for i in self._inputs_to_check:
             t = inputs[i]
             if t.data_ptr() % ALIGNMENT:
                 inputs[i] = _clone_preserve_strides(t)
-        return self._call(inputs)
+                if i in self._mutated:
+                    written_back.append((t, inputs[i]))
+        if received is not None:
+            received.extend(inputs)
+        out = self._call(inputs)
+        for original, copy in written_back:
+            original.copy_(copy)
+        return out
 
 
 def build_graph_call(
@@ -153,6 +176,7 @@ def build_graph_call(
     data_ptr_env: str,
     filename: str,
     triton_specs: dict[str, dict[str, Any]] | None = None,
+    mutated_inputs: Sequence[int] = (),
 ) -> GraphCall:
     """Execute Inductor's wrapper with the shipped kernels (``{key: bytes}``: C++ shared
     objects, Triton cubins described by ``triton_specs``); returns its ``call``."""
@@ -168,7 +192,9 @@ def build_graph_call(
     namespace.update(_namespace(loader, extern_names))
     code = compile(strip_wrapper_imports(wrapper_source), filename, "exec")
     exec(code, namespace)  # generated code shipped in the (trusted) artifact
-    return GraphCall(namespace["call"], inputs_to_check)
+    graph_call = GraphCall(namespace["call"], inputs_to_check, mutated_inputs)
+    graph_call.apply_to_partitions = namespace.get("recursively_apply_fns")
+    return graph_call
 
 
 def wrapper_refusal(source: str) -> str | None:

@@ -77,12 +77,20 @@ class _Sections:
     def __contains__(self, name: object) -> bool:
         return name in self._names
 
-    def __getitem__(self, name: str) -> bytes:
+    def _need(self, name: str) -> None:
         if name not in self._names:
             raise ArtifactCorruptedError(
                 f"{self._reader.path}: the artifact has no {name!r} section; re-save it"
             )
+
+    def __getitem__(self, name: str) -> bytes:
+        self._need(name)
         return self._reader.read(name)
+
+    def mapped(self, name: str) -> memoryview:
+        """Section ``name`` as a checked read-only view of the mapped file (no copy)."""
+        self._need(name)
+        return self._reader.read_mapped(name)
 
     def names(self) -> list[str]:
         return self._reader.names()
@@ -228,7 +236,7 @@ def _bind(
                 )
             return model  # the weights in the file are not even read
         skeleton = json.loads(sections["skeleton"])
-        tensors = standin.unpack_tensors(sections["weights"])
+        tensors = standin.unpack_tensors(sections.mapped("weights"))
         if layout is not None:  # DTensors from this rank's own shard file
             return _distributed.build_standin(path, layout, skeleton, tensors, sections)
         return standin.build_standin(skeleton, tensors)

@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import io
 import json
+import mmap
 import os
 from typing import Any
 
@@ -138,6 +139,30 @@ class ArtifactReader:
         data = memoryview(bytearray(entry["length"]))
         _read_exactly(self._f, self.path, self.info.data_start + entry["offset"], data)
         return _checked(self.path, entry, data)
+
+    def read_mapped(self, name: str) -> memoryview:
+        """The bytes of section ``name``, checked, as a read-only view of the file
+        mapped into memory (no copy: for the weights, which go on to their own
+        memory, host or GPU). The mapping lives as long as the view.
+
+        As with any mapped file (``safetensors``, ``torch.load(mmap=True)``), a
+        file cut short in place while it is read ends the process (SIGBUS);
+        ``Precompile.save`` never writes a file in place (it renames a new one).
+        """
+        entry = self.info.section(name)
+        if entry is None:
+            raise KeyError(name)
+        start, length = self.info.data_start + entry["offset"], entry["length"]
+        if length == 0:
+            return memoryview(self.read(name))
+        aligned = start - start % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(
+            self._f.fileno(), start + length - aligned, offset=aligned, access=mmap.ACCESS_READ
+        )
+        view = memoryview(mapped)[start - aligned :]
+        if hashlib.sha256(view).hexdigest() != entry["sha256"]:
+            raise corrupted(self.path, f"section {name!r} fails its SHA-256 check")
+        return view
 
 
 def open_artifact(

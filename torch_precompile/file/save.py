@@ -193,8 +193,6 @@ def _fast_sections(
         return None, f"device {artifact.device_type}"
     if artifact.variants:
         return None, "a bundle of variants"
-    if _compat.compiled_function_uses_cudagraphs(artifact.compiled_function):
-        return None, 'mode="reduce-overhead"'  # its runtime steps CUDA-graph generations
     try:
         # Kernels this process loaded from a file are read back, not rebuilt.
         with _compat.reusing_shipped_kernels():

@@ -349,17 +349,20 @@ def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
     return bytes(out)
 
 
-def unpack_tensors(data: bytes, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def unpack_tensors(
+    data: bytes | memoryview, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
     """Inverse of :func:`pack_tensors`; tensors own their memory.
 
-    Tensors of one device are copied as one block, straight from ``data``:
-    CPU tensors into memory from torch's allocator (64-byte aligned, so that
-    every tensor, at a 64-byte multiple offset, is aligned as eager's weights
-    are and owns its memory), GPU tensors in one host-to-device copy, so a CUDA
-    artifact's weights are never copied twice in host memory (issue 16).
+    Tensors of one device are copied as one block, straight from ``data`` (at
+    load, a view of the mapped file): CPU tensors into memory from torch's
+    allocator (64-byte aligned, so that every tensor, at a 64-byte multiple
+    offset, is aligned as eager's weights are and owns its memory), GPU tensors
+    in one host-to-device copy, so a CUDA artifact's weights never exist in
+    host memory outside the file's pages (issue 16).
     """
     n = int.from_bytes(data[:8], "little")
-    index = json.loads(data[8 : 8 + n])
+    index = json.loads(bytes(data[8 : 8 + n]))
     base = 8 + n
     source = torch.empty(0, dtype=torch.uint8)
     if len(data) > base:

@@ -162,7 +162,7 @@ def cpu_fast_sections(
     except Exception as exc:  # an unexpected PyTorch structure: keep the full path
         reason, plan = f"{type(exc).__name__}: {exc}", None
     if reason is not None or plan is None:
-        logging.getLogger("torch_precompile").debug("no fast load: %s", reason)
+        log.debug("no fast load: %s", reason)
         return None, reason
     from torch._inductor import select_algorithm
     from torch._inductor.codecache import CppPythonBindingsCodeCache
@@ -304,14 +304,7 @@ def load_fast_compiled_function(
     else:
         call_list = graph_call.call_list
         if spec.get("cudagraphs"):
-            found = dict(spec["cudagraphs"])
-            recording = lean_cudagraphs.CUDAGraphSpec(
-                static_inputs=tuple(found["static_inputs"]),
-                device_index=int(found["device_index"]),
-                partitions=None
-                if found.get("partitions") is None
-                else tuple(tuple(p) for p in found["partitions"]),
-            )
+            recording = lean_cudagraphs.CUDAGraphSpec(**spec["cudagraphs"])
             call_list = lean_cudagraphs.install(
                 call_list, graph_call.apply_to_partitions, recording
             )
@@ -323,7 +316,7 @@ def load_fast_compiled_function(
         try:
             light = LightGuards(spec["light_guards"])
         except Exception as exc:
-            logging.getLogger("torch_precompile").debug("light guards unavailable: %s", exc)
+            log.debug("light guards unavailable: %s", exc)
     guard_manager = TieredGuardManager(
         light,
         functools.partial(
@@ -360,11 +353,7 @@ def _inference_spec(spec: dict[str, Any]) -> lean_runtime.InferenceSpec:
     found = dict(spec.get("inference") or {"version": lean_runtime.RUNTIME_SPEC_VERSION})
     if found.pop("version") != lean_runtime.RUNTIME_SPEC_VERSION:
         raise ValueError("the fast-load runtime spec was written by another version")
-    return lean_runtime.InferenceSpec(
-        mutated_seen_by_autograd=tuple(found.get("mutated_seen_by_autograd", ())),
-        aliases=tuple(None if a is None else tuple(a) for a in found.get("aliases", ())),
-        dynamic_dims=tuple(None if d is None else tuple(d) for d in found.get("dynamic_dims", ())),
-    )
+    return lean_runtime.InferenceSpec(**found)  # pickled as dataclasses.asdict wrote it
 
 
 def cpu_kernels(fns: Sequence[Any]) -> dict[str, bytes]:
@@ -374,7 +363,6 @@ def cpu_kernels(fns: Sequence[Any]) -> dict[str, bytes]:
     loaded in this process, then in Inductor's code cache (no compile); a kernel
     found in neither is left out (loading then compiles it).
     """
-    log = logging.getLogger("torch_precompile")
     binaries: dict[str, bytes] = {}
     missing = 0
     for fn in fns:

@@ -7,9 +7,9 @@ its runtime (``_AOTDispatchAutogradFunctionFactory`` in
 graph: which forward outputs are the user's, which are tensors and sizes saved
 for backward, which outputs are viewed with ``_unsafe_view`` or do not need a
 gradient, which outputs' gradients the backward takes (and in what layout).
-Anything else (input mutations outside the graph, outputs aliasing inputs, RNG state, tensor
-subclasses, effect tokens, a lazily compiled backward) is refused with a reason,
-and the artifact loads through PyTorch's full path.
+Anything else (input mutations outside the graph, outputs aliasing inputs, RNG
+state, tensor subclasses, effect tokens, a lazily compiled backward) is refused
+with a reason, and the artifact loads through PyTorch's full path.
 """
 
 from __future__ import annotations

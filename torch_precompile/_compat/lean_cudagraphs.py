@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from .wrapper import clone_preserve_strides
+
 log = logging.getLogger("torch_precompile")
 
 OVERWRITTEN = (
@@ -40,10 +42,6 @@ OVERWRITTEN = (
 
 # Process-wide counts (for benchmarks and tests): CUDA graphs recorded, replays.
 STATS = {"recorded": 0, "replayed": 0}
-
-# What Inductor's trees use to make a tensor of overwritten memory raise on
-# access (CUDA builds of torch).
-_invalidate = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
 
 CallList = Callable[[list[Any], "list[Any] | None"], Any]
 
@@ -101,18 +99,12 @@ def install(
             runner = CUDAGraphRunner(
                 lambda inputs, received: partition(inputs), static, spec.device_index
             )
-            return lambda inputs: runner.call_list(inputs)
+            return runner.call_list
 
         return wrap
 
     apply_to_partitions([recorder(static) for static in spec.partitions])
     return call
-
-
-def _own_copy(x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
-    out.copy_(x)
-    return out
 
 
 class _Recording:
@@ -124,7 +116,7 @@ class _Recording:
         ]
         self.inputs = list(inputs)
         for i in self.copied:
-            self.inputs[i] = _own_copy(inputs[i])
+            self.inputs[i] = clone_preserve_strides(inputs[i])
         self.graph = torch.cuda.CUDAGraph()
         self.received: list[Any] = []
         with torch.cuda.graph(self.graph):
@@ -136,14 +128,13 @@ class _Recording:
         for i in self.copied:
             self.inputs[i].copy_(inputs[i])
         for storage in self.handed_out:  # the previous call's outputs: overwritten now
-            _invalidate(storage._cdata, OVERWRITTEN)
+            # As Inductor's trees mark them (a CUDA build of torch has it).
+            torch._C._set_storage_data_ptr_access_error_msg(storage._cdata, OVERWRITTEN)
         self.handed_out = []
         self.graph.replay()
         STATS["replayed"] += 1
         if received is not None:
             received.extend(self.received)
-        if _invalidate is None:  # no way to mark overwritten outputs: hand out copies
-            return [t.clone() if isinstance(t, torch.Tensor) else t for t in self.outputs]
         return self._hand_out()
 
     def _hand_out(self) -> list[Any]:

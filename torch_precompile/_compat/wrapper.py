@@ -105,7 +105,8 @@ def wrapper_inductor_imports(source: str) -> list[str]:
     return bad
 
 
-def _clone_preserve_strides(x: torch.Tensor) -> torch.Tensor:
+def clone_preserve_strides(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` with its sizes and strides (expanded dimensions included)."""
     if 0 in x.size():
         needed = 0
     else:
@@ -127,7 +128,8 @@ def _namespace(loader: Any, extern_names: Sequence[str]) -> dict[str, Any]:
 
 
 class GraphCall:
-    """The compiled graph with Dynamo's calling convention: ``fn(*graph_inputs)``."""
+    """The compiled graph's boxed call (Inductor's ``call(args)``), with the input
+    alignment Inductor's runtime adds around it."""
 
     def __init__(
         self,
@@ -142,9 +144,6 @@ class GraphCall:
         # (``fns[i](partition_i)``), as Inductor does to record CUDA graphs.
         self.apply_to_partitions: Callable[[list[Any]], None] | None = None
 
-    def __call__(self, *args: Any) -> Any:
-        return self.call_list(list(args))
-
     def call_list(self, inputs: list[Any], received: list[Any] | None = None) -> Any:
         """Inductor's boxed convention: ``call`` takes (and empties) the list.
 
@@ -157,7 +156,7 @@ class GraphCall:
         for i in self._inputs_to_check:
             t = inputs[i]
             if t.data_ptr() % ALIGNMENT:
-                inputs[i] = _clone_preserve_strides(t)
+                inputs[i] = clone_preserve_strides(t)
                 if i in self._mutated:
                     written_back.append((t, inputs[i]))
         if received is not None:

@@ -160,8 +160,7 @@ class ArtifactReader:
             self._f.fileno(), start + length - aligned, offset=aligned, access=mmap.ACCESS_READ
         )
         view = memoryview(mapped)[start - aligned :]
-        if hashlib.sha256(view).hexdigest() != entry["sha256"]:
-            raise corrupted(self.path, f"section {name!r} fails its SHA-256 check")
+        _verify(self.path, entry, view)
         return view
 
 
@@ -365,12 +364,16 @@ def _read_exactly(f: io.FileIO, path: str, offset: int, into: memoryview) -> Non
         done += n
 
 
-def _checked(path: str, entry: dict[str, Any], section: bytes | memoryview) -> bytes:
+def _verify(path: str, entry: dict[str, Any], section: bytes | memoryview) -> None:
     # Redundant with the whole-file checksum for accidents; catches a writer bug or
     # a hand-made file whose table points at the wrong bytes, and is the only
     # check of a section read after the header alone.
     if hashlib.sha256(section).hexdigest() != entry["sha256"]:
         raise corrupted(path, f"section {entry['name']!r} fails its SHA-256 check")
+
+
+def _checked(path: str, entry: dict[str, Any], section: bytes | memoryview) -> bytes:
+    _verify(path, entry, section)
     return bytes(section)
 
 

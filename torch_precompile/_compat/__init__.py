@@ -72,6 +72,7 @@ from .joint import (
     export_joint,
     joint_graph_module,
     joint_needs_autograd,
+    joint_placeholder_count,
 )
 from .kernels import (
     reusing_shipped_kernels,
@@ -110,6 +111,7 @@ __all__ = [
     "is_capture_error",
     "joint_graph_module",
     "joint_needs_autograd",
+    "joint_placeholder_count",
     "load_fast_compiled_function",
     "make_compiled_function",
     "registered_global_hooks",

@@ -1,6 +1,6 @@
 """torch.distributed internals a distributed artifact needs.
 
-Each concern is tied to how torch 2.11-2.13 build and trace DTensor models:
+Each concern is tied to how torch 2.11-2.14 build and trace DTensor models:
 
 - ``compile_on_one_rank`` (``torch.compiler.config`` from torch 2.14, where the
   ``torch.distributed.config`` name is a deprecated alias; only the latter

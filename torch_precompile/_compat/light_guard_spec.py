@@ -103,6 +103,11 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
     prefix = "check_no_aliasing("
     if kind == "NO_TENSOR_ALIASING" and text.startswith(prefix) and text.endswith(")"):
         return ["no_aliasing", [s.strip() for s in text[len(prefix) : -1].split(", ")]]
+    if kind == "OBJECT_ALIASING":  # two sources must be one object (torch 2.14 emits it)
+        sources = [s.strip() for s in text.split(" is ")]
+        if len(sources) != 2 or not all(sources):
+            raise _NoLightGuards(text)
+        return ["same_object", sources]
     if kind == "TYPE_MATCH":
         m = re.search(r"type=<class '([\w.]+)'>", leaf.verbose_code_parts()[0])
         if m is not None and m.group(1) in LIGHT_TYPES:

@@ -36,9 +36,12 @@ class LightGuards:
     """
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        self._alias_groups: list[list[str]] = []
+        self._alias_groups: list[list[str]] = []  # distinct, non-overlapping tensors
+        self._same_groups: list[list[str]] = []  # one object (OBJECT_ALIASING)
         self._collect_alias_groups(spec)
-        self._alias_sources = {src for group in self._alias_groups for src in group}
+        self._alias_sources = {
+            src for group in self._alias_groups + self._same_groups for src in group
+        }
         self._consts: dict[str, Any] = {}
         self._lines: list[str] = []
         self._n = 0
@@ -141,6 +144,10 @@ class LightGuards:
                 return False
             if _overlapping(tensors):
                 return False
+        for group in self._same_groups:
+            first = seen.get(group[0], seen)  # ``seen`` itself: never a recorded value
+            if first is seen or any(seen.get(src, seen) is not first for src in group[1:]):
+                return False
         return True
 
     def _check_tensors(self, tensors: list[Any]) -> bool:
@@ -204,6 +211,8 @@ class LightGuards:
         for leaf in node["leaves"]:
             if leaf[0] == "no_aliasing" and leaf[1] not in self._alias_groups:
                 self._alias_groups.append(leaf[1])
+            elif leaf[0] == "same_object" and leaf[1] not in self._same_groups:
+                self._same_groups.append(leaf[1])
         subs = [child for _, child in node["children"]]
         for _, k, v in (node.get("dict") or {}).get("entries", []):
             subs.extend(x for x in (k, v) if x is not None)
@@ -310,7 +319,7 @@ class LightGuards:
             if len(leaf) > 2:  # dimensions marked dynamic at capture
                 dims = self._const(frozenset(int(d) for d in leaf[2]))
                 self._fail_unless(f"{dims}.issuperset(getattr({v}, '_dynamo_dynamic_indices', ()))")
-        elif kind == "no_aliasing":
+        elif kind in ("no_aliasing", "same_object"):
             pass  # checked once every value is known
         elif kind == "type":
             self._fail_unless(f"type({v}) is {self._const(LIGHT_TYPES[leaf[1]])}")

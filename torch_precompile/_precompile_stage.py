@@ -99,8 +99,10 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         # Where each graph input comes from (L['x'], L['self']._modules[...]...), for
         # views and to_python after load.
         "graph_inputs": list(capture.input_sources),
+        # Every input dimension each size symbol stands for (variants at size 1 use it).
+        "symbol_sources": _compat.shape_env_symbol_all_sources(capture),
     }
-    signature["output_structure"] = _output_structure.record(
+    recording = _output_structure.record(
         compiled_function,
         capture.graph_module,
         capture.bound_self,
@@ -109,6 +111,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         capture.input_sources,
         state.grad_enabled,
     )
+    signature["output_structure"] = recording.structure
     runtime = Runtime(
         compiled_function, guards, capture.bound_self, out.training, state.grad_enabled
     )
@@ -123,4 +126,5 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         compiled_function=compiled_function,
         _runtime=runtime,
         globals_module=capture.traced_fn.__module__ or "",
+        _recording=recording,
     )

@@ -200,6 +200,18 @@ class Runtime:
             raise failure
         return result
 
+    def refusal(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
+        """Why the checks would refuse this call (None: they pass); runs no kernel."""
+        with self.grad_mode(args, kwargs) as refusal:
+            if refusal is not None:
+                return refusal
+            frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+            for step in self.checks:
+                failure = step.check(frame)
+                if failure is not None:
+                    return failure
+        return None
+
     def try_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         """``(None, result)``, or ``(GuardError, None)`` without running the compiled code."""
         with self.grad_mode(args, kwargs) as refusal:

@@ -265,3 +265,16 @@ def global_state_snapshot() -> dict[str, Any]:
         "autocast": torch.is_autocast_enabled("cpu")
         or (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")),
     }
+
+
+def concrete_zeros_like(example: Any) -> Any:
+    """Zeros with ``example``'s dtype and device at its example sizes (a fake tensor's
+    symbolic sizes read by their hints); non-tensors are returned as they are."""
+    if not isinstance(example, torch.Tensor):
+        return example
+
+    def hint(s: Any) -> int:
+        node = getattr(s, "node", None)
+        return int(node.hint) if node is not None and node.hint is not None else int(s)
+
+    return torch.zeros([hint(s) for s in example.shape], dtype=example.dtype, device=example.device)

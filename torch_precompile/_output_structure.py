@@ -54,7 +54,7 @@ def record(
     grad_enabled: bool,
 ) -> Recording:
     """Run the bytecode once with a stub graph; the caller's objects are left as they were."""
-    examples = _graph_output_values(graph_module)
+    examples = graph_output_values(graph_module)
     outputs = [_placeholder(v) for v in examples]
     _, fn, signature = _compat.compiled_function_parts(compiled_function)
     full = (bound_self, *args) if bound_self is not None else args
@@ -92,7 +92,7 @@ def record(
     return Recording(structure, writes, placeholders)
 
 
-def _graph_output_values(gm: torch.fx.GraphModule) -> list[Any]:
+def graph_output_values(gm: torch.fx.GraphModule) -> list[Any]:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     leaves = torch.utils._pytree.tree_leaves(out.args[0])
     return [getattr(a, "meta", {}).get("example_value", a) for a in leaves]

@@ -11,6 +11,7 @@ from typing import Any
 from . import _compat, _output_structure, _system
 from ._artifact import PrecompiledArtifact, variant_label
 from ._inductor_stage import InductorOutput
+from ._output_layout import stride_orders
 from ._runtime import Runtime, VariantRuntime
 from ._signature import describe_graph_outputs
 from .guards import (
@@ -112,8 +113,17 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         state.grad_enabled,
     )
     signature["output_structure"] = recording.structure
+    # Eager's layout of each output, so that state returned by one call fits the next.
+    signature["output_layouts"] = stride_orders(
+        _output_structure.graph_output_values(capture.graph_module)
+    )
     runtime = Runtime(
-        compiled_function, guards, capture.bound_self, out.training, state.grad_enabled
+        compiled_function,
+        guards,
+        capture.bound_self,
+        out.training,
+        state.grad_enabled,
+        signature["output_layouts"],
     )
     return PrecompiledArtifact(
         guards=guards,

@@ -19,6 +19,7 @@ import torch
 
 from . import _compat
 from ._errors import GuardError
+from ._output_layout import keep_layouts
 from ._signature import make_binder
 from .guards import (
     ROOT_SOURCE,
@@ -161,7 +162,12 @@ class Runtime:
         bound_self: Any,
         training: bool,
         grad_enabled: bool | None = None,
+        output_layouts: Sequence[list[int] | None] | None = None,
     ) -> None:
+        if output_layouts:
+            _compat.wrap_compiled_graph(
+                compiled_function, lambda graph: keep_layouts(graph, output_layouts)
+            )
         guard_manager, fn, signature = _compat.compiled_function_parts(compiled_function)
         self.compiled_function = compiled_function
         self.guard_manager = guard_manager

@@ -62,8 +62,10 @@ from .functions import (
     import_global_refs,
     make_compiled_function,
     serialize_compiled_function,
+    size_hint,
     stubbed_compiled_graph,
     unresolved_globals,
+    wrap_compiled_graph,
 )
 from .guard_manager import build_guard_manager
 from .guard_vocab import CapturedGuard, SaveCandidate, captured_guards, save_candidate
@@ -126,7 +128,9 @@ __all__ = [
     "shape_env_var_ranges",
     "shipped_cpu_kernels",
     "shipped_kernels_enabled",
+    "size_hint",
     "stubbed_compiled_graph",
     "unresolved_globals",
     "wants_size_oblivious",
+    "wrap_compiled_graph",
 ]

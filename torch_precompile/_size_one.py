@@ -31,10 +31,11 @@ MAX_COMBINED = 3
 
 
 def excluded_ones(artifact: PrecompiledArtifact) -> list[str]:
-    """The size symbols whose recorded range leaves out 1 while the example had more."""
+    """The size symbols whose recorded range starts at 2: 0/1 specialised, or 1 excluded
+    by a branch (a range fixed by the model, such as a feature width, is left alone)."""
     out = []
     for g in artifact.guards.of_kind(RangeGuard):
-        if g.min >= 2 and g.symbol not in out:
+        if g.min == 2 and (g.max is None or g.max > 2) and g.symbol not in out:
             out.append(g.symbol)
     return out
 

@@ -11,6 +11,11 @@ Cases, each run in a fresh Python process:
 - ``mega_cache``: ``torch.compiler.load_cache_artifacts`` of the bytes
   ``torch.compiler.save_cache_artifacts`` wrote after a compile, then
   ``torch.compile`` and call.
+- ``precompile``: PyTorch 2.14's ``torch.compiler.precompile`` (a ``make_fx``
+  trace lowered by AOTAutograd and Inductor to Python source plus a kernel
+  cache): ``torch.compiler.precompile.load(code, cache)`` and call with the
+  model, built and its weights loaded (the source holds no weights). Skipped,
+  with a note, on a torch that lacks it.
 - ``ours``: ``Precompile.load(path)`` and call (weights travel in the file).
 
 Each case runs *cold* (fresh, empty ``TORCHINDUCTOR_CACHE_DIR``, Triton cache,
@@ -23,6 +28,8 @@ Usage (from the repository root)::
 
     python benchmarks/coldstart.py                 # both models, all cases, 3 runs
     python benchmarks/coldstart.py --models tiny_mlp --cases eager ours --runs 1
+    python benchmarks/coldstart.py --cases eager ours aot_compile precompile --runs 2 \
+        --out benchmarks/results/coldstart_cpu_torch2.14.json --readme
 
 It prints markdown tables and writes ``benchmarks/results/coldstart_cpu.json``
 (rewritten after each case); ``--readme`` also puts the tables into README.md and
@@ -49,11 +56,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = ("transformer", "tiny_mlp")
-CASES = ("eager", "ours", "jit", "aot_compile", "aoti", "mega_cache")
+CASES = ("eager", "ours", "jit", "aot_compile", "precompile", "aoti", "mega_cache")
 LABELS = {
     "eager": "eager (build + load weights)",
     "jit": "torch.compile (JIT)",
     "aot_compile": "torch aot_compile + load_compiled_function",
+    "precompile": "torch.compiler.precompile + load (torch 2.14+)",
     "aoti": "AOTInductor aoti_load_package",
     "mega_cache": "torch.compile + mega-cache",
     "ours": "torch_precompile load",
@@ -61,6 +69,7 @@ LABELS = {
 FILE_NOTES = {
     "eager": "state_dict",
     "aot_compile": "no weights",
+    "precompile": "source + kernel cache, no weights",
     "aoti": "weights included",
     "mega_cache": "cache only, no weights",
     "ours": "weights + kernels included",
@@ -77,6 +86,7 @@ paths = {
     "io": os.path.join(work, "io.pt"),
     "weights": os.path.join(work, "weights.pt"),
     "aot_compile": os.path.join(work, "model.aot"),
+    "precompile": os.path.join(work, "model_precompiled.py"),
     "aoti": os.path.join(work, "model.pt2"),
     "mega_cache": os.path.join(work, "mega.bin"),
     "ours": os.path.join(work, "model.tpc"),
@@ -132,11 +142,20 @@ if mode == "build":
             data, _ = torch.compiler.save_cache_artifacts()
             with open(paths[case], "wb") as f:
                 f.write(data)
+        elif case == "precompile":
+            code, cache = torch.compiler.precompile(lambda m, *a: m(*a), model, *args)
+            with open(paths[case], "w") as f:
+                f.write(code)
+            with open(paths[case] + ".cache", "wb") as f:
+                f.write(cache)
         elif case == "ours":
             from torch_precompile import Precompile
             Precompile.save(paths[case], Precompile.compile(model, args))
     build = time.perf_counter() - t
-    print(json.dumps({"compile_s": build, "size": os.path.getsize(paths[case])}))
+    size = os.path.getsize(paths[case])
+    if case == "precompile":
+        size += os.path.getsize(paths[case] + ".cache")
+    print(json.dumps({"compile_s": build, "size": size}))
     sys.exit(0)
 
 # mode == "run"
@@ -151,6 +170,15 @@ with torch.no_grad():
         model = built()
         with open(paths[case], "rb") as f:
             loaded = torch.compiler.load_compiled_function(f)
+        fn = lambda *a: loaded(model, *a)
+        t = time.perf_counter(); out = fn(*args)
+    elif case == "precompile":
+        model = built()
+        with open(paths[case]) as f:
+            code = f.read()
+        with open(paths[case] + ".cache", "rb") as f:
+            cache = f.read()
+        loaded = torch.compiler.precompile.load(code, cache)
         fn = lambda *a: loaded(model, *a)
         t = time.perf_counter(); out = fn(*args)
     elif case == "aoti":
@@ -230,8 +258,14 @@ def bench_case(
     entry: dict[str, Any] = {"label": LABELS[case], "note": FILE_NOTES.get(case, "")}
     warm_caches = work / f"caches-{case}"
     shutil.rmtree(warm_caches, ignore_errors=True)
+    if case == "precompile" and not _has_torch_precompile():
+        import torch
+
+        entry["skipped"] = f"torch {torch.__version__} has no torch.compiler.precompile"
+        print(f"[coldstart] {model}/{case}: {entry['skipped']}", file=sys.stderr)
+        return entry
     try:
-        if case in ("aot_compile", "aoti", "mega_cache", "ours"):
+        if case in ("aot_compile", "precompile", "aoti", "mega_cache", "ours"):
             built, _ = _child(
                 script, ["build", case, model, str(work)], _env(warm_caches, REPO), timeout
             )
@@ -278,6 +312,12 @@ def bench_case(
     return entry
 
 
+def _has_torch_precompile() -> bool:
+    import torch
+
+    return callable(getattr(torch.compiler, "precompile", None))
+
+
 def import_overhead(runs: int, work_root: Path) -> dict[str, float]:
     """What ``import torch_precompile`` adds to ``import torch``, in fresh processes (median)."""
     env = _env(work_root / "scratch", REPO)
@@ -322,6 +362,9 @@ def table(model: str, res: dict[str, Any]) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for entry in res.values():
+        if "skipped" in entry:
+            lines.append(f"| {entry['label']} | skipped: {entry['skipped']} | | | | |")
+            continue
         if "error" in entry:
             lines.append(f"| {entry['label']} | failed: see JSON | | | | |")
             continue
@@ -366,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         text = render(report)
         print(text)
         if ns.readme:
-            update_readme(text)
+            update_readme(text, report["machine"]["torch"])
         return 0
     cases = ["eager", *[c for c in ns.cases if c != "eager"]]  # ratios need eager
 
@@ -386,10 +429,11 @@ def main(argv: list[str] | None = None) -> int:
             for m in ns.models:
                 results[m][case] = bench_case(m, case, ns.runs, work_root, script, ns.timeout)
                 _write_report(ns.out, ns.runs, overhead, results)
-    text = render(json.loads(Path(ns.out).read_text()))
+    report = json.loads(Path(ns.out).read_text())
+    text = render(report)
     print(text)
     if ns.readme:
-        update_readme(text)
+        update_readme(text, report["machine"]["torch"])
     print(f"wrote {ns.out}")
     return 0
 
@@ -410,9 +454,12 @@ def render(report: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def update_readme(text: str) -> None:
+def update_readme(text: str, torch_version: str) -> None:
+    """Put ``text`` into README.md between the markers of this torch's minor version."""
+    minor = ".".join(torch_version.split(".")[:2])
     readme = REPO / "README.md"
-    start, end = "<!-- coldstart-table -->", "<!-- /coldstart-table -->"
+    start = f"<!-- coldstart-table torch-{minor} -->"
+    end = f"<!-- /coldstart-table torch-{minor} -->"
     content = readme.read_text()
     if start not in content or end not in content:
         raise SystemExit(f"README.md has no {start} ... {end} block")

@@ -382,7 +382,12 @@ def test_calls_under_inference_mode(saved: dict[str, Path]) -> None:
     assert guards.light is not None
     with torch.inference_mode():
         f_locals = {"self": art.module, "ids": ids}
-        assert guards.light.check(f_locals) and guards.full.check(f_locals)
+        assert guards.light.check(f_locals)
+        # Dynamo's own manager, rebuilt here under inference mode: torch 2.13 recomputes
+        # the expected dispatch keys under the building thread's state and accepts;
+        # 2.14 keeps the capture's keys and refuses (torch.compile would recompile).
+        # The light check accepts on both: the inference graph computes the same values.
+        assert guards.full.check(f_locals) == (torch.__version__ < "2.14")
         torch.testing.assert_close(art(ids), io["expected"], rtol=1e-4, atol=1e-4)
         made_here = ids.clone()
         assert made_here.is_inference()

@@ -25,7 +25,9 @@ One module per concern, in pipeline order:
 - ``light_guard_spec``, ``light_guards``: Dynamo's guard tree read at save into
   a plain spec, and checked from it as plain Python at load;
 - ``distributed``: DTensor meshes and ``compile_on_one_rank``;
-- ``hooks``: the module hook dicts a call checks.
+- ``hooks``: the module hook dicts a call checks;
+- ``contract``: every private PyTorch name the modules above use, in one list,
+  checked on the installed torch by ``tests/test_torch_contract.py``.
 """
 
 from .capture import (
@@ -76,6 +78,7 @@ from .joint import (
     export_joint,
     joint_graph_module,
     joint_needs_autograd,
+    joint_placeholder_count,
 )
 from .kernels import (
     reusing_shipped_kernels,
@@ -115,6 +118,7 @@ __all__ = [
     "is_capture_error",
     "joint_graph_module",
     "joint_needs_autograd",
+    "joint_placeholder_count",
     "load_fast_compiled_function",
     "make_compiled_function",
     "registered_global_hooks",

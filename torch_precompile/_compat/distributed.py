@@ -2,7 +2,9 @@
 
 Each concern is tied to how torch 2.11-2.13 build and trace DTensor models:
 
-- ``torch.distributed.config.compile_on_one_rank``, under which tracing
+- ``compile_on_one_rank`` (``torch.compiler.config`` from torch 2.14, where the
+  ``torch.distributed.config`` name is a deprecated alias; only the latter
+  before), under which tracing
   leaves the rank out of the graph (coordinates computed at run time, process
   groups reached through the DeviceMesh), and the DeviceMesh that such a
   graph keeps as an Inductor opaque constant, which PyTorch's serialization
@@ -31,22 +33,35 @@ _DISTRIBUTE_MODULE_HOOK = "distribute_module.<locals>.<lambda>"
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 
 
+# Where ``compile_on_one_rank`` lives, newest first: torch 2.14 moved it to
+# ``torch.compiler.config`` and kept the old name as a deprecated alias.
+ONE_RANK_CONFIGS = ("torch.compiler.config", "torch.distributed.config")
+
+
+def _one_rank_config() -> Any:
+    for name in ONE_RANK_CONFIGS:
+        try:
+            config = importlib.import_module(name)
+        except ImportError:
+            continue
+        if "compile_on_one_rank" in getattr(config, "_config", {}):
+            return config
+    return None
+
+
 def compile_on_one_rank_available() -> bool:
-    """Whether this torch has ``torch.distributed.config.compile_on_one_rank``."""
-    try:
-        config = importlib.import_module("torch.distributed.config")
-    except ImportError:
-        return False
-    return hasattr(config, "compile_on_one_rank")
+    """Whether this torch has the ``compile_on_one_rank`` config."""
+    return _one_rank_config() is not None
 
 
 @contextlib.contextmanager
 def compile_on_one_rank() -> Iterator[None]:
-    """Trace with ``torch.distributed.config.compile_on_one_rank`` on: DTensor
-    then computes a rank's mesh coordinate at run time (an op of the graph)
-    instead of baking in the tracing rank's, and reaches process groups
-    through the DeviceMesh."""
-    config = importlib.import_module("torch.distributed.config")
+    """Trace with ``compile_on_one_rank`` on: DTensor then computes a rank's mesh
+    coordinate at run time (an op of the graph) instead of baking in the
+    tracing rank's, and reaches process groups through the DeviceMesh."""
+    config = _one_rank_config()
+    if config is None:
+        raise RuntimeError(f"this torch has no compile_on_one_rank (in {ONE_RANK_CONFIGS})")
     with config.patch(compile_on_one_rank=True):
         yield
 

@@ -69,6 +69,9 @@ def cudagraph_spec(graph: Any) -> tuple[CUDAGraphSpec | None, str | None]:
         return None, "the compiled graph carries no CUDA-graph information"
     if info.cudagraph_fail_reasons:
         return None, f"Inductor skips CUDA graphs: {'; '.join(info.cudagraph_fail_reasons)}"
+    if getattr(graph, "kernel_free_cudagraph", False):
+        # torch 2.14+: a graph that launches no kernel is not recorded by the trees either.
+        return None, "the graph launches no kernel (Inductor records no CUDA graph for it)"
     devices = sorted(graph.device_idxs)
     if len(devices) != 1:
         return None, f"CUDA graphs over devices {devices}"

@@ -47,6 +47,26 @@ def _graph_marker() -> None:
     pass  # ``start_graph``/``end_graph``: save refuses wrappers that call them
 
 
+def _assert_tensor_metadata(
+    tensor: torch.Tensor | None,
+    expected_size: Sequence[Any],
+    expected_stride: Sequence[Any],
+    expected_dtype: torch.dtype,
+    op_name: str | None = None,
+) -> None:
+    """Inductor's ``runtime_utils.assert_tensor_metadata`` (torch 2.14+), whose module
+    imports sympy and Dynamo: the same dtype check, then the same C++ size/stride check."""
+    if tensor is None:
+        return
+    if tensor.dtype != expected_dtype:
+        where = f"\nError in op: {op_name}" if op_name else ""
+        raise RuntimeError(
+            f"expected dtype {expected_dtype} but got {tensor.dtype}{where}\nThis error most "
+            "often comes from an incorrect fake (aka meta) kernel for a custom op."
+        )
+    torch._C._dynamo.guards.assert_size_stride(tensor, expected_size, expected_stride, op_name)
+
+
 # Import lines of Inductor's wrapper, and the name each binds (save checks that
 # the wrapper imports nothing else from torch._inductor).
 WRAPPER_IMPORTS: dict[str, str] = {
@@ -60,6 +80,10 @@ WRAPPER_IMPORTS: dict[str, str] = {
     "import triton": "triton",
     "import triton.language as tl": "tl",
     "from torch._inductor.runtime.triton_heuristics import start_graph, end_graph": "start_graph",
+    # torch 2.14+: a dtype check beside each extern kernel's size/stride assertion.
+    "from torch._inductor.runtime.runtime_utils import assert_tensor_metadata": (
+        "assert_tensor_metadata"
+    ),
 }
 
 
@@ -124,6 +148,7 @@ def _namespace(loader: Any, extern_names: Sequence[str]) -> dict[str, Any]:
         "extern_kernels": _ExternKernels(extern_names),
         "start_graph": _graph_marker,
         "end_graph": _graph_marker,
+        "assert_tensor_metadata": _assert_tensor_metadata,
     }
 
 
@@ -252,6 +277,7 @@ def _recorded(source: str) -> tuple[list[tuple[list[str], str]], list[tuple[str,
         "extern_kernels": None,
         "start_graph": None,
         "end_graph": None,
+        "assert_tensor_metadata": None,
         "__name__": "torch_precompile_wrapper_probe",
     }
     code = compile(strip_wrapper_imports(source), "<inductor wrapper>", "exec")

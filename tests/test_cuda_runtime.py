@@ -1,0 +1,238 @@
+"""The lean load's GPU code: CUDA graphs (``_compat/lean_cudagraphs.py``) and Triton
+kernels launched without Triton (``_compat/triton_kernels.py``), against eager.
+
+The recording spec read off Inductor's compiled graph is checked everywhere; the
+rest needs a CUDA GPU and is skipped without one. On the GPU machine::
+
+    python -m pytest tests/test_cuda_runtime.py -v -rs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_precompile import Precompile
+from torch_precompile._compat import lean_cudagraphs
+from torch_precompile._compat.lean_cudagraphs import CUDAGraphRunner, CUDAGraphSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU (lean CUDA graphs and statically launched Triton kernels)",
+)
+
+
+# ----------------------------------------------- the recording spec (any machine)
+
+
+def _graph(**fields: Any) -> Any:
+    base = {
+        "cudagraph_info": types.SimpleNamespace(cudagraph_fail_reasons=[]),
+        "device_idxs": {0},
+        "fx_kwargs": {"static_input_idxs": [0, 2]},
+        "partition_maps": None,
+    }
+    base.update(fields)
+    return types.SimpleNamespace(**base)
+
+
+def test_spec_of_a_recordable_graph() -> None:
+    spec, why = lean_cudagraphs.cudagraph_spec(_graph())
+    assert why is None and spec == CUDAGraphSpec((0, 2), 0, None)
+
+
+def test_spec_of_partitions_maps_the_static_inputs_of_each() -> None:
+    maps = [
+        types.SimpleNamespace(input_index_mapping=[0, 1]),
+        types.SimpleNamespace(input_index_mapping=[None, 2, 3]),
+    ]
+    spec, why = lean_cudagraphs.cudagraph_spec(_graph(partition_maps=maps))
+    assert why is None and spec is not None
+    assert spec.partitions == ((0,), (1,))  # partition-local indices of inputs 0 and 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"cudagraph_info": None}, "carries no CUDA-graph information"),
+        (
+            {"cudagraph_info": types.SimpleNamespace(cudagraph_fail_reasons=["mutated inputs"])},
+            "Inductor skips CUDA graphs: mutated inputs",
+        ),
+        ({"device_idxs": {0, 1}}, "CUDA graphs over devices [0, 1]"),
+        ({"partition_maps": []}, "no graph partition to record"),
+        ({"kernel_free_cudagraph": True}, "launches no kernel"),  # torch 2.14+
+    ],
+)
+def test_spec_refusals_say_why(fields: dict[str, Any], reason: str) -> None:
+    spec, why = lean_cudagraphs.cudagraph_spec(_graph(**fields))
+    assert spec is None and why is not None and reason in why
+
+
+# ------------------------------------------------------- CUDA graphs (GPU only)
+
+
+def _affine(inputs: list[Any], received: list[Any] | None) -> list[torch.Tensor]:
+    """A graph's boxed call: ``x @ w + b`` (``w`` and ``b`` are its static inputs)."""
+    x, w, b = inputs
+    if received is not None:
+        received.extend(inputs)
+    inputs.clear()
+    return [torch.addmm(b, x, w)]
+
+
+@needs_cuda
+def test_runner_warms_up_records_then_replays_new_inputs() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(16, 8, device="cuda")
+    b = torch.randn(8, device="cuda")
+    runner = CUDAGraphRunner(_affine, static_inputs=(1, 2), device_index=0)
+    before = dict(lean_cudagraphs.STATS)
+    for step in range(4):
+        x = torch.randn(4, 16, device="cuda")
+        (out,) = runner.call_list([x, w, b])
+        torch.testing.assert_close(out, x @ w + b)
+        recorded = lean_cudagraphs.STATS["recorded"] - before["recorded"]
+        replayed = lean_cudagraphs.STATS["replayed"] - before["replayed"]
+        # Call 1 runs as compiled (warm-up), call 2 records, later calls replay.
+        assert (recorded, replayed) == [(0, 0), (1, 0), (1, 1), (1, 2)][step]
+
+
+@needs_cuda
+def test_static_inputs_are_read_in_place_and_moved_ones_record_again() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(16, 8, device="cuda")
+    b = torch.randn(8, device="cuda")
+    x = torch.randn(4, 16, device="cuda")
+    runner = CUDAGraphRunner(_affine, static_inputs=(1, 2), device_index=0)
+    for _ in range(2):
+        runner.call_list([x, w, b])
+    w.mul_(2)  # updated in place (an optimizer step): the recording reads it
+    (out,) = runner.call_list([x, w, b])
+    torch.testing.assert_close(out, x @ w + b)
+    recorded = lean_cudagraphs.STATS["recorded"]
+    w2 = w.clone()  # the weights moved: warm-up, then a new recording
+    for _ in range(2):
+        (out,) = runner.call_list([x, w2, b])
+        torch.testing.assert_close(out, x @ w2 + b)
+    assert lean_cudagraphs.STATS["recorded"] == recorded + 1
+
+
+@needs_cuda
+def test_an_output_overwritten_by_the_next_replay_raises() -> None:
+    w = torch.randn(16, 8, device="cuda")
+    b = torch.randn(8, device="cuda")
+    runner = CUDAGraphRunner(_affine, static_inputs=(1, 2), device_index=0)
+    x = torch.randn(4, 16, device="cuda")
+    for _ in range(2):
+        runner.call_list([x, w, b])
+    (first,) = runner.call_list([x, w, b])
+    kept = first.clone()
+    runner.call_list([torch.randn(4, 16, device="cuda"), w, b])
+    with pytest.raises(RuntimeError, match="overwritten by a subsequent run"):
+        first.sum().item()
+    torch.testing.assert_close(kept, x @ w + b)
+
+
+@needs_cuda
+def test_partitions_are_each_recorded() -> None:
+    """With graph partitions, ``install`` wraps each partition function (Inductor's
+    ``recursively_apply_fns``) in its own runner; the graph's call stays as it is."""
+    w = torch.randn(16, 8, device="cuda")
+    b = torch.randn(8, device="cuda")
+    partitions: list[Any] = [lambda inputs: _affine(inputs, None)]
+
+    def apply(wrappers: list[Any]) -> None:
+        partitions[:] = [wrap(fn) for wrap, fn in zip(wrappers, partitions, strict=True)]
+
+    def call(inputs: list[Any], received: list[Any] | None) -> Any:
+        return partitions[0](inputs)
+
+    spec = CUDAGraphSpec(static_inputs=(1, 2), device_index=0, partitions=((1, 2),))
+    assert lean_cudagraphs.install(call, apply, spec) is call
+    before = lean_cudagraphs.STATS["recorded"]
+    for _ in range(3):
+        x = torch.randn(4, 16, device="cuda")
+        (out,) = call([x, w, b], None)
+        torch.testing.assert_close(out, x @ w + b)
+    assert lean_cudagraphs.STATS["recorded"] == before + 1
+
+
+# ------------------------------------------ Triton kernels after a lean load (GPU)
+
+_FRESH = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from torch_precompile import Precompile
+    from torch_precompile._compat import lean_cudagraphs
+
+    art = Precompile.load(sys.argv[1])
+    io = torch.load(sys.argv[2])
+    outs = []
+    with torch.no_grad():
+        for x in io["inputs"]:
+            outs.append(art(x, io["w"]).clone())
+    for out, ref in zip(outs, io["expected"]):
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    heavy = ["torch._dynamo", "torch._inductor.compile_fx", "sympy", "triton",
+             "torch._inductor.runtime.triton_heuristics"]
+    print(json.dumps({"lean": type(art.compiled_function).__name__,
+                      "imported": [m for m in heavy if m in sys.modules],
+                      "stats": lean_cudagraphs.STATS}))
+    """
+)
+
+
+def _gelu_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x @ w) * torch.sigmoid(x.sum(-1, keepdim=True))
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_triton_kernels_run_after_a_lean_load_as_eager(tmp_path: Path, mode: str | None) -> None:
+    """A CUDA artifact loads in a fresh process without Triton, Inductor's compiler or
+    Dynamo; its kernels (cubins launched by PyTorch's static launcher), and with
+    ``mode="reduce-overhead"`` its CUDA graphs, give eager's results for new inputs."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 32, device="cuda")
+    x = torch.randn(8, 64, device="cuda")
+    with torch.no_grad():
+        dyn = Precompile.dynamo(_gelu_mm, (x, w))
+        compiled = Precompile.inductor(Precompile.aot_autograd(dyn), mode=mode)
+        assert "triton" in compiled.as_text()  # Triton kernels, not extern calls only
+        art = Precompile.precompile(compiled)
+        inputs = [torch.randn(8, 64, device="cuda") for _ in range(4)]
+        expected = [_gelu_mm(t, w) for t in inputs]
+    path = tmp_path / "cuda.pt"
+    Precompile.save(path, art, dyn.bytecode, compiled.guards)
+    torch.save({"inputs": inputs, "w": w, "expected": expected}, tmp_path / "io.pt")
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRESH, str(path), str(tmp_path / "io.pt")],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["lean"] == "FastCompiledFunction", result
+    assert result["imported"] == [], result
+    if mode == "reduce-overhead":
+        # Call 1 warms up, call 2 records (one graph, or one per Inductor partition),
+        # calls 3 and 4 replay each recording.
+        recorded = result["stats"]["recorded"]
+        assert recorded >= 1 and result["stats"]["replayed"] == 2 * recorded, result
+    else:
+        assert result["stats"] == {"recorded": 0, "replayed": 0}, result

@@ -1,0 +1,209 @@
+"""The private PyTorch names torch_precompile uses, checked on the installed torch.
+
+``torch_precompile/_compat/contract.py`` lists every private name ``_compat/``
+touches. On a new PyTorch, ``test_every_private_name_resolves`` reports each
+one that is missing or changed, all in one message. The layout tests keep
+the list complete: a private ``torch`` name (a path with a ``_``-prefixed
+part) referenced in ``_compat/`` source, or a keyword or config key passed to
+one, must be in the list.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from torch_precompile._compat import contract
+from torch_precompile._compat.contract import PrivateName
+from torch_precompile._compat.wrapper import WRAPPER_IMPORTS
+
+COMPAT = Path(contract.__file__).parent
+_TENSOR_GUARDS_PROBE = "TensorGuards(*tensors, dynamic_dims_sizes=, dynamic_dims_strides=)"
+
+
+def test_every_private_name_resolves() -> None:
+    found = contract.problems()
+    assert not found, contract.report(found)
+
+
+def test_missing_and_changed_names_are_all_reported_in_one_message() -> None:
+    """A list with a bogus name, module, parameter and config key: each is named in the
+    report (the check does not stop at the first), and the good entries are not."""
+    names = (
+        PrivateName("torch._inductor.codecache:PyCodeCache.load"),
+        PrivateName("torch._inductor.codecache:NoSuchCache.load"),
+        PrivateName("torch._dynamo.no_such_module:thing"),
+        PrivateName(
+            "torch._functorch.aot_autograd:aot_export_joint_with_descriptors",
+            ("decompositions", "no_such_parameter"),
+        ),
+        PrivateName("torch._inductor.config", ("triton.cudagraphs", "no_such.config_key")),
+        PrivateName("torch.no_such_config", ("x",), alternatives=("torch._dynamo.config",)),
+        # A C++ callable's keywords are checked by running our call: here on the wrong class.
+        PrivateName("torch._C:_dynamo.guards.GlobalStateGuard", probe=_TENSOR_GUARDS_PROBE),
+    )
+    found = contract.problems(names)
+    message = contract.report(found)
+    assert len(found) == 6, message
+    assert message.startswith("6 private PyTorch name(s)")
+    for bogus in ("NoSuchCache", "no_such_module", "no_such_parameter", "no_such.config_key"):
+        assert bogus in message
+    # Reported as what it is: a missing attribute, a changed signature.
+    assert "missing: torch._inductor.codecache:NoSuchCache.load (AttributeError" in message
+    changed = "changed: torch._functorch.aot_autograd:aot_export_joint_with_descriptors has no"
+    assert f"{changed} no_such_parameter" in message
+    assert "GlobalStateGuard fails our call TensorGuards(" in message
+    assert "PyCodeCache.load" not in message and "triton.cudagraphs" not in message
+    # An entry with alternatives fails only when none of its places has what is used.
+    assert "torch.no_such_config" in message and "torch._dynamo.config has no x" in message
+
+
+def test_an_alternative_place_is_enough() -> None:
+    names = (
+        PrivateName(
+            "torch.no_such_module", ("strict_autograd_cache",), ("torch._functorch.config",)
+        ),
+    )
+    assert contract.problems(names) == []
+
+
+# ------------------------------------------------------------------ layout
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _private(name: str) -> bool:
+    parts = name.split(".")
+    return (
+        parts[0] == "torch"
+        and parts[1:2] != ["ops"]
+        and any(p.startswith("_") and not p.startswith("__") for p in parts[1:])
+    )
+
+
+def _references() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Private torch names referenced in ``_compat/`` (name -> files), and the keywords
+    or config keys passed to each (name -> keys)."""
+    refs: dict[str, set[str]] = {}
+    keys: dict[str, set[str]] = {}
+    for path in sorted(COMPAT.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+                for a in node.names:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("torch."):
+                        aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else "torch"
+        aliases["torch"] = "torch"
+
+        def full(node: ast.AST, aliases: dict[str, str] = aliases) -> str | None:
+            dotted = _dotted(node)
+            if dotted is None or dotted.split(".")[0] not in aliases:
+                return None
+            head, _, rest = dotted.partition(".")
+            return f"{aliases[head]}.{rest}" if rest else aliases[head]
+
+        for alias in aliases.values():
+            if _private(alias):
+                refs.setdefault(alias, set()).add(path.name)
+        for node in ast.walk(tree):
+            name = full(node) if isinstance(node, ast.Attribute) else None
+            if isinstance(node, ast.Call):
+                func = full(node.func)
+                if func is not None and func.endswith(".patch"):
+                    func = func[: -len(".patch")]  # a config module's patch: its keys
+                if func is not None and _private(func):
+                    used = {k.arg for k in node.keywords if k.arg}
+                    for arg in node.args:
+                        if isinstance(arg, ast.Dict):  # config.patch({"key": value})
+                            used |= {k.value for k in arg.keys if isinstance(k, ast.Constant)}
+                    keys.setdefault(func, set()).update(used)
+                callee = _dotted(node.func) or ""
+                if callee.endswith("import_module") and isinstance(node.args[0], ast.Constant):
+                    name = node.args[0].value
+            if name and _private(name):
+                refs.setdefault(name, set()).add(path.name)
+    for line in WRAPPER_IMPORTS:  # what Inductor's generated wrapper imports
+        if line.startswith("from torch"):
+            module, names = line[len("from ") :].split(" import ")
+            for imported in names.split(","):
+                name = f"{module}.{imported.split(' as ')[0].strip()}"
+                refs.setdefault(name, set()).add("wrapper.py (WRAPPER_IMPORTS)")
+    return refs, keys
+
+
+def _listed() -> dict[str, set[str]]:
+    """Each listed name and place (``module.attr``), with the uses listed for it."""
+    listed: dict[str, set[str]] = {}
+    for entry in contract.CONTRACT:
+        for place in entry.places():
+            listed.setdefault(place.replace(":", "."), set()).update(entry.uses)
+    return listed
+
+
+def _covered(name: str, listed: dict[str, set[str]]) -> bool:
+    if name in listed or any(other.startswith(name + ".") for other in listed):
+        return True
+    parent, _, last = name.rpartition(".")
+    if last.startswith("__") or last == "patch":
+        return parent in listed or any(other.startswith(parent + ".") for other in listed)
+    return last in listed.get(parent, ())  # a config key or member listed as a use
+
+
+def test_the_layout_test_finds_what_it_must() -> None:
+    refs, keys = _references()
+    # One of each kind: an import, an alias chain, a torch._C chain, a wrapper import,
+    # an import_module string, and the keys of a config patch.
+    for name in (
+        "torch._inductor.codecache.CppPythonBindingsCodeCache",
+        "torch._inductor.compile_fx.partition_fn",
+        "torch._C._dynamo.guards.assert_size_stride",
+        "torch._inductor.runtime.runtime_utils.assert_tensor_metadata",
+        "torch.distributed._ops.device_mesh",
+    ):
+        assert name in refs, name
+    assert "force_autograd_cache" in keys["torch._functorch.config"]
+    assert _covered("torch._inductor.compile_fx.partition_fn", _listed())
+    assert not _covered("torch._inductor.compile_fx.no_such_name", _listed())
+
+
+def test_every_private_name_in_compat_is_in_the_contract() -> None:
+    refs, _ = _references()
+    listed = _listed()
+    absent = sorted(
+        f"{name} (in {', '.join(sorted(refs[name]))})"
+        for name in refs
+        if not _covered(name, listed)
+    )
+    assert not absent, "add to CONTRACT in _compat/contract.py:\n  " + "\n  ".join(absent)
+
+
+def test_every_keyword_and_config_key_passed_is_in_the_contract() -> None:
+    _, keys = _references()
+    listed = _listed()
+    absent = sorted(
+        f"{name}: {key}"
+        for name, used in keys.items()
+        for key in used
+        if key not in listed.get(name, ())
+    )
+    assert not absent, "add these uses to CONTRACT in _compat/contract.py:\n  " + "\n  ".join(
+        absent
+    )
+
+
+def test_no_entry_is_listed_twice() -> None:
+    names = [entry.name for entry in contract.CONTRACT]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

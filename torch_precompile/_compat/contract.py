@@ -1,0 +1,408 @@
+"""Every private PyTorch name the package touches, in one list, and its check.
+
+``_compat/`` is the only code that reaches into PyTorch's internals; this
+list names each thing it reaches (a module, a module attribute, a class
+member) and, where it matters, the keyword parameters, dataclass fields or
+config keys it uses. :func:`problems` resolves every entry on the installed
+torch and returns each one that is missing or changed, all of them at once,
+so that a new PyTorch release is judged by one readable report
+(``tests/test_torch_contract.py``), not by a user. A layout test keeps the
+list complete: a ``torch._...`` name used in ``_compat/`` but absent here
+fails it.
+
+An entry is ``"module:attr.path"`` (``"module"`` alone for a module).
+``alternatives`` are other places where some supported torch keeps the same
+thing (any one resolving is enough); ``cuda`` entries are checked only on a
+CUDA build. Importing this module imports nothing from PyTorch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import re
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateName:
+    """One private name of PyTorch that ``_compat/`` uses."""
+
+    name: str
+    uses: tuple[str, ...] = ()  # keyword parameters, fields, members or config keys
+    alternatives: tuple[str, ...] = ()
+    cuda: bool = False
+    after: str = ""  # a module that must be imported first (as the package's code path does)
+    since: str = ""  # the first torch that has it (checked from there on)
+    probe: str = ""  # a call of ours checked by running it (a C++ signature is not readable)
+
+    def places(self) -> tuple[str, ...]:
+        return (self.name, *self.alternatives)
+
+
+def _n(
+    name: str,
+    *uses: str,
+    alternatives: tuple[str, ...] = (),
+    cuda: bool = False,
+    after: str = "",
+    since: str = "",
+    probe: str = "",
+) -> PrivateName:
+    return PrivateName(name, tuple(uses), alternatives, cuda, after, since, probe)
+
+
+_DYN, _FT, _IND = "torch._dynamo", "torch._functorch", "torch._inductor"
+_SCHEMAS = f"{_FT}._aot_autograd.schemas"
+
+CONTRACT: tuple[PrivateName, ...] = (
+    # --- torch._C (the light guards, the lean runtime, Inductor's wrapper) ---
+    _n("torch._C:DispatchKey.Undefined"),
+    _n("torch._C:DispatchKeySet", "raw_repr"),
+    _n("torch._C:_DisableAutocast"),
+    _n("torch._C:_StaticCudaLauncher._launch_kernel", cuda=True),
+    _n("torch._C:_StaticCudaLauncher._load_kernel", cuda=True),
+    _n("torch._C:_autograd._get_current_graph_task_keep_graph"),
+    _n("torch._C:_autograd._top_saved_tensors_default_hooks"),
+    _n("torch._C:_construct_storage_from_data_pointer"),
+    _n("torch._C:_dispatch_keys"),
+    _n("torch._C:_dispatch_tls_local_exclude_set"),
+    _n("torch._C:_dispatch_tls_local_include_set"),
+    _n("torch._C:_dynamo.guards.GlobalStateGuard", "check", "__setstate__"),
+    _n(
+        "torch._C:_dynamo.guards.TensorGuards",
+        "check",
+        "dynamic_dims_sizes",
+        "dynamic_dims_strides",
+        probe="TensorGuards(*tensors, dynamic_dims_sizes=, dynamic_dims_strides=)",
+    ),
+    _n("torch._C:_dynamo.guards.assert_size_stride"),
+    _n("torch._C:_is_any_autocast_enabled"),
+    _n("torch._C:_len_torch_function_stack"),
+    _n("torch._C:_profiler._RecordFunctionFast"),
+    _n("torch._C:_set_storage_data_ptr_access_error_msg", cuda=True),
+    # --- small private helpers outside the compilers ---
+    _n("torch.autograd.profiler:_is_profiler_enabled"),
+    _n("torch.utils._device"),
+    _n("torch.utils._pytree:tree_leaves"),
+    _n("torch._guards:CompileContext"),
+    _n("torch._guards:Guard"),
+    _n("torch._guards:TracingContext.get"),
+    _n("torch._guards:compile_context"),
+    _n("torch._guards:tracing"),
+    _n("torch._dispatch.python:enable_python_dispatcher"),
+    _n("torch._decomp.decompositions_for_rng:PhiloxStateTracker"),
+    _n("torch.fx.experimental._config", "backed_size_oblivious"),
+    _n("torch.distributed._ops.device_mesh", after="torch.distributed.tensor"),
+    _n(
+        "torch.compiler.config",
+        "compile_on_one_rank",
+        alternatives=("torch.distributed.config",),  # before torch 2.14
+    ),
+    # --- Dynamo: capture, guards, the AOTCompiledFunction format ---
+    _n(
+        f"{_DYN}.config",
+        "automatic_dynamic_shapes",
+        "ignore_logging_functions",
+        "skip_nnmodule_hook_guards",
+        "specialize_float",
+    ),
+    _n(f"{_DYN}.compiled_autograd:_disable"),
+    _n(f"{_DYN}.convert_frame:_get_signature"),
+    _n(f"{_DYN}.convert_frame:fullgraph_capture"),
+    _n(f"{_DYN}.convert_frame:get_compile_id"),
+    _n(f"{_DYN}.convert_frame:get_traced_fn"),
+    _n(f"{_DYN}.aot_compile:AOTCompilePickler.reducer_override"),
+    _n(f"{_DYN}.aot_compile:AOTCompiledFunction", "_artifacts", "_extra_globals"),
+    _n(f"{_DYN}.aot_compile:AOTCompiledFunction.deserialize", "f_globals"),
+    _n(f"{_DYN}.aot_compile:AOTCompiledFunction.serialize"),
+    _n(
+        f"{_DYN}.aot_compile:CompileArtifacts",
+        "signature",
+        "guard_manager",
+        "guards_state",
+        "backend_id",
+        "compiled_fn",
+        "original_code",
+        "runtime_env",
+        "source_info",
+        "device_type",
+        "backend_name",
+    ),
+    _n(f"{_DYN}.aot_compile:bind_locals"),
+    _n(f"{_DYN}.aot_compile_types:BundledAOTAutogradSerializableCallable", "compiled_fn"),
+    _n(f"{_DYN}.eval_frame:set_enable_dynamic"),
+    _n(f"{_DYN}.exc:Unsupported"),
+    _n(f"{_DYN}.exc:UserError"),
+    _n(f"{_DYN}.graph_utils:_graph_device_type"),
+    _n(f"{_DYN}.guards:GuardsStatePickler._unpickle_module"),
+    _n(f"{_DYN}.guards:GuardsStatePickler.reducer_override"),
+    _n(f"{_DYN}.hooks:Hooks", "guard_filter_fn"),
+    _n(f"{_DYN}.mutation_guard:GenerationTracker.generation"),
+    _n(f"{_DYN}.package:SourceInfo", "inlined_sources"),
+    _n(f"{_DYN}.package:load_guard_manager"),
+    _n(f"{_DYN}.package:load_guards_state"),
+    _n(f"{_DYN}.source:ChainedSource"),
+    _n(f"{_DYN}.source:ImportSource"),
+    _n(f"{_DYN}.source:get_global_source_name"),
+    _n(f"{_DYN}.utils:_disable_saved_tensors_hooks_during_tracing"),
+    _n(f"{_DYN}.utils:dynamo_timed"),
+    _n(f"{_DYN}.utils:get_metrics_context"),
+    _n(
+        f"{_DYN}.variables.torch_function:torch_function_mode_stack_state_mgr",
+        "stack",
+        "temp_restore_stack",
+    ),
+    # --- AOTAutograd: joint export and compile, its runtime metadata ---
+    _n(
+        f"{_FT}.config",
+        "strict_autograd_cache",
+        "bypass_autograd_cache_key",
+        "bundled_autograd_cache",
+        "force_non_lazy_backward_lowering",
+        "force_autograd_cache",
+        "unlift_effect_tokens",
+    ),
+    _n(
+        f"{_FT}.aot_autograd:aot_export_joint_with_descriptors",
+        "decompositions",
+        "keep_inference_input_mutations",
+    ),
+    _n(
+        f"{_FT}.aot_autograd:aot_compile_joint_with_descriptors",
+        "partition_fn",
+        "fw_compiler",
+        "bw_compiler",
+        "serializable",
+    ),
+    _n(f"{_FT}.aot_autograd:preserve_rng_state"),
+    _n(f"{_FT}._aot_autograd.runtime_wrappers:SerializableCompiledFunction", "serialize"),
+    _n(
+        f"{_FT}._aot_autograd.aot_autograd_result:GenericAOTAutogradResult",
+        "compiled_fw",
+        "compiled_bw",
+        "runtime_metadata",
+        "dispatch_wrappers",
+        "maybe_subclass_meta",
+        "num_fw_outs_saved_for_bw",
+        "indices_of_inps_to_detach",
+    ),
+    _n(f"{_SCHEMAS}:MutationType.MUTATED_OUT_GRAPH"),
+    _n(f"{_SCHEMAS}:OutputType.alias_of_input"),
+    _n(f"{_SCHEMAS}:OutputType.is_input"),
+    _n(f"{_SCHEMAS}:OutputType.non_alias"),
+    _n(f"{_SCHEMAS}:OutputType.unsafe_view_alias"),
+    _n(
+        f"{_SCHEMAS}:ViewAndMutationMeta",
+        "input_info",
+        "output_info",
+        "tokens",
+        "num_intermediate_bases",
+        "num_outputs",
+        "num_forward_returns",
+        "num_backward_tokens",
+        "num_graphsafe_rng_states",
+        "is_rng_op_functionalized",
+        "grad_enabled_mutation",
+        "deterministic",
+        "bw_donated_idxs",
+        "subclass_tangent_meta",
+        "dynamic_saved_tensors_idxs",
+        "unsafe_view_out_indices",
+        "mutated_graph_handled_indices_seen_by_autograd",
+        "indices_of_inputs_that_requires_grad_with_mutations_in_bw",
+        "tensors_saved_for_backwards_with_vc_check_slice",
+        "tensors_saved_for_backwards_no_vc_check_slice",
+        "symints_saved_for_backwards_slice",
+        "opaque_objects_saved_for_backwards_slice",
+    ),
+    _n(
+        f"{_SCHEMAS}:OutputAliasInfo",
+        "output_type",
+        "raw_type",
+        "base_idx",
+        "dynamic_dims",
+        "requires_grad",
+    ),
+    _n(
+        f"{_SCHEMAS}:InputAliasInfo",
+        "mutation_type",
+        "mutates_storage_metadata",
+        "mutation_inductor_storage_resize",
+        "requires_grad",
+    ),
+    # --- Inductor: compile, its generated wrapper, shipped kernels ---
+    _n(
+        f"{_IND}.config",
+        "triton.cudagraphs",
+        "triton.descriptive_names",
+        "strict_static_triton_launcher",
+    ),
+    _n(f"{_IND}:list_mode_options"),
+    _n(f"{_IND}.compile_fx:compile_fx_backward", "compiler_config_extra"),
+    _n(
+        f"{_IND}.compile_fx:compile_fx_forward",
+        "num_orig_model_outputs",
+        "num_example_inputs",
+        "compiler_config_extra",
+        "is_inference",
+    ),
+    _n(f"{_IND}.compile_fx:create_compiler_config_extra"),
+    _n(f"{_IND}.compile_fx:get_num_model_outputs"),
+    _n(f"{_IND}.compile_fx:partition_fn"),
+    _n(f"{_IND}.compile_fx:run_pre_grad_passes"),
+    _n(f"{_IND}.decomposition:select_decomp_table"),
+    _n(f"{_IND}.virtualized:V.set_fake_mode"),
+    _n(f"{_IND}.ir:argsort_sym", alternatives=(f"{_IND}.utils:argsort_sym",)),
+    _n(
+        f"{_IND}.output_code:CompiledFxGraph",
+        "source_code",
+        "cudagraph_info",
+        "partition_maps",
+        "device_idxs",
+        "device_types",
+        "fx_kwargs",
+        "constants",
+        "torchbind_constants",
+    ),
+    _n(f"{_IND}.output_code:CompiledFxGraphConstants"),
+    _n(f"{_IND}.output_code:CompiledFxGraphConstantsWithGm"),
+    _n(f"{_IND}.codecache:CppPythonBindingsCodeCache.load_pybinding"),
+    _n(f"{_IND}.codecache:CppPythonBindingsCodeCache.load_pybinding_async"),
+    _n(f"{_IND}.codecache:PyCodeCache.load"),
+    _n(f"{_IND}.cpp_builder:CppBuilder.build"),
+    _n(f"{_IND}.cpu_vec_isa:valid_vec_isa_list.cache_info"),
+    _n(f"{_IND}.select_algorithm:extern_kernels"),
+    _n(f"{_IND}.runtime.cache_dir_utils:triton_cache_dir"),
+    _n(f"{_IND}.runtime.runtime_utils:triton_hash_to_path_key"),
+    _n(f"{_IND}.runtime.triton_heuristics:StaticTritonCompileResult.can_statically_launch"),
+    # Names Inductor's generated wrapper imports (stood in for at a lean load).
+    _n(f"{_IND}.hooks:run_intermediate_hooks"),
+    _n(f"{_IND}.utils:maybe_profile"),
+    _n(f"{_IND}.codegen.memory_planning:_align"),
+    _n(f"{_IND}.async_compile:AsyncCompile", "cpp_pybinding", "triton", "wait"),
+    _n(f"{_IND}.runtime.triton_heuristics:start_graph"),
+    _n(f"{_IND}.runtime.triton_heuristics:end_graph"),
+    _n(f"{_IND}.runtime.runtime_utils:assert_tensor_metadata", since="2.14"),
+)
+
+
+def resolve(name: str) -> Any:
+    """The object ``"module:attr.path"`` names (ImportError/AttributeError if none)."""
+    module, _, path = name.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in path.split(".") if path else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def _assigned(cls: type) -> set[str]:
+    """The ``self.<name> =`` assignments in a Python class's source (``__post_init__``...)."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return set()
+    return set(re.findall(r"\bself\.(\w+)\s*(?::[^=]+)?=", source))
+
+
+def _has(obj: Any, use: str) -> bool | None:
+    """Whether ``obj`` offers ``use``: a config key, a parameter, a field or a member
+    (None: it cannot be told, a C++ callable's keyword parameters)."""
+    config = getattr(obj, "_config", None)
+    if isinstance(config, dict):  # a torch config module
+        return use in config
+    if hasattr(obj, use):
+        return True
+    if isinstance(obj, type):
+        if dataclasses.is_dataclass(obj) and use in {f.name for f in dataclasses.fields(obj)}:
+            return True
+        if any(use in getattr(k, "__annotations__", {}) for k in obj.__mro__):
+            return True
+        if use in _assigned(obj):
+            return True
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return None if callable(obj) else False
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return True
+    return use in params
+
+
+def _tensor_guards_probe(tensor_guards: type) -> None:
+    import torch
+
+    t = torch.zeros(2, 3)
+    guards = tensor_guards(t, dynamic_dims_sizes=[[2, 3]], dynamic_dims_strides=[[3, 1]])
+    if not guards.check(t) or guards.check(torch.zeros(3, 2)):
+        raise RuntimeError("TensorGuards no longer checks sizes as given")
+
+
+# Keyword parameters of C++ callables cannot be read: these calls are run instead.
+_PROBES = {
+    "TensorGuards(*tensors, dynamic_dims_sizes=, dynamic_dims_strides=)": _tensor_guards_probe,
+}
+
+
+def _older(version: str) -> bool:
+    import torch
+
+    return torch.__version__ < version
+
+
+def _is_cuda_build() -> bool:
+    import torch
+
+    return torch.version.cuda is not None
+
+
+def problems(contract: tuple[PrivateName, ...] = CONTRACT) -> list[str]:
+    """Each entry of ``contract`` that the installed torch lacks or changed, as one line."""
+    found = []
+    cuda = None
+    for entry in contract:
+        if entry.cuda:
+            cuda = _is_cuda_build() if cuda is None else cuda
+            if not cuda:
+                continue
+        if entry.since and _older(entry.since):
+            continue
+        failures = []
+        for place in entry.places():
+            try:
+                if entry.after:
+                    importlib.import_module(entry.after)
+                obj = resolve(place)
+            except Exception as exc:
+                failures.append(f"missing: {place} ({type(exc).__name__}: {str(exc)[:200]})")
+                continue
+            # Uses that cannot be read off a C++ callable are checked by its probe.
+            lacking = [
+                use
+                for use in entry.uses
+                if not _has(obj, use) and not (entry.probe and _has(obj, use) is None)
+            ]
+            why = [f"has no {', '.join(lacking)}"] if lacking else []
+            if entry.probe and not lacking:
+                try:
+                    _PROBES[entry.probe](obj)
+                except Exception as exc:
+                    why.append(f"fails our call {entry.probe} ({type(exc).__name__}: {exc})")
+            if not why:
+                break
+            failures.append(f"changed: {place} {'; '.join(why)}")
+        else:
+            found.append(" / ".join(failures))
+    return found
+
+
+def report(found: list[str]) -> str:
+    """One readable message for :func:`problems`' lines."""
+    import torch
+
+    head = (
+        f"{len(found)} private PyTorch name(s) that torch_precompile uses are missing or "
+        f"changed in torch {torch.__version__} (fix them in torch_precompile/_compat/):"
+    )
+    return "\n".join([head, *(f"  - {line}" for line in found)])

@@ -104,8 +104,12 @@ def compile_for_generation(
             f"got shape {tuple(input_ids.shape)}"
         )
     row = input_ids[:1]
+    # A dynamic batch equal to another size (the prompt, a decode mask of 2) would be
+    # tied to it by Dynamo's duck sizing: pick one equal to none of them.
+    prompt_len = row.shape[1]
+    many = next(b for b in (3, 4, 5, 6, 7) if b not in (prompt_len, prompt_len + 1, prompt_len + 2))
     examples = []
-    for batch in (2, 1):
+    for batch in (many, 1):
         for prompt in (row, row[:, :1]):
             ids = prompt.expand(batch, -1).clone(memory_format=torch.contiguous_format)
             calls = forward_calls(model, ids, new_tokens=2, **generate_kwargs)

@@ -51,17 +51,29 @@ def make_config(name: str, tiny: bool):
 
     if name == "gpt2":
         if tiny:
-            return transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=512, n_positions=256)
+            return transformers.GPT2Config(
+                n_layer=2, n_embd=64, n_head=2, vocab_size=512, n_positions=256
+            )
         return transformers.GPT2Config()
     if name == "llama":
         if tiny:
             return transformers.LlamaConfig(
-                hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=512, max_position_embeddings=256,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=512,
+                max_position_embeddings=256,
             )
         return transformers.LlamaConfig(
-            hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
-            num_key_value_heads=8, vocab_size=32000, max_position_embeddings=2048,
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            vocab_size=32000,
+            max_position_embeddings=2048,
         )
     raise ValueError(f"unknown model {name!r}")
 
@@ -119,7 +131,9 @@ def child_measure(a) -> dict:
         model.forward = torch.compile(model.forward)
     elif a.mode == "hf_static":
         if a.device != "cuda":
-            raise RuntimeError("hf_static compiles only on CUDA (transformers' auto-compile criteria)")
+            raise RuntimeError(
+                "hf_static compiles only on CUDA (transformers' auto-compile criteria)"
+            )
         extra["cache_implementation"] = "static"
     elif a.mode == "precompile":
         from torch_precompile import Precompile
@@ -132,8 +146,12 @@ def child_measure(a) -> dict:
 
     def gen(n: int):
         return model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-            do_sample=False, **extra,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            **extra,
         )
 
     if ctx is not None:
@@ -143,8 +161,10 @@ def child_measure(a) -> dict:
             gen(1)
             sync(a.device)
             first_token_s = time.time() - a.t0
+            t = time.perf_counter()
             gen(a.new_tokens)  # warm-up
             sync(a.device)
+            warmup_s = time.perf_counter() - t
             t = time.perf_counter()
             out = gen(a.new_tokens)
             sync(a.device)
@@ -154,16 +174,17 @@ def child_measure(a) -> dict:
             ctx.__exit__(None, None, None)
     return {
         "first_token_s": first_token_s,
+        "warmup_generate_s": warmup_s,
         "generate_s": dt,
         "tokens_per_s": a.new_tokens / dt,
-        "tokens": out[0, ids.shape[1]:].tolist(),
+        "tokens": out[0, ids.shape[1] :].tolist(),
     }
 
 
 def child(a) -> None:
     try:
         result = child_build(a) if a.child == "build" else child_measure(a)
-    except Exception as e:  # noqa: BLE001 - record, don't crash
+    except Exception as e:
         result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -175,8 +196,22 @@ def spawn(a, role: str, model: str, workdir: str, mode: str = "") -> dict:
     env["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     argv = [
-        sys.executable, os.path.abspath(__file__), "--child", role, "--model", model, "--dir", workdir,
-        "--mode", mode, "--new-tokens", str(a.new_tokens), "--prompt", str(a.prompt), "--device", a.device,
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        role,
+        "--model",
+        model,
+        "--dir",
+        workdir,
+        "--mode",
+        mode,
+        "--new-tokens",
+        str(a.new_tokens),
+        "--prompt",
+        str(a.prompt),
+        "--device",
+        a.device,
     ] + (["--tiny"] if a.tiny else [])
     t0 = time.time()
     argv += ["--t0", repr(t0)]
@@ -184,7 +219,7 @@ def spawn(a, role: str, model: str, workdir: str, mode: str = "") -> dict:
         p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=a.timeout)
         lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
         if lines:
-            result = json.loads(lines[-1][len("RESULT "):])
+            result = json.loads(lines[-1][len("RESULT ") :])
         else:
             result = {"error": f"exit {p.returncode}, no result", "stderr": p.stderr[-3000:]}
     except subprocess.TimeoutExpired:
@@ -210,10 +245,15 @@ def parent(a) -> None:
 
     results: dict = {
         "device": a.device,
-        "device_name": torch.cuda.get_device_name() if a.device == "cuda" and torch.cuda.is_available() else "cpu",
+        "device_name": torch.cuda.get_device_name()
+        if a.device == "cuda" and torch.cuda.is_available()
+        else "cpu",
         "torch": torch.__version__,
         "argv": sys.argv,
-        "batch": 1, "prompt": a.prompt, "new_tokens": a.new_tokens, "tiny": a.tiny,
+        "batch": 1,
+        "prompt": a.prompt,
+        "new_tokens": a.new_tokens,
+        "tiny": a.tiny,
         "models": {},
     }
     try:
@@ -228,8 +268,10 @@ def parent(a) -> None:
         entry: dict = {}
         print(f"[{model}] build ...", flush=True)
         entry["build"] = spawn(a, "build", model, workdir)
-        print(f"[{model}] build: {json.dumps({k: v for k, v in entry['build'].items() if k != 'traceback'})[:500]}",
-              flush=True)
+        print(
+            f"[{model}] build: {json.dumps({k: v for k, v in entry['build'].items() if k != 'traceback'})[:500]}",
+            flush=True,
+        )
         for mode in modes:
             if mode == "precompile" and "error" in entry["build"]:
                 entry[mode] = {"error": "build failed: " + entry["build"]["error"]}
@@ -238,19 +280,29 @@ def parent(a) -> None:
             for _ in range(a.repeats):
                 r = spawn(a, "measure", model, workdir, mode)
                 runs.append(r)
-                print(f"[{model}] {mode}: " + json.dumps({k: v for k, v in r.items() if k not in ("tokens",)})[:600],
-                      flush=True)
+                print(
+                    f"[{model}] {mode}: "
+                    + json.dumps({k: v for k, v in r.items() if k not in ("tokens",)})[:600],
+                    flush=True,
+                )
             entry[mode] = summarize(runs)
-        eager_tokens = next((r["tokens"] for r in entry.get("eager", {}).get("runs", []) if "tokens" in r), None)
+        eager_tokens = next(
+            (r["tokens"] for r in entry.get("eager", {}).get("runs", []) if "tokens" in r), None
+        )
         for mode in modes:
             toks = [r.get("tokens") for r in entry.get(mode, {}).get("runs", []) if "tokens" in r]
             if eager_tokens is not None and toks:
                 entry[mode]["tokens_equal_eager"] = all(t == eager_tokens for t in toks)
                 entry[mode]["tokens_matching_prefix"] = min(
-                    next((i for i, (x, y) in enumerate(zip(t, eager_tokens)) if x != y), len(t)) for t in toks
+                    next((i for i, (x, y) in enumerate(zip(t, eager_tokens)) if x != y), len(t))
+                    for t in toks
                 )
         results["models"][model] = entry
         shutil.rmtree(workdir, ignore_errors=True)
+        write(a, results, modes)
+
+
+def write(a, results: dict, modes: list[str]) -> None:
 
     table = [
         f"Generation, batch 1, prompt {a.prompt}, {a.new_tokens} new tokens, greedy; "
@@ -262,14 +314,19 @@ def parent(a) -> None:
     ]
     for model, entry in results["models"].items():
         b = entry["build"]
-        note = (f"build: compile_for_generation {b['compile_s']:.1f} s, file {b['artifact_bytes'] / 1e6:.1f} MB"
-                if "error" not in b else f"build error: {b['error'][:200]}")
+        note = (
+            f"build: compile_for_generation {b['compile_s']:.1f} s, file {b['artifact_bytes'] / 1e6:.1f} MB"
+            if "error" not in b
+            else f"build error: {b['error'][:200]}"
+        )
         table.append(f"| {model} | build | | | | {note} |")
         for mode in modes:
             e = entry.get(mode, {})
             if "first_token_s" in e:
-                table.append(f"| {model} | {mode} | {e['first_token_s']:.2f} | {e['tokens_per_s']:.1f} | "
-                             f"{e.get('tokens_equal_eager', '')} | |")
+                table.append(
+                    f"| {model} | {mode} | {e['first_token_s']:.2f} | {e['tokens_per_s']:.1f} | "
+                    f"{e.get('tokens_equal_eager', '')} | |"
+                )
             else:
                 err = str(e.get("error", "")).replace("|", "/").replace("\n", " ")[:200]
                 table.append(f"| {model} | {mode} | | | | error: {err} |")
@@ -285,7 +342,9 @@ def parent(a) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--models", default="gpt2")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--repeats", type=int, default=1)

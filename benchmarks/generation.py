@@ -19,7 +19,8 @@ Modes: ``eager``; ``torch.compile`` (``model.forward = torch.compile(model.forwa
 default mode); ``hf_static`` (transformers' static cache,
 ``cache_implementation="static"``: generate compiles the decode step with its
 default ``CompileConfig``, reduce-overhead; CUDA only); ``precompile``
-(``Precompile.load(path, model=model)`` + ``generate_with``). Greedy tokens of
+(``Precompile.load(path, model=model)`` + ``generate_with``);
+``precompile_standalone`` (``Precompile.load(path)``, the file's weights). Greedy tokens of
 each mode are compared with eager's.
 
 Usage (repository root)::
@@ -43,7 +44,7 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 0
-MODES = ("eager", "torch.compile", "hf_static", "precompile")
+MODES = ("eager", "torch.compile", "hf_static", "precompile", "precompile_standalone")
 
 
 def make_config(name: str, tiny: bool):
@@ -135,11 +136,17 @@ def child_measure(a) -> dict:
                 "hf_static compiles only on CUDA (transformers' auto-compile criteria)"
             )
         extra["cache_implementation"] = "static"
-    elif a.mode == "precompile":
+    elif a.mode in ("precompile", "precompile_standalone"):
         from torch_precompile import Precompile
         from torch_precompile.generation import generate_with
 
-        loaded = Precompile.load(os.path.join(a.dir, "artifact.pt"), model=model)
+        path = os.path.join(a.dir, "artifact.pt")
+        # standalone: the artifact computes with the file's weights (the model only drives generate)
+        loaded = (
+            Precompile.load(path)
+            if a.mode == "precompile_standalone"
+            else Precompile.load(path, model=model)
+        )
         ctx = generate_with(model, loaded)
     elif a.mode != "eager":
         raise ValueError(a.mode)
@@ -273,7 +280,7 @@ def parent(a) -> None:
             flush=True,
         )
         for mode in modes:
-            if mode == "precompile" and "error" in entry["build"]:
+            if mode.startswith("precompile") and "error" in entry["build"]:
                 entry[mode] = {"error": "build failed: " + entry["build"]["error"]}
                 continue
             runs = []

@@ -53,11 +53,26 @@ def gpt_dynamic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Pat
 
 @pytest.fixture(scope="module")
 def mlp_dynamic_true() -> tuple[Any, Any]:
-    """``dynamic=True`` without size-oblivious reasoning: Dynamo specialises 0/1."""
+    """``dynamic=True`` without the size-1 variants: Dynamo specialises 0/1."""
+    model, (x,), _ = build_dropout_mlp()
+    with torch.no_grad():
+        artifact = Precompile.compile(model, x, dynamic=True, size_one=False)
+    return artifact, model
+
+
+def test_dynamic_true_serves_batch_one_with_a_variant(tmp_path: Path) -> None:
+    """By default a dynamic compile bundles a variant at size 1 where Dynamo left 1 out."""
     model, (x,), _ = build_dropout_mlp()
     with torch.no_grad():
         artifact = Precompile.compile(model, x, dynamic=True)
-    return artifact, model
+    assert len(artifact.variants) == 2
+    path = tmp_path / "mlp_dynamic_one.pt2"
+    Precompile.save(path, artifact)
+    for served in (artifact, Precompile.load(path)):
+        for batch in (1, 2, 7):
+            x = torch.randn(batch, 32)
+            with torch.no_grad():
+                torch.testing.assert_close(served(x), model(x))
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,11 @@ from typing import Any
 from ._aot_stage import aot_autograd
 from ._artifact import PrecompiledArtifact
 from ._distributed import save_shard
-from ._dynamo_stage import dynamo
+from ._dynamo_stage import dynamo, normalize_inputs
 from ._inductor_stage import inductor
 from ._precompile_stage import precompile
+from ._settle import settled
+from ._size_one import with_size_one
 from .file.load import load
 from .file.save import save
 
@@ -46,24 +48,40 @@ class Precompile:
         decompositions: dict[Any, Any] | None = None,
         mode: str | None = None,
         options: dict[str, Any] | None = None,
+        size_one: bool = True,
         verbose: bool = False,
     ) -> PrecompiledArtifact:
         """Run the four stages in one call and return the artifact.
 
+        A dynamic capture whose dimensions leave out size 1 (Dynamo specialises
+        it; libraries branch on it) also gets one variant per such dimension at
+        size 1, bundled in, unless ``size_one=False``. A forward that writes
+        state on its first call gets a variant for the state it leaves. The
+        model and the example inputs are left as they were.
+
         ``verbose=True`` shows each stage's start and duration on stderr (the
         ``torch_precompile`` logger's INFO records, for this call only).
         """
-        with _progress_on_stderr(verbose):
-            captured = dynamo(
-                model,
-                example_inputs,
-                example_kwargs,
-                dynamic=dynamic,
-                size_oblivious=size_oblivious,
-            )
+
+        def build(
+            args: tuple[Any, ...], kwargs: dict[str, Any], settle: bool = True
+        ) -> PrecompiledArtifact:
+            captured = dynamo(model, args, kwargs, dynamic=dynamic, size_oblivious=size_oblivious)
             joint = aot_autograd(captured, decompositions=decompositions)
-            compiled = inductor(joint, mode=mode, options=options)
-            return precompile(compiled)
+            artifact = precompile(inductor(joint, mode=mode, options=options))
+            if not settle:
+                return artifact
+            return settled(artifact, args, kwargs, lambda: build(args, kwargs, settle=False))
+
+        with _progress_on_stderr(verbose):
+            args, kwargs = normalize_inputs(example_inputs), dict(example_kwargs or {})
+            artifact = build(args, kwargs)
+            if not size_one:
+                return artifact
+            variants = with_size_one(artifact, args, kwargs, build)
+            if len(variants) == 1:
+                return artifact
+            return precompile([v for a in variants for v in (a.variants or (a,))])
 
 
 @contextlib.contextmanager

@@ -45,6 +45,8 @@ class PrecompiledArtifact:
         default=(), repr=False, compare=False
     )
     globals_module: str = dataclasses.field(default="", repr=False)
+    # The stubbed run of the bytecode at precompile (what the forward writes); in process only.
+    _recording: Any = dataclasses.field(default=None, repr=False, compare=False)
     # Where the artifact was saved to or loaded from ({"path": ...}); set by save and load.
     _origin: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 

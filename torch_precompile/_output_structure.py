@@ -27,9 +27,21 @@ from typing import Any
 import torch
 
 from . import _compat
+from ._preserve import Snapshot, Write
 from .guards import Source
 
 _MAX_DEPTH = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording:
+    """What one stubbed run of the bytecode showed: the output's structure (saved with
+    the artifact) and the Python state the forward writes (put back at once)."""
+
+    structure: dict[str, Any]
+    writes: tuple[Write, ...] = ()
+    # The stub's output i (identity) -> graph output i's example value, for the writes.
+    placeholders: tuple[tuple[Any, Any], ...] = ()
 
 
 def record(
@@ -40,11 +52,15 @@ def record(
     kwargs: dict[str, Any],
     input_sources: Sequence[str],
     grad_enabled: bool,
-) -> dict[str, Any]:
-    """``{"value": tree, "inputs_checked": bool}`` for one capture (see the module doc)."""
-    outputs = [_placeholder(v) for v in _graph_output_values(graph_module)]
+) -> Recording:
+    """Run the bytecode once with a stub graph; the caller's objects are left as they were."""
+    examples = graph_output_values(graph_module)
+    outputs = [_placeholder(v) for v in examples]
     _, fn, signature = _compat.compiled_function_parts(compiled_function)
     full = (bound_self, *args) if bound_self is not None else args
+    closure = _compat.compiled_function_closure_locals(compiled_function)
+    roots = {"model": bound_self, "closure": closure, "args": args, "kwargs": kwargs}
+    snapshot = Snapshot(roots, persistent=("model", "closure"))
     try:
         with (
             torch.set_grad_enabled(grad_enabled),
@@ -52,9 +68,15 @@ def record(
         ):
             result = fn(*full, **kwargs)
     except Exception as exc:  # a recording must never fail a compile
-        return {"value": {"opaque": f"{type(exc).__name__} while recording: {exc}"[:300]}}
+        snapshot.restore()
+        why = f"{type(exc).__name__} while recording: {exc}"[:300]
+        return Recording({"value": {"opaque": why}})
+    writes = tuple(snapshot.writes())
+    snapshot.restore()
+    placeholders = tuple(zip(outputs, examples))
     if len(calls) != 1:
-        return {"value": {"opaque": f"the compiled graph ran {len(calls)} times in one call"}}
+        why = f"the compiled graph ran {len(calls)} times in one call"
+        return Recording({"value": {"opaque": why}}, writes, placeholders)
     flat_in = list(calls[0])
     tree = _encode(result, outputs, flat_in, 0)
     try:
@@ -63,14 +85,14 @@ def record(
         f_locals = dict(bound.arguments)
     except TypeError:
         f_locals = {}
-    closure = _compat.compiled_function_closure_locals(compiled_function)
-    return {
+    structure = {
         "value": tree,
         "inputs_checked": _sources_match({**closure, **f_locals}, input_sources, flat_in),
     }
+    return Recording(structure, writes, placeholders)
 
 
-def _graph_output_values(gm: torch.fx.GraphModule) -> list[Any]:
+def graph_output_values(gm: torch.fx.GraphModule) -> list[Any]:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     leaves = torch.utils._pytree.tree_leaves(out.args[0])
     return [getattr(a, "meta", {}).get("example_value", a) for a in leaves]

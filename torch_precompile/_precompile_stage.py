@@ -11,6 +11,7 @@ from typing import Any
 from . import _compat, _output_structure, _system
 from ._artifact import PrecompiledArtifact, variant_label
 from ._inductor_stage import InductorOutput
+from ._output_layout import stride_orders
 from ._runtime import Runtime, VariantRuntime
 from ._signature import describe_graph_outputs
 from .guards import (
@@ -99,8 +100,10 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         # Where each graph input comes from (L['x'], L['self']._modules[...]...), for
         # views and to_python after load.
         "graph_inputs": list(capture.input_sources),
+        # Every input dimension each size symbol stands for (variants at size 1 use it).
+        "symbol_sources": _compat.shape_env_symbol_all_sources(capture),
     }
-    signature["output_structure"] = _output_structure.record(
+    recording = _output_structure.record(
         compiled_function,
         capture.graph_module,
         capture.bound_self,
@@ -109,8 +112,18 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         capture.input_sources,
         state.grad_enabled,
     )
+    signature["output_structure"] = recording.structure
+    # Eager's layout of each output, so that state returned by one call fits the next.
+    signature["output_layouts"] = stride_orders(
+        _output_structure.graph_output_values(capture.graph_module)
+    )
     runtime = Runtime(
-        compiled_function, guards, capture.bound_self, out.training, state.grad_enabled
+        compiled_function,
+        guards,
+        capture.bound_self,
+        out.training,
+        state.grad_enabled,
+        signature["output_layouts"],
     )
     return PrecompiledArtifact(
         guards=guards,
@@ -123,4 +136,5 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         compiled_function=compiled_function,
         _runtime=runtime,
         globals_module=capture.traced_fn.__module__ or "",
+        _recording=recording,
     )

@@ -19,6 +19,7 @@ import torch
 
 from . import _compat
 from ._errors import GuardError
+from ._output_layout import keep_layouts
 from ._signature import make_binder
 from .guards import (
     ROOT_SOURCE,
@@ -161,7 +162,12 @@ class Runtime:
         bound_self: Any,
         training: bool,
         grad_enabled: bool | None = None,
+        output_layouts: Sequence[list[int] | None] | None = None,
     ) -> None:
+        if output_layouts:
+            _compat.wrap_compiled_graph(
+                compiled_function, lambda graph: keep_layouts(graph, output_layouts)
+            )
         guard_manager, fn, signature = _compat.compiled_function_parts(compiled_function)
         self.compiled_function = compiled_function
         self.guard_manager = guard_manager
@@ -199,6 +205,18 @@ class Runtime:
         if failure is not None:
             raise failure
         return result
+
+    def refusal(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
+        """Why the checks would refuse this call (None: they pass); runs no kernel."""
+        with self.grad_mode(args, kwargs) as refusal:
+            if refusal is not None:
+                return refusal
+            frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+            for step in self.checks:
+                failure = step.check(frame)
+                if failure is not None:
+                    return failure
+        return None
 
     def try_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         """``(None, result)``, or ``(GuardError, None)`` without running the compiled code."""

@@ -168,3 +168,11 @@ def make_binder(signature: inspect.Signature) -> Any:
     namespace = dict(defaults)
     exec(compile(source, "<torch_precompile binder>", "exec"), namespace)
     return namespace["bind"]
+
+
+def bind_call(
+    signature: inspect.Signature, bound_self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """A call's arguments by parameter name (defaults applied), ``self`` first if bound."""
+    full = (bound_self, *args) if bound_self is not None else args
+    return make_binder(signature)(*full, **kwargs)  # type: ignore[no-any-return]

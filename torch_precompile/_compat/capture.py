@@ -232,3 +232,15 @@ def shape_env_symbol_sources(capture: Capture) -> dict[str, str]:
     return {
         str(sym): sources[0].name for sym, sources in shape_env.var_to_sources.items() if sources
     }
+
+
+def shape_env_symbol_all_sources(capture: Capture) -> dict[str, list[str]]:
+    """Map each shape symbol (``s0``) to every input dimension that has its size."""
+    shape_env = capture.fake_mode.shape_env
+    if shape_env is None:
+        return {}
+    return {
+        str(sym): [s.name for s in sources]
+        for sym, sources in shape_env.var_to_sources.items()
+        if sources
+    }

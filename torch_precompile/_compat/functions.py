@@ -265,3 +265,27 @@ def global_state_snapshot() -> dict[str, Any]:
         "autocast": torch.is_autocast_enabled("cpu")
         or (torch.cuda.is_available() and torch.is_autocast_enabled("cuda")),
     }
+
+
+def concrete_zeros_like(example: Any) -> Any:
+    """Zeros with ``example``'s dtype and device at its example sizes (a fake tensor's
+    symbolic sizes read by their hints); non-tensors are returned as they are."""
+    if not isinstance(example, torch.Tensor):
+        return example
+    sizes = [size_hint(s) or 0 for s in example.shape]
+    return torch.zeros(sizes, dtype=example.dtype, device=example.device)
+
+
+def size_hint(value: Any) -> int | None:
+    """An int, or a symbolic size's example value (its hint); None when it has none."""
+    node = getattr(value, "node", None)
+    if node is None:
+        return int(value)
+    return int(node.hint) if node.hint is not None else None
+
+
+def wrap_compiled_graph(fn: Any, wrap: Callable[[Any], Any]) -> None:
+    """Replace the compiled graph an AOTCompiledFunction's bytecode calls by ``wrap(graph)``."""
+    f_globals = fn.fn.__globals__
+    key = fn._artifacts.backend_id
+    f_globals[key] = wrap(f_globals[key])

@@ -203,7 +203,7 @@ def shape_expr_ok(node: Any) -> bool:
             and not call.keywords
             and isinstance(call.func, ast.Attribute)
             and call.func.attr in ("size", "stride")
-            and _frame_local(call.func.value)
+            and _source_chain(call.func.value)  # L['x'], L['args'][0], L['cache'].layers[0].keys
         )
     return False
 

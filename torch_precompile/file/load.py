@@ -167,7 +167,14 @@ def _load_variant(
         timings=dict(record.timings),
         bytecode=_compat.compiled_function_bytecode(compiled_function),
         compiled_function=compiled_function,
-        _runtime=Runtime(compiled_function, guards, bound, record.training, record.grad_enabled),
+        _runtime=Runtime(
+            compiled_function,
+            guards,
+            bound,
+            record.training,
+            record.grad_enabled,
+            record.signature.get("output_layouts"),
+        ),
         _sizes=dict(header.sizes),
         globals_module=header.globals_module,
     )

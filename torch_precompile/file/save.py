@@ -170,9 +170,10 @@ def _warn_if_standin_falls_short(
     the file would break a guard (an attribute the compiled code read that the file
     cannot carry, such as an object of a class defined in ``__main__``)."""
     rebuilt = standin.build_standin(json.loads(json.dumps(skeleton)), tensors)
-    guards = [g for v in artifact.variants or (artifact,) for g in v.guards]
-    problems = unmet_by(guards, rebuilt)
-    if problems:
+    # A bundle falls short only when no variant can be served.
+    per_variant = [unmet_by(list(v.guards), rebuilt) for v in artifact.variants or (artifact,)]
+    problems = per_variant[0]
+    if all(per_variant):
         log.warning(
             "%s: Precompile.load(path) without model= will refuse every call: the file "
             "cannot carry what %d guard(s) of the compiled code read (first: %s); load it "

@@ -28,7 +28,9 @@ log = logging.getLogger("torch_precompile")
 def bundle_variants(variants: Sequence[PrecompiledArtifact]) -> PrecompiledArtifact:
     """One artifact over several compiled variants of one model; a call runs the
     first variant whose guards hold (order is priority: put fast paths first)."""
-    variants = tuple(variants)
+    # A bundle among the variants (a dynamic compile with its size-1 variants) is
+    # spread out: one flat list, each variant loading on its own path.
+    variants = tuple(v for a in variants for v in (a.variants or (a,)))
     if not variants:
         raise ValueError("precompile() got an empty list; pass at least one variant")
     if len({id(v.module) for v in variants}) != 1:

@@ -276,7 +276,8 @@ def parent(a) -> None:
         print(f"[{model}] build ...", flush=True)
         entry["build"] = spawn(a, "build", model, workdir)
         print(
-            f"[{model}] build: {json.dumps({k: v for k, v in entry['build'].items() if k != 'traceback'})[:500]}",
+            f"[{model}] build: "
+            + json.dumps({k: v for k, v in entry["build"].items() if k != "traceback"})[:500],
             flush=True,
         )
         for mode in modes:
@@ -314,7 +315,8 @@ def write(a, results: dict, modes: list[str]) -> None:
     table = [
         f"Generation, batch 1, prompt {a.prompt}, {a.new_tokens} new tokens, greedy; "
         f"device {results['device_name']}, torch {results['torch']}, "
-        f"transformers {results.get('transformers')}; median of {a.repeats} fresh process(es), empty compiler caches",
+        f"transformers {results.get('transformers')}; median of {a.repeats} fresh "
+        "process(es), empty compiler caches",
         "",
         "| model | mode | first token from spawn (s) | tokens/s | tokens == eager | note |",
         "|---|---|---:|---:|---|---|",
@@ -322,7 +324,8 @@ def write(a, results: dict, modes: list[str]) -> None:
     for model, entry in results["models"].items():
         b = entry["build"]
         note = (
-            f"build: compile_for_generation {b['compile_s']:.1f} s, file {b['artifact_bytes'] / 1e6:.1f} MB"
+            f"build: compile_for_generation {b['compile_s']:.1f} s, "
+            f"file {b['artifact_bytes'] / 1e6:.1f} MB"
             if "error" not in b
             else f"build error: {b['error'][:200]}"
         )

@@ -81,7 +81,7 @@ class Precompile:
             variants = with_size_one(artifact, args, kwargs, build)
             if len(variants) == 1:
                 return artifact
-            return precompile([v for a in variants for v in (a.variants or (a,))])
+            return precompile(variants)
 
 
 @contextlib.contextmanager

@@ -214,8 +214,3 @@ def apply(writes: Iterable[Write], values: dict[int, Any] | None = None) -> None
             else:
                 set.clear(w.owner)
                 set.update(w.owner, new)
-
-
-def is_missing(value: Any) -> bool:
-    """Whether a :class:`Write`'s ``old`` or ``new`` stands for "no such attribute or key"."""
-    return value is _MISSING

@@ -209,25 +209,27 @@ class Runtime:
     def refusal(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
         """Why the checks would refuse this call (None: they pass); runs no kernel."""
         with self.grad_mode(args, kwargs) as refusal:
-            if refusal is not None:
-                return refusal
-            frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
-            for step in self.checks:
-                failure = step.check(frame)
-                if failure is not None:
-                    return failure
-        return None
+            return refusal or self._check(args, kwargs)[0]
+
+    def _check(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[GuardError | None, Frame]:
+        """Run the checks on one call: the first refusal (or None) and the bound frame."""
+        frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+        for step in self.checks:
+            failure = step.check(frame)
+            if failure is not None:
+                return failure, frame
+        return None, frame
 
     def try_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         """``(None, result)``, or ``(GuardError, None)`` without running the compiled code."""
         with self.grad_mode(args, kwargs) as refusal:
             if refusal is not None:
                 return refusal, None
-            frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
-            for step in self.checks:
-                failure = step.check(frame)
-                if failure is not None:
-                    return failure, None
+            failure, frame = self._check(args, kwargs)
+            if failure is not None:
+                return failure, None
             return None, self.call_step.call(frame)
 
     @contextlib.contextmanager

@@ -126,7 +126,7 @@ def compile_for_generation(
                     model, (), kwargs, dynamic=True, size_one=False, mode=mode, verbose=verbose
                 )
             )
-    return Precompile.precompile([v for a in variants for v in (a.variants or (a,))])
+    return Precompile.precompile(variants)
 
 
 @contextlib.contextmanager

@@ -135,6 +135,23 @@ def test_dynamic_true_specialises_zero_one(mlp_dynamic_true: tuple[Any, Any]) ->
     msg = str(info.value)
     assert "dimension 0 must be in [2, inf]" in msg and "got 1" in msg, msg
     assert "0/1 are specialised" in msg and "size_oblivious=True" in msg, msg
+    assert "size_one=True" in msg and "mark_dynamic(t, dim, min=1)" in msg, msg
+
+
+def test_mark_dynamic_with_a_lower_bound_only_is_served() -> None:
+    """``mark_dynamic(x, 0, min=1)`` with no ``max``, as the size-1 hint suggests:
+    Dynamo's own capture crashes on it (``not simple sympy type``); ours serves
+    1 and above, and leaves the caller's marks as they were."""
+    model, (x,), _ = build_dropout_mlp()
+    x = x.clone()
+    torch._dynamo.mark_dynamic(x, 0, min=1)
+    marks = set(x._dynamo_dynamic_range)
+    with torch.no_grad():
+        artifact = Precompile.compile(model, x, size_one=False)
+        assert x._dynamo_dynamic_range == marks
+        for batch in (1, 3, 200):
+            y = torch.randn(batch, 32)
+            torch.testing.assert_close(artifact(y), model(y))
 
 
 def test_dynamic_true_loads_on_the_fast_path(

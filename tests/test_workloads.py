@@ -195,6 +195,11 @@ def test_dynamic_serves_size_one_to_max_in_a_fresh_process(gpt2_dynamic_file: st
         inputs = [torch.randint(0, 1000, s, generator=gen) for s in sizes]
         with torch.no_grad():
             ours = [loaded(x).logits for x in inputs]
+            try:  # past n_positions (64): eager raises IndexError; Inductor's kernel would abort
+                loaded(torch.randint(0, 1000, (2, 65), generator=gen))
+                past_end = "served"
+            except IndexError as exc:
+                past_end = str(exc)
         # Before transformers is imported (it imports torch._dynamo itself).
         heavy = ("torch._dynamo", "torch._inductor.compile_fx", "sympy")
         heavy = [m for m in heavy if m in sys.modules]
@@ -207,10 +212,12 @@ def test_dynamic_serves_size_one_to_max_in_a_fresh_process(gpt2_dynamic_file: st
                 f"{x.shape[0]}x{x.shape[1]}": float((o - model(x).logits).abs().max())
                 for x, o in zip(inputs, ours)
             }
-        print(json.dumps({"diffs": diffs, "heavy": heavy}))
+        print(json.dumps({"diffs": diffs, "heavy": heavy, "past_end": past_end}))
         """,
         gpt2_dynamic_file,
     )
+    assert "at most 64 positions" in result["past_end"], result["past_end"]
+    assert "input 'args[0]' = 65" in result["past_end"], result["past_end"]
     assert set(result["diffs"]) == {"1x1", "1x7", "2x1", "2x7", "3x64", "1x64"}
     assert max(result["diffs"].values()) < 1e-4
     # Lean on 2.14 too: its OBJECT_ALIASING guard (GPT-2's shared config) is translated.
@@ -254,6 +261,7 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
     result = _run(
         """
         import json, sys, torch
+        from contextlib import nullcontext
         from tests.test_workloads import _decoder
         from torch_precompile import Precompile
         from torch_precompile.generation import generate_with
@@ -279,11 +287,30 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
                     torch.equal(eager, ours), list(ours.shape), torch.equal(eager_s, ours_s)
                 ]
             assert "forward" not in model.__dict__
+            # Up to and past the largest position (64): GPT-2's table ends there (eager
+            # raises IndexError, so must we, before any kernel); Llama's rotary has no end.
+            x = torch.randint(0, 1000, (1, 58), generator=torch.Generator().manual_seed(3))
+            kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=10, do_sample=False)
+            ends = []
+            for use in (False, True):
+                try:
+                    with torch.no_grad(), (generate_with(model, loaded) if use else nullcontext()):
+                        ends.append(model.generate(x, min_new_tokens=10, **kw).tolist())
+                except IndexError as exc:
+                    ends.append("IndexError: " + str(exc))
+            out[f"{how} past"] = ends
         print(json.dumps(out))
         """,
         kind,
         path,
     )
+    past = {k: result.pop(k) for k in ("model past", "standalone past")}
+    for how, (eager, ours) in past.items():
+        if kind == "gpt2":
+            assert eager.startswith("IndexError"), eager
+            assert "at most 64 positions" in ours, f"{how}: {ours}"
+        else:
+            assert len(eager[0]) == 68 and ours == eager, how
     assert len(result) == 8
     for case, (greedy_equal, shape, sampled_equal) in result.items():
         batch, prompt = (int(v) for v in case.split()[1].split("x"))

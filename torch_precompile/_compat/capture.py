@@ -140,6 +140,36 @@ def _logger_methods() -> set[Any]:
     return standard | added
 
 
+@contextlib.contextmanager
+def _half_open_marks(inputs: Any) -> Iterator[None]:
+    """``mark_dynamic(t, dim, min=1)`` with no ``max`` (or a ``max`` with no ``min``)
+    crashes Dynamo's capture (``not simple sympy type``): for the capture, the
+    missing bound is Dynamo's own default (2, or no upper bound); the tensor's
+    marks are as they were afterwards."""
+    from torch._dynamo.decorators import _DimRange
+    from torch.utils._sympy.numbers import int_oo
+
+    saved = []
+    for leaf in torch.utils._pytree.tree_leaves(inputs):
+        ranges = (
+            getattr(leaf, "_dynamo_dynamic_range", None) if isinstance(leaf, torch.Tensor) else None
+        )
+        if not ranges or all((r.min is None) == (r.max is None) for r in ranges):
+            continue
+        saved.append((leaf, ranges))
+        leaf._dynamo_dynamic_range = {
+            r
+            if (r.min is None) == (r.max is None)
+            else _DimRange(r.dim, 2 if r.min is None else r.min, int_oo if r.max is None else r.max)
+            for r in ranges
+        }
+    try:
+        yield
+    finally:
+        for leaf, ranges in saved:
+            leaf._dynamo_dynamic_range = ranges
+
+
 def fullgraph_capture(
     model: Any,
     args: tuple[Any, ...],
@@ -151,7 +181,11 @@ def fullgraph_capture(
     from torch._dynamo import convert_frame
     from torch._dynamo.graph_utils import _graph_device_type
 
-    with _capture_context(dynamic), size_oblivious_context(size_oblivious):
+    with (
+        _capture_context(dynamic),
+        size_oblivious_context(size_oblivious),
+        _half_open_marks((args, kwargs)),
+    ):
         out = convert_frame.fullgraph_capture(model, args, kwargs)
     gco = out.graph_capture_output
     backend_input = out.backend_input

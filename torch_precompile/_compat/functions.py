@@ -284,6 +284,26 @@ def size_hint(value: Any) -> int | None:
     return int(node.hint) if node.hint is not None else None
 
 
+def linear_in_sizes(value: Any) -> tuple[dict[str, int], int] | None:
+    """An int or symbolic size as ``({symbol: coefficient}, constant)``; None when it is
+    not a sum of integer multiples of size symbols (``s0 + s1 - 1``: ``({s0: 1, s1: 1}, -1)``)."""
+    node = getattr(value, "node", None)
+    if node is None:
+        return ({}, int(value)) if isinstance(value, int) else None
+    terms: dict[str, int] = {}
+    const = 0
+    for term, coeff in node.expr.as_coefficients_dict().items():
+        if not coeff.is_Integer:
+            return None
+        if term == 1:
+            const = int(coeff)
+        elif term.is_Symbol:
+            terms[str(term)] = int(coeff)
+        else:
+            return None
+    return terms, const
+
+
 def wrap_compiled_graph(fn: Any, wrap: Callable[[Any], Any]) -> None:
     """Replace the compiled graph an AOTCompiledFunction's bytecode calls by ``wrap(graph)``."""
     f_globals = fn.fn.__globals__

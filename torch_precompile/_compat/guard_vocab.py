@@ -10,6 +10,7 @@ into categories with plain meanings.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -104,7 +105,10 @@ def save_candidate(entry: Any) -> SaveCandidate:
         drop = "module type"
     elif kind == "TYPE_MATCH" and name.startswith("self.") and is_config(value):
         drop = "config type"
-    elif "type(" in name:
+    elif "type(" in name or (kind == "HASATTR" and re.search(r"\.__\w+__$", name)):
+        # A special method (``hasattr(module_list, '__iter__')``, torch 2.11) is the
+        # class's, and module types are not saved: rebuilt from the saved state
+        # without the type, the guard would read ``not hasattr`` and refuse every call.
         drop = "class attribute"
     elif kind in UNSERIALIZABLE_GUARD_KINDS or any(
         d in UNSERIALIZABLE_GUARD_KINDS for d in derived

@@ -12,7 +12,7 @@ from ._base import PHASES, Call, Guard, Note, note
 from ._checks import IdentityChecks, IndexChecks, call_of, diagnose, hooks_entry, unmet_by
 from ._collection import Guards
 from ._identity import Identity, code_hash, identity_of
-from ._objects import DroppedGuard, HooksGuard, IdentityGuard, IndexGuard
+from ._objects import DroppedGuard, ExtentGuard, HooksGuard, IdentityGuard, IndexGuard
 from ._shapes import RangeGuard, ShapeGuard
 from ._source import MISSING, ROOT_SOURCE, UNRESOLVED, Source, describe_source, split_size
 from ._translate import (
@@ -37,6 +37,7 @@ __all__ = [
     "AutogradGuard",
     "Call",
     "DroppedGuard",
+    "ExtentGuard",
     "GlobalStateGuard",
     "Guard",
     "Guards",

@@ -13,7 +13,7 @@ import torch
 from .._errors import GuardError
 from ._base import Call, Guard
 from ._identity import installed_library
-from ._objects import HooksGuard, IdentityGuard, IndexGuard
+from ._objects import ExtentGuard, HooksGuard, IdentityGuard, IndexGuard
 from ._python import render
 from ._shapes import RangeGuard
 from ._source import MISSING, Source
@@ -170,15 +170,21 @@ class IndexChecks:
 
     One ``torch.aminmax`` per index input. CUDA tensors are not checked here
     (it would synchronise every call): Inductor's Triton kernels assert on the
-    device, as eager's CUDA embedding does.
+    device, as eager's CUDA embedding does. Positions computed from sizes
+    (``extent`` guards) are checked on every device: they read shapes only.
     """
 
     def __init__(self, guards: Sequence[Guard]) -> None:
         self.checks: list[tuple[Callable[[dict[str, Any]], Any], IndexGuard]] = []
+        self.extents: list[tuple[list[Callable[[dict[str, Any]], Any]], ExtentGuard]] = []
         for g in guards:
             source = Source.parse(g.source) if isinstance(g, IndexGuard) else None
             if source is not None and source.is_local:
                 self.checks.append((source.resolve, g))  # type: ignore[arg-type]
+            if isinstance(g, ExtentGuard):
+                sources = [Source.parse(s) for s, _, _ in g.terms]
+                if sources and all(s is not None and s.is_local for s in sources):
+                    self.extents.append(([s.resolve for s in sources], g))  # type: ignore[union-attr]
 
     def check(self, f_locals: dict[str, Any]) -> None:
         """Raise IndexError naming the input and the range if an index is out of range."""
@@ -192,3 +198,14 @@ class IndexChecks:
             lo_v, hi_v = int(lo), int(hi)
             if lo_v < g.min or hi_v >= g.max:
                 raise IndexError(render(g.out_of_range(str(lo_v), str(hi_v))))
+        for resolves, e in self.extents:
+            sizes = []
+            for (_, dim, _), resolve in zip(e.terms, resolves):
+                t = resolve(f_locals)
+                if not isinstance(t, torch.Tensor) or dim >= t.dim():
+                    break
+                sizes.append(int(t.shape[dim]))
+            else:
+                reached = e.reached(sizes)
+                if reached >= e.max:
+                    raise IndexError(render(e.past_end(str(reached), [str(n) for n in sizes])))

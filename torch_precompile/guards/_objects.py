@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from .. import _compat
@@ -127,6 +127,55 @@ class IndexGuard(Guard):
             data["phase"], data["expr"], data["subject"], int(e["min"]), int(e["max"]),
             tuple(e.get("uses", ())),
         )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtentGuard(Guard):
+    """Positions computed from sizes (``arange(past, past + length)``) that index a
+    table: the largest, ``sum(coefficient * size) + constant``, must be below ``max``,
+    else IndexError (as eager) before the call. ``terms`` are ``(source, dim,
+    coefficient)``: a dimension of an input holding each size."""
+
+    terms: tuple[tuple[str, int, int], ...] = ()
+    constant: int = 0
+    max: int = 0
+    uses: tuple[str, ...] = ()
+    kind: ClassVar[str] = "extent"
+
+    @property
+    def subject(self) -> str:
+        return self.terms[0][0] if self.terms else ""
+
+    def reached(self, sizes: Sequence[int]) -> int:
+        """The largest position a call with these sizes (one per term) reaches."""
+        return sum(c * n for (_, _, c), n in zip(self.terms, sizes)) + self.constant
+
+    def past_end(self, reached: str, sizes: Sequence[str]) -> Parts:
+        parts: Parts = ["positions up to ", reached, " (from "]
+        for i, ((source, dim, coeff), size) in enumerate(zip(self.terms, sizes)):
+            sign = "" if i == 0 and coeff > 0 else (" + " if coeff > 0 else " - ")
+            times = "" if abs(coeff) == 1 else f"{abs(coeff)} * "
+            parts += [f"{sign}{times}dimension {dim} of {describe_source(source)} = ", size]
+        if self.constant:
+            parts.append(f" {'+' if self.constant > 0 else '-'} {abs(self.constant)}")
+        return [
+            *parts,
+            f") index past the end of a table of {self.max} ({'; '.join(self.uses)}): "
+            f"this model takes at most {self.max} positions; send a shorter input or cache",
+        ]
+
+    def python(self, read: Reader) -> list[str] | None:
+        names = [read(source) for source, _, _ in self.terms]
+        if not names or any(n is None for n in names):
+            return None
+        sizes = [f"{n}.shape[{dim}]" for n, (_, dim, _) in zip(names, self.terms)]
+        reached = " + ".join(f"{c} * {s}" for s, (_, _, c) in zip(sizes, self.terms))
+        msg = self.past_end(Code("reached"), [Code(s) for s in sizes])
+        return [
+            f"reached = {reached} + {self.constant}",
+            f"if reached >= {self.max}:",
+            f"    raise IndexError({fstring(msg)})",
+        ]
 
 
 @dataclasses.dataclass(frozen=True)

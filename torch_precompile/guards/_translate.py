@@ -115,8 +115,9 @@ def range_guards(
         note_text = ""
         if lo >= 2 and not size_oblivious:
             note_text = (
-                " (0/1 are specialised: capture with size_oblivious=True, or with "
-                "torch._dynamo.mark_dynamic(t, dim, min=1), to serve them)"
+                " (0/1 are specialised: Precompile.compile(..., dynamic=True) adds a "
+                "variant for size 1 (size_one=True, the default); or capture with "
+                "torch._dynamo.mark_dynamic(t, dim, min=1) or size_oblivious=True)"
             )
         elif lo >= 2:
             note_text = (

@@ -20,8 +20,12 @@ default mode); ``hf_static`` (transformers' static cache,
 ``cache_implementation="static"``: generate compiles the decode step with its
 default ``CompileConfig``, reduce-overhead; CUDA only); ``precompile``
 (``Precompile.load(path, model=model)`` + ``generate_with``);
-``precompile_standalone`` (``Precompile.load(path)``, the file's weights). Greedy tokens of
-each mode are compared with eager's.
+``precompile_standalone`` (``Precompile.load(path)``, the file's weights; the
+model is still built and initialised, to drive ``generate``);
+``precompile_shell`` (``Precompile.load(path)``, and ``generate`` driven by a
+shell of the model built on the ``meta`` device: no weights allocated or
+initialised). Greedy tokens of each mode are compared with eager's.
+``--single-batch`` builds the batch-1 programs only (4 variants, not 8).
 
 Usage (repository root)::
 
@@ -44,7 +48,14 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 0
-MODES = ("eager", "torch.compile", "hf_static", "precompile", "precompile_standalone")
+MODES = (
+    "eager",
+    "torch.compile",
+    "hf_static",
+    "precompile",
+    "precompile_standalone",
+    "precompile_shell",
+)
 
 
 def make_config(name: str, tiny: bool):
@@ -79,7 +90,7 @@ def make_config(name: str, tiny: bool):
     raise ValueError(f"unknown model {name!r}")
 
 
-def build_model(a, state_path: str | None):
+def build_model(a, state_path: str | None, shell: bool = False):
     import torch
     import transformers
 
@@ -87,10 +98,10 @@ def build_model(a, state_path: str | None):
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     torch.manual_seed(SEED)
     cls = transformers.GPT2LMHeadModel if a.model == "gpt2" else transformers.LlamaForCausalLM
-    with torch.device(a.device):
+    with torch.device("meta" if shell else a.device):
         model = cls(config)
     model = model.to(dtype).eval()
-    if state_path is not None:
+    if state_path is not None and not shell:
         state = torch.load(state_path, map_location=a.device, weights_only=True)
         model.load_state_dict(state)
     model.generation_config.pad_token_id = model.config.eos_token_id
@@ -115,7 +126,7 @@ def child_build(a) -> dict:
     model, ids = build_model(a, None)
     torch.save(model.state_dict(), os.path.join(a.dir, "state.pt"))
     t = time.perf_counter()
-    artifact = compile_for_generation(model, ids)
+    artifact = compile_for_generation(model, ids, single_batch=a.single_batch)
     compile_s = time.perf_counter() - t
     path = os.path.join(a.dir, "artifact.pt")
     Precompile.save(path, artifact)
@@ -124,8 +135,12 @@ def child_build(a) -> dict:
 
 def child_measure(a) -> dict:
     import torch
+    import transformers  # noqa: F401  (timed as a phase of its own)
 
-    model, ids = build_model(a, os.path.join(a.dir, "state.pt"))
+    phases = {"imports": time.time() - a.t0}  # seconds from spawn, cumulative
+    shell = a.mode == "precompile_shell"
+    model, ids = build_model(a, os.path.join(a.dir, "state.pt"), shell=shell)
+    phases["model"] = time.time() - a.t0
     extra: dict = {}
     ctx = None
     if a.mode == "torch.compile":
@@ -136,18 +151,17 @@ def child_measure(a) -> dict:
                 "hf_static compiles only on CUDA (transformers' auto-compile criteria)"
             )
         extra["cache_implementation"] = "static"
-    elif a.mode in ("precompile", "precompile_standalone"):
+    elif a.mode in ("precompile", "precompile_standalone", "precompile_shell"):
         from torch_precompile import Precompile
         from torch_precompile.generation import generate_with
 
         path = os.path.join(a.dir, "artifact.pt")
         # standalone: the artifact computes with the file's weights (the model only drives generate)
         loaded = (
-            Precompile.load(path)
-            if a.mode == "precompile_standalone"
-            else Precompile.load(path, model=model)
+            Precompile.load(path, model=model) if a.mode == "precompile" else Precompile.load(path)
         )
         ctx = generate_with(model, loaded)
+        phases["load"] = time.time() - a.t0
     elif a.mode != "eager":
         raise ValueError(a.mode)
 
@@ -181,6 +195,7 @@ def child_measure(a) -> dict:
             ctx.__exit__(None, None, None)
     return {
         "first_token_s": first_token_s,
+        "phases_from_spawn_s": phases,
         "warmup_generate_s": warmup_s,
         "generate_s": dt,
         "tokens_per_s": a.new_tokens / dt,
@@ -202,24 +217,28 @@ def spawn(a, role: str, model: str, workdir: str, mode: str = "") -> dict:
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
     env["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    argv = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        role,
-        "--model",
-        model,
-        "--dir",
-        workdir,
-        "--mode",
-        mode,
-        "--new-tokens",
-        str(a.new_tokens),
-        "--prompt",
-        str(a.prompt),
-        "--device",
-        a.device,
-    ] + (["--tiny"] if a.tiny else [])
+    argv = (
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            role,
+            "--model",
+            model,
+            "--dir",
+            workdir,
+            "--mode",
+            mode,
+            "--new-tokens",
+            str(a.new_tokens),
+            "--prompt",
+            str(a.prompt),
+            "--device",
+            a.device,
+        ]
+        + (["--tiny"] if a.tiny else [])
+        + (["--single-batch"] if a.single_batch else [])
+    )
     t0 = time.time()
     argv += ["--t0", repr(t0)]
     try:
@@ -261,6 +280,7 @@ def parent(a) -> None:
         "prompt": a.prompt,
         "new_tokens": a.new_tokens,
         "tiny": a.tiny,
+        "single_batch": a.single_batch,
         "models": {},
     }
     try:
@@ -333,9 +353,13 @@ def write(a, results: dict, modes: list[str]) -> None:
         for mode in modes:
             e = entry.get(mode, {})
             if "first_token_s" in e:
+                run = next(r for r in e["runs"] if "error" not in r)
+                phases = ", ".join(
+                    f"{k} {v:.2f}" for k, v in run.get("phases_from_spawn_s", {}).items()
+                )
                 table.append(
                     f"| {model} | {mode} | {e['first_token_s']:.2f} | {e['tokens_per_s']:.1f} | "
-                    f"{e.get('tokens_equal_eager', '')} | |"
+                    f"{e.get('tokens_equal_eager', '')} | from spawn: {phases} |"
                 )
             else:
                 err = str(e.get("error", "")).replace("|", "/").replace("\n", " ")[:200]
@@ -362,6 +386,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny configs, for a quick end-to-end check")
+    p.add_argument("--single-batch", action="store_true", help="build the batch-1 programs only")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
     p.add_argument("--out", default=None, help="folder for generation.json (default $OUT or .)")
     # child-only

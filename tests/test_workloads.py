@@ -245,7 +245,9 @@ def generation_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
     from torch_precompile.generation import compile_for_generation
 
     model = _decoder(request.param)
-    prompt = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(1))
+    # 16 tokens: the models' head dimension, which Dynamo's duck sizing would tie a
+    # cache of that length to (compile_for_generation picks another example length).
+    prompt = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     artifact = compile_for_generation(model, prompt)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -268,25 +270,30 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
         model = _decoder(sys.argv[1])
         model.load_state_dict(torch.load(sys.argv[2] + ".weights"))
         out = {}
-        for how in ("model", "standalone"):
+        with torch.device("meta"):  # a shell to drive generate: no weights allocated
+            shell = _decoder(sys.argv[1])
+        for how in ("model", "standalone", "shell"):
             loaded = Precompile.load(sys.argv[2], **({"model": model} if how == "model" else {}))
             for b, p in [(1, 1), (1, 7), (3, 1), (3, 7)]:
                 g = torch.Generator().manual_seed(10 * b + p)
                 x = torch.randint(0, 1000, (b, p), generator=g)
                 kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=20, min_new_tokens=20)
+                driver = shell if how == "shell" else model
                 with torch.no_grad():
                     eager = model.generate(x, do_sample=False, **kw)
-                    with generate_with(model, loaded):
-                        ours = model.generate(x, do_sample=False, **kw)
+                    with generate_with(driver, loaded):
+                        ours = driver.generate(x, do_sample=False, **kw)
                     torch.manual_seed(5)
                     eager_s = model.generate(x, do_sample=True, top_k=50, **kw)
                     torch.manual_seed(5)
-                    with generate_with(model, loaded):
-                        ours_s = model.generate(x, do_sample=True, top_k=50, **kw)
+                    with generate_with(driver, loaded):
+                        ours_s = driver.generate(x, do_sample=True, top_k=50, **kw)
                 out[f"{how} {b}x{p}"] = [
                     torch.equal(eager, ours), list(ours.shape), torch.equal(eager_s, ours_s)
                 ]
-            assert "forward" not in model.__dict__
+            assert "forward" not in model.__dict__ and "forward" not in shell.__dict__
+            if how == "shell":
+                continue
             # Up to and past the largest position (64): GPT-2's table ends there (eager
             # raises IndexError, so must we, before any kernel); Llama's rotary has no end.
             x = torch.randint(0, 1000, (1, 58), generator=torch.Generator().manual_seed(3))
@@ -311,9 +318,59 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
             assert "at most 64 positions" in ours, f"{how}: {ours}"
         else:
             assert len(eager[0]) == 68 and ours == eager, how
-    assert len(result) == 8
+    assert len(result) == 12
     for case, (greedy_equal, shape, sampled_equal) in result.items():
         batch, prompt = (int(v) for v in case.split()[1].split("x"))
         assert shape == [batch, prompt + 20], case
         assert greedy_equal, f"{kind} {case}: greedy tokens differ from eager's"
         assert sampled_equal, f"{kind} {case}: seeded sampling differs from eager's"
+
+
+@pytest.fixture(scope="module")
+def static_cache_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """GPT-2 for ``generate(cache_implementation="static")``, batch-1 programs only."""
+    from torch_precompile.generation import compile_for_generation
+
+    model = _decoder("gpt2")
+    prompt = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(1))
+    artifact = compile_for_generation(
+        model, prompt, single_batch=True, cache_implementation="static"
+    )
+    assert len(artifact.variants) == 4
+    path = str(tmp_path_factory.mktemp("static") / "gen_static.pt")
+    Precompile.save(path, artifact)
+    return path
+
+
+def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> None:
+    """transformers' ``StaticCache`` (updated in place by each step): prompts of 1, 7
+    and 12 tokens, 20 new tokens, with ``model=`` and standalone."""
+    result = _run(
+        """
+        import json, sys, torch
+        from tests.test_workloads import _decoder
+        from torch_precompile import Precompile
+        from torch_precompile.generation import generate_with
+        model = _decoder("gpt2")
+        out = {}
+        for how in ("model", "standalone"):
+            loaded = Precompile.load(sys.argv[1], **({"model": model} if how == "model" else {}))
+            for p in (1, 7, 12):
+                x = torch.randint(0, 1000, (1, p), generator=torch.Generator().manual_seed(p))
+                kw = dict(
+                    attention_mask=torch.ones_like(x), max_new_tokens=20, min_new_tokens=20,
+                    do_sample=False, cache_implementation="static",
+                )
+                with torch.no_grad():
+                    eager = model.generate(x, **kw)
+                    with generate_with(model, loaded):
+                        ours = model.generate(x, **kw)
+                out[f"{how} {p}"] = [torch.equal(eager, ours), list(ours.shape)]
+        print(json.dumps(out))
+        """,
+        static_cache_file,
+    )
+    assert len(result) == 6
+    for case, (equal, shape) in result.items():
+        assert shape == [1, int(case.split()[1]) + 20], case
+        assert equal, f"{case}: tokens differ from eager's"

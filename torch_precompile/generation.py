@@ -88,6 +88,7 @@ def compile_for_generation(
     input_ids: torch.Tensor,
     *,
     mode: str | None = None,
+    single_batch: bool = False,
     verbose: bool = False,
     **generate_kwargs: Any,
 ) -> PrecompiledArtifact:
@@ -96,7 +97,9 @@ def compile_for_generation(
     ``input_ids`` is an example prompt (its first row is used, at least 2
     tokens); ``generate_kwargs`` are passed to ``generate`` when asking it
     what it passes to forward (``cache_implementation="static"`` for a
-    ``StaticCache``). The model and its config are left as they were.
+    ``StaticCache``). ``single_batch=True`` compiles the batch-1 programs only
+    (half the variants, for a server that generates one sequence at a time).
+    The model and its config are left as they were.
     """
     if input_ids.dim() != 2 or input_ids.shape[1] < 2:
         raise ValueError(
@@ -104,12 +107,16 @@ def compile_for_generation(
             f"got shape {tuple(input_ids.shape)}"
         )
     row = input_ids[:1]
-    # A dynamic batch equal to another size (the prompt, a decode mask of 2) would be
-    # tied to it by Dynamo's duck sizing: pick one equal to none of them.
-    prompt_len = row.shape[1]
-    many = next(b for b in (3, 4, 5, 6, 7) if b not in (prompt_len, prompt_len + 1, prompt_len + 2))
+    # A dynamic size equal to another size of the call (a head dimension, the number
+    # of heads, the prompt) is tied to it by Dynamo's duck sizing, and specialised
+    # with it: the example prompt length and batch equal none of them.
+    static = _static_sizes(model, row, generate_kwargs)
+    prompt_len = next(n for n in range(row.shape[1], 10**6) if not {n, n + 1} & static)
+    row = row.repeat(1, -(-prompt_len // row.shape[1]))[:, :prompt_len]
+    taken = static | {prompt_len, prompt_len + 1, prompt_len + 2}
+    many = next(b for b in range(3, 10**6) if b not in taken)
     examples = []
-    for batch in (many, 1):
+    for batch in (1,) if single_batch else (many, 1):
         for prompt in (row, row[:, :1]):
             ids = prompt.expand(batch, -1).clone(memory_format=torch.contiguous_format)
             calls = forward_calls(model, ids, new_tokens=2, **generate_kwargs)
@@ -127,6 +134,35 @@ def compile_for_generation(
                 )
             )
     return Precompile.precompile(variants)
+
+
+def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """The tensors in a forward call's arguments (a cache's, in its layers)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v, depth + 1)
+    elif depth < 4 and isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v, depth + 1)
+    elif depth < 4 and hasattr(value, "__dict__") and not isinstance(value, type):
+        for v in vars(value).values():
+            yield from _tensors(v, depth + 1)
+
+
+def _static_sizes(
+    model: torch.nn.Module, row: torch.Tensor, generate_kwargs: dict[str, Any]
+) -> set[int]:
+    """Sizes that do not follow the prompt: the weights', and those of every tensor
+    ``generate`` passes to forward at two prompt lengths (heads, head dimension)."""
+    sizes = {int(d) for t in (*model.parameters(), *model.buffers()) for d in t.shape}
+    seen = []
+    for extra in (0, 5):
+        ids = row.repeat(1, 1 + extra)[:, : row.shape[1] + extra]
+        calls = forward_calls(model, ids, new_tokens=2, **generate_kwargs)
+        seen.append({int(d) for call in calls for t in _tensors(call) for d in t.shape})
+    return sizes | (seen[0] & seen[1])
 
 
 @contextlib.contextmanager

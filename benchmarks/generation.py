@@ -25,7 +25,9 @@ model is still built and initialised, to drive ``generate``);
 ``precompile_shell`` (``Precompile.load(path)``, and ``generate`` driven by a
 shell of the model built on the ``meta`` device: no weights allocated or
 initialised). Greedy tokens of each mode are compared with eager's.
-``--single-batch`` builds the batch-1 programs only (4 variants, not 8).
+``--single-batch`` builds the batch-1 programs only (4 variants, not 8);
+``--ours-mode reduce-overhead --ours-static`` builds and runs the precompile
+modes with CUDA graphs and a ``StaticCache`` (the match of ``hf_static``).
 
 Usage (repository root)::
 
@@ -36,8 +38,11 @@ Usage (repository root)::
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import shutil
 import statistics
 import subprocess
@@ -117,6 +122,11 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def ours_generate_kwargs(a) -> dict:
+    """What ``generate`` is given in the precompile modes (and told at build)."""
+    return {"cache_implementation": "static"} if a.ours_static else {}
+
+
 def child_build(a) -> dict:
     import torch
 
@@ -126,7 +136,9 @@ def child_build(a) -> dict:
     model, ids = build_model(a, None)
     torch.save(model.state_dict(), os.path.join(a.dir, "state.pt"))
     t = time.perf_counter()
-    artifact = compile_for_generation(model, ids, single_batch=a.single_batch)
+    artifact = compile_for_generation(
+        model, ids, single_batch=a.single_batch, mode=a.ours_mode, **ours_generate_kwargs(a)
+    )
     compile_s = time.perf_counter() - t
     path = os.path.join(a.dir, "artifact.pt")
     Precompile.save(path, artifact)
@@ -138,10 +150,15 @@ def child_measure(a) -> dict:
     import transformers  # noqa: F401  (timed as a phase of its own)
 
     phases = {"imports": time.time() - a.t0}  # seconds from spawn, cumulative
+    if a.device == "cuda":  # the CUDA context, which every mode pays
+        torch.zeros(1, device=a.device)
+        sync(a.device)
+        phases["cuda_init"] = time.time() - a.t0
     shell = a.mode == "precompile_shell"
     model, ids = build_model(a, os.path.join(a.dir, "state.pt"), shell=shell)
     phases["model"] = time.time() - a.t0
     extra: dict = {}
+    extra_result: dict = {}
     ctx = None
     if a.mode == "torch.compile":
         model.forward = torch.compile(model.forward)
@@ -157,10 +174,19 @@ def child_measure(a) -> dict:
 
         path = os.path.join(a.dir, "artifact.pt")
         # standalone: the artifact computes with the file's weights (the model only drives generate)
+        profile = cProfile.Profile() if a.profile_load else None
+        if profile is not None:
+            profile.enable()
         loaded = (
             Precompile.load(path, model=model) if a.mode == "precompile" else Precompile.load(path)
         )
+        if profile is not None:
+            profile.disable()
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
+            extra_result["load_profile"] = text.getvalue()[-12000:]
         ctx = generate_with(model, loaded)
+        extra.update(ours_generate_kwargs(a))
         phases["load"] = time.time() - a.t0
     elif a.mode != "eager":
         raise ValueError(a.mode)
@@ -200,6 +226,7 @@ def child_measure(a) -> dict:
         "generate_s": dt,
         "tokens_per_s": a.new_tokens / dt,
         "tokens": out[0, ids.shape[1] :].tolist(),
+        **extra_result,
     }
 
 
@@ -238,6 +265,9 @@ def spawn(a, role: str, model: str, workdir: str, mode: str = "") -> dict:
         ]
         + (["--tiny"] if a.tiny else [])
         + (["--single-batch"] if a.single_batch else [])
+        + (["--ours-static"] if a.ours_static else [])
+        + (["--ours-mode", a.ours_mode] if a.ours_mode else [])
+        + (["--profile-load"] if a.profile_load else [])
     )
     t0 = time.time()
     argv += ["--t0", repr(t0)]
@@ -281,6 +311,8 @@ def parent(a) -> None:
         "new_tokens": a.new_tokens,
         "tiny": a.tiny,
         "single_batch": a.single_batch,
+        "ours_mode": a.ours_mode,
+        "ours_static": a.ours_static,
         "models": {},
     }
     try:
@@ -300,6 +332,7 @@ def parent(a) -> None:
             + json.dumps({k: v for k, v in entry["build"].items() if k != "traceback"})[:500],
             flush=True,
         )
+        results["models"][model] = entry
         for mode in modes:
             if mode.startswith("precompile") and "error" in entry["build"]:
                 entry[mode] = {"error": "build failed: " + entry["build"]["error"]}
@@ -310,10 +343,13 @@ def parent(a) -> None:
                 runs.append(r)
                 print(
                     f"[{model}] {mode}: "
-                    + json.dumps({k: v for k, v in r.items() if k not in ("tokens",)})[:600],
+                    + json.dumps(
+                        {k: v for k, v in r.items() if k not in ("tokens", "load_profile")}
+                    )[:600],
                     flush=True,
                 )
             entry[mode] = summarize(runs)
+            write(a, results, modes)  # what is measured so far survives a time limit
         eager_tokens = next(
             (r["tokens"] for r in entry.get("eager", {}).get("runs", []) if "tokens" in r), None
         )
@@ -387,6 +423,13 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny configs, for a quick end-to-end check")
     p.add_argument("--single-batch", action="store_true", help="build the batch-1 programs only")
+    p.add_argument("--ours-mode", default=None, help="compile_for_generation's mode")
+    p.add_argument(
+        "--ours-static", action="store_true", help="precompile modes: build and run a StaticCache"
+    )
+    p.add_argument(
+        "--profile-load", action="store_true", help="cProfile Precompile.load (into the JSON)"
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
     p.add_argument("--out", default=None, help="folder for generation.json (default $OUT or .)")
     # child-only

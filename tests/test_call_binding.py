@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from torch_precompile import GuardError, Precompile
 from torch_precompile._signature import make_binder
 
 
@@ -89,3 +90,29 @@ def test_artifact_rejects_a_call_its_signature_does_not_accept(staged: Any) -> N
         with pytest.raises(TypeError, match="captured signature"):
             art()
         torch.testing.assert_close(art(ids=staged.example), staged.expected)
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: float = 2.0, relu: bool = True) -> torch.Tensor:
+        y = self.lin(x) * scale
+        return torch.relu(y) if relu else y
+
+
+def test_a_value_of_another_kind_is_refused_by_name() -> None:
+    """A tensor where the capture passed a float, and a flag of another value: one line
+    naming the argument, what the capture passed and what to do (not a guard's crash)."""
+    model, x = _Scaled(), torch.randn(3, 4)
+    with torch.no_grad():
+        art = Precompile.compile(model, (x,), {"scale": 2.0, "relu": True})
+        with pytest.raises(GuardError) as info:
+            art(x, scale=torch.full((3, 4), 2.0))
+        message = str(info.value)
+        assert message.startswith("input 'scale': expected 2.0, got a tensor float32 (3, 4)")
+        assert "capture again" in message and "\n" not in message, message
+        with pytest.raises(GuardError, match=r"input 'relu': expected True, got False; Python"):
+            art(x, relu=False)
+        torch.testing.assert_close(art(x, scale=2.0), model(x, scale=2.0))

@@ -16,6 +16,7 @@ load, the cold-start table) need a GPU: ``benchmarks/cuda_flow.py`` and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -120,15 +121,17 @@ def test_builtins_read_by_the_bytecode_join_the_runtime_env() -> None:
     }
 
     def get_runtime_env_as_on_torch_2_11() -> GraphRuntimeEnv:
-        return GraphRuntimeEnv(
-            bytecode=code,
-            pycode=[],
-            import_sources={},
-            used_globals={},
-            closure=None,
-            argdefs=None,
-            external_refs=GraphCaptureOutput._get_external_refs(code),
-        )
+        fields = {
+            "bytecode": code,
+            "pycode": [],  # since torch 2.12
+            "import_sources": {},
+            "used_globals": {},
+            "closure": None,
+            "argdefs": None,
+            "external_refs": GraphCaptureOutput._get_external_refs(code),
+        }
+        known = {f.name for f in dataclasses.fields(GraphRuntimeEnv)}
+        return GraphRuntimeEnv(**{k: v for k, v in fields.items() if k in known})
 
     gco = types.SimpleNamespace(
         get_runtime_env=get_runtime_env_as_on_torch_2_11, f_globals=f_globals

@@ -73,9 +73,15 @@ def test_wrong_example_arguments_are_a_type_error() -> None:
 def test_guard_error_names_input_expected_and_actual(staged) -> None:
     with torch.no_grad(), pytest.raises(GuardError) as info:
         staged.artifact(torch.randint(0, 1000, (3, 32)))
-    assert str(info.value) == "input 'ids': expected shape (2, 32), got (3, 32) [dynamo]"
+    assert str(info.value) == (
+        "input 'ids': expected shape (2, 32), got (3, 32); capture with dynamic=True (or "
+        "torch._dynamo.mark_dynamic on that dimension) to serve other sizes [dynamo]"
+    )
     with (
         torch.no_grad(),
-        pytest.raises(GuardError, match=r"input 'ids': expected dtype int64, got int32 \[dynamo\]"),
+        pytest.raises(
+            GuardError,
+            match=r"input 'ids': expected dtype int64, got int32; pass a tensor of dtype int64",
+        ),
     ):
         staged.artifact(staged.example.to(torch.int32))

@@ -238,6 +238,73 @@ def test_static_artifact_refuses_another_shape_after_load(built: dict[str, Any])
         art(_ids(3, 16))
 
 
+# ------------------------------------------------- refusals a user can act on
+
+
+def _refusal(artifact: Any, *args: Any, **kwargs: Any) -> str:
+    """The GuardError message of a refused call; one line, no raw guard text."""
+    with torch.no_grad(), pytest.raises(GuardError) as info:
+        artifact(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message and "L['" not in message and "a guard failed" not in message
+    return message
+
+
+def test_refusals_name_the_argument_and_a_fix(built: dict[str, Any]) -> None:
+    gpt2, bert = built["gpt2"]["artifact"], built["bert_padded"]["artifact"]
+    ids, mask = _ids(2, 16), _padded_mask()
+    # A keyword the capture did not pass: a flag bound to a parameter, then one
+    # collected by **kwargs (the forward accepts any keyword).
+    message = _refusal(gpt2, ids, output_attentions=True)
+    assert "argument 'output_attentions'" in message and "compile again" in message, message
+    message = _refusal(gpt2, ids, unknown_option=3)
+    assert message.startswith("keyword argument 'unknown_option' was not passed at capture")
+    assert "leave it out" in message, message
+    # A keyword that the capture passed, left out.
+    message = _refusal(bert, ids)
+    assert "'attention_mask'" in message and "pass it" in message, message
+    # The same values in another memory layout: Dynamo's stride guard, said in words.
+    strided = mask.t().contiguous().t()
+    message = _refusal(bert, ids, attention_mask=strided)
+    assert "argument 'attention_mask'" in message, message
+    assert "pass attention_mask.contiguous()" in message, message
+    with torch.no_grad():  # and the advice works
+        fixed = bert(ids, attention_mask=strided.contiguous()).last_hidden_state
+    torch.testing.assert_close(fixed, built["bert_padded"]["want"].last_hidden_state)
+    message = _refusal(gpt2, ids.float())
+    assert "expected dtype int64, got float32; pass a tensor of dtype int64" in message, message
+
+
+_OTHER_MODELS = {
+    "more_layers": (
+        lambda: T.GPT2LMHeadModel(T.GPT2Config(**{**_GPT2, "n_layer": 3})),
+        "module 'transformer.h.2' (GPT2Block) is new",
+    ),
+    "narrower": (
+        lambda: T.GPT2LMHeadModel(T.GPT2Config(**{**_GPT2, "n_embd": 32})),
+        "parameter 'transformer.wte.weight' has shape (1000, 32)",
+    ),
+    "another_architecture": (
+        lambda: T.BertModel(T.BertConfig(**_SMALL)),
+        "module 'transformer' is missing from the model",
+    ),
+}
+
+
+@pytest.mark.parametrize("other", list(_OTHER_MODELS))
+def test_load_refuses_a_model_of_another_architecture(built: dict[str, Any], other: str) -> None:
+    make, difference = _OTHER_MODELS[other]
+    with pytest.raises(GuardError, match="model= is not the model this artifact was") as info:
+        Precompile.load(built["gpt2"]["path"], model=make())
+    assert difference in str(info.value), info.value
+    # The same architecture with other weights is bound, and computes with them.
+    torch.manual_seed(1)
+    same = T.GPT2LMHeadModel(T.GPT2Config(**_GPT2)).eval()
+    with torch.no_grad():
+        got = Precompile.load(built["gpt2"]["path"], model=same)(_ids(2, 16)).logits
+        torch.testing.assert_close(got, same(_ids(2, 16)).logits)
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_precompile_logs_one_warning_line(built: dict[str, Any], name: str) -> None:
     """A library model's dropped guards are summarised, not listed, at WARNING."""

@@ -93,6 +93,7 @@ def test_artifact_records_signature_system_timings_and_weights(staged) -> None:
         "shape": [2, 32],
         "device": "cpu",
         "requires_grad": False,
+        "contiguous": True,
     }
     assert art.system["torch"] == torch.__version__
     assert art.system["python"] == platform.python_version()

@@ -336,7 +336,9 @@ def static_cache_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     artifact = compile_for_generation(
         model, prompt, single_batch=True, cache_implementation="static"
     )
-    assert len(artifact.variants) == 4
+    # prefill, decode and the prefill whose cache the prompt fills (one new token),
+    # at a prompt of 1 and of 2 or more
+    assert len(artifact.variants) == 6
     path = str(tmp_path_factory.mktemp("static") / "gen_static.pt")
     Precompile.save(path, artifact)
     return path
@@ -344,7 +346,7 @@ def static_cache_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> None:
     """transformers' ``StaticCache`` (updated in place by each step): prompts of 1, 7
-    and 12 tokens, 20 new tokens, with ``model=`` and standalone."""
+    and 12 tokens, 1 and 20 new tokens, with ``model=`` and standalone."""
     result = _run(
         """
         import json, sys, torch
@@ -356,21 +358,26 @@ def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> No
         for how in ("model", "standalone"):
             loaded = Precompile.load(sys.argv[1], **({"model": model} if how == "model" else {}))
             for p in (1, 7, 12):
-                x = torch.randint(0, 1000, (1, p), generator=torch.Generator().manual_seed(p))
-                kw = dict(
-                    attention_mask=torch.ones_like(x), max_new_tokens=20, min_new_tokens=20,
-                    do_sample=False, cache_implementation="static",
-                )
-                with torch.no_grad():
-                    eager = model.generate(x, **kw)
-                    with generate_with(model, loaded):
-                        ours = model.generate(x, **kw)
-                out[f"{how} {p}"] = [torch.equal(eager, ours), list(ours.shape)]
+                for n in (1, 20):  # one new token: the cache holds the prompt exactly
+                    x = torch.randint(0, 1000, (1, p), generator=torch.Generator().manual_seed(p))
+                    kw = dict(
+                        attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                        do_sample=False, cache_implementation="static",
+                    )
+                    # generate sizes a static cache for the longest call so far: not here
+                    model.__dict__.pop("_previous_max_cache_length", None)
+                    with torch.no_grad():
+                        eager = model.generate(x, **kw)
+                        model.__dict__.pop("_previous_max_cache_length", None)
+                        with generate_with(model, loaded):
+                            ours = model.generate(x, **kw)
+                    out[f"{how} {p} {n}"] = [torch.equal(eager, ours), list(ours.shape)]
         print(json.dumps(out))
         """,
         static_cache_file,
     )
-    assert len(result) == 6
+    assert len(result) == 12
     for case, (equal, shape) in result.items():
-        assert shape == [1, int(case.split()[1]) + 20], case
+        _, prompt, new = case.split()
+        assert shape == [1, int(prompt) + int(new)], case
         assert equal, f"{case}: tokens differ from eager's"

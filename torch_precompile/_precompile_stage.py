@@ -125,7 +125,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         capture.bound_self,
         out.training,
         state.grad_enabled,
-        signature["output_layouts"],
+        signature,
     )
     return PrecompiledArtifact(
         guards=guards,

@@ -30,6 +30,7 @@ from .guards import (
     IndexChecks,
     call_of,
     diagnose,
+    explain_arguments,
     hooks_entry,
 )
 
@@ -103,12 +104,18 @@ class CheckGuards(Step):
 
     guard_manager: Any
     guards: Guards
+    parameters: dict[str, Any]  # the example call, by parameter (the header's)
+    signature: inspect.Signature  # the traced function's
 
     def check(self, frame: Frame) -> GuardError | None:
-        if self.guard_manager.check(frame.f_locals):
-            return None
-        reason = _compat.guard_failure_reason(self.guard_manager, frame.f_locals)
-        return diagnose(self.guards, frame.f_locals, reason)
+        try:
+            if self.guard_manager.check(frame.f_locals):
+                return None
+            reason = _compat.guard_failure_reason(self.guard_manager, frame.f_locals)
+        except Exception as exc:  # a guard that cannot read this value (a tensor as a float)
+            reason = f"{type(exc).__name__}: {exc}"
+        arguments = explain_arguments(self.parameters, frame.f_locals, self.signature)
+        return diagnose(self.guards, frame.f_locals, reason, arguments)
 
 
 @dataclasses.dataclass
@@ -162,8 +169,10 @@ class Runtime:
         bound_self: Any,
         training: bool,
         grad_enabled: bool | None = None,
-        output_layouts: Sequence[list[int] | None] | None = None,
+        described: dict[str, Any] | None = None,
     ) -> None:
+        described = described or {}  # the artifact's ``signature``: the example call, outputs
+        output_layouts: Sequence[list[int] | None] | None = described.get("output_layouts")
         if output_layouts:
             _compat.wrap_compiled_graph(
                 compiled_function, lambda graph: keep_layouts(graph, output_layouts)
@@ -187,7 +196,12 @@ class Runtime:
         self.checks: tuple[Step, ...] = (
             BindArguments(signature, self.closure_locals),
             CheckHooks(hooks_entry(guards), bound_self),
-            CheckGuards(guard_manager, guards),
+            CheckGuards(
+                guard_manager,
+                guards,
+                described.get("parameters", {}),
+                signature,
+            ),
             CheckIdentities(IdentityChecks(guards, getattr(fn, "__globals__", {}))),
             CheckIndices(IndexChecks(guards)),
         )
@@ -250,20 +264,31 @@ class Runtime:
         with torch.set_grad_enabled(self.grad_enabled):
             yield None
 
-    def light_guards_hold(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Whether a lean load's plain-Python guards pass this call (False: none, or fail).
-
-        Checked without building PyTorch's own guard manager, which imports Dynamo.
-        """
+    def try_lean(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """``(True, result)`` when a lean load's plain-Python guards and the other
+        checks pass (the arguments bound once, the guards run once); else
+        ``(False, None)`` and nothing ran. Never builds PyTorch's guard manager,
+        which imports Dynamo."""
         light = getattr(self.guard_manager, "light", None)
         if light is None:
-            return False
-        frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
-        try:
-            self.checks[0].check(frame)  # binds the arguments
-        except TypeError:
-            return False
-        return bool(light.check(frame.f_locals))
+            return False, None
+        with self.grad_mode(args, kwargs) as refusal:
+            if refusal is not None:
+                return False, None
+            frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+            try:
+                self.checks[0].check(frame)  # binds the arguments
+            except TypeError:
+                return False, None
+            try:
+                if not light.check(frame.f_locals):
+                    return False, None
+            except Exception:  # a value its checks cannot read: the full path says why
+                return False, None
+            for step in self.checks[1:]:
+                if not isinstance(step, CheckGuards) and step.check(frame) is not None:
+                    return False, None
+            return True, self.call_step.call(frame)
 
     def _requires_grad(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
@@ -285,20 +310,27 @@ class VariantRuntime:
         self.bound_self = first.bound_self
         self.training = first.training
         self.grad_enabled = first.grad_enabled
+        self._last = 0  # the variant that served the last call
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        # After a lean load, the first variant whose plain-Python guards hold runs
-        # before any variant builds PyTorch's guard manager (which imports Dynamo).
-        for variant in self.variants:
-            if variant._runtime.light_guards_hold(args, kwargs):
-                failure, result = variant._runtime.try_call(args, kwargs)
-                if failure is None:
+        # A loop calls one variant again and again (every decode step): the one that
+        # served the last call is tried first. Then, after a lean load, the first
+        # variant whose plain-Python guards hold runs before any variant builds
+        # PyTorch's guard manager (which imports Dynamo).
+        served, result = self.variants[self._last]._runtime.try_lean(args, kwargs)
+        if served:
+            return result
+        for i, variant in enumerate(self.variants):
+            if i != self._last:
+                served, result = variant._runtime.try_lean(args, kwargs)
+                if served:
+                    self._last = i
                     return result
-                break
         failures = []
         for i, (variant, label) in enumerate(zip(self.variants, self.labels)):
             failure, result = variant._runtime.try_call(args, kwargs)
             if failure is None:
+                self._last = i
                 return result
             failures.append(f"variant {i} ({label}): {failure}")
         raise GuardError("no variant's guards hold for this call:\n  " + "\n  ".join(failures))

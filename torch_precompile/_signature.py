@@ -17,6 +17,7 @@ def describe_value(value: Any) -> Any:
                 "shape": list(value.shape),
                 "device": value.device.type,
                 "requires_grad": bool(value.requires_grad),
+                "contiguous": value.is_contiguous(),
             }
         }
     if isinstance(value, (bool, int, float, str)) or value is None:

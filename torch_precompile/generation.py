@@ -69,7 +69,7 @@ def forward_calls(
     snapshot = Snapshot({"model": model}, persistent=("model",))
     model.forward = spy  # type: ignore[method-assign]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _no_auto_compile(model):
             model.generate(
                 input_ids,
                 attention_mask=torch.ones_like(input_ids),
@@ -115,6 +115,12 @@ def compile_for_generation(
     row = row.repeat(1, -(-prompt_len // row.shape[1]))[:, :prompt_len]
     taken = static | {prompt_len, prompt_len + 1, prompt_len + 2}
     many = next(b for b in range(3, 10**6) if b not in taken)
+    # A cache of fixed size (StaticCache) is allocated for the prompt plus the new
+    # tokens but the last: for one new token it holds the prompt exactly, and the
+    # library's mask code takes another branch (kv_length == q_length).
+    fixed = generate_kwargs.get(
+        "cache_implementation", getattr(model.generation_config, "cache_implementation", None)
+    )
     examples = []
     for batch in (1,) if single_batch else (many, 1):
         for prompt in (row, row[:, :1]):
@@ -124,6 +130,9 @@ def compile_for_generation(
             # prompt of 1 its cache holds 1, after a longer one 2 or more.
             examples.append(("prefill", batch, ids.shape[1], calls[0]))
             examples.append(("decode", batch, ids.shape[1], calls[1]))
+            if fixed is not None:
+                full = forward_calls(model, ids, new_tokens=1, **generate_kwargs)[0]
+                examples.append(("prefill, cache full", batch, ids.shape[1], full))
     variants = []
     with torch.no_grad():
         for program, batch, prompt_len, kwargs in examples:
@@ -166,6 +175,27 @@ def _static_sizes(
 
 
 @contextlib.contextmanager
+def _no_auto_compile(model: torch.nn.Module) -> Iterator[None]:
+    """transformers' ``generate`` compiles the forward with ``torch.compile`` when
+    the cache is a static one on a GPU; the forward here is an artifact (or a spy
+    of the arguments): nothing to compile, and Dynamo cannot trace it."""
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        yield
+        return
+    had = "disable_compile" in vars(config)
+    previous = getattr(config, "disable_compile", None)
+    config.disable_compile = True
+    try:
+        yield
+    finally:
+        if had:
+            config.disable_compile = previous
+        else:
+            vars(config).pop("disable_compile", None)
+
+
+@contextlib.contextmanager
 def generate_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iterator[None]:
     """Within the block, ``model(...)`` and ``model.generate(...)`` run on ``artifact``.
 
@@ -181,7 +211,8 @@ def generate_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iter
 
     model.forward = forward  # type: ignore[method-assign]
     try:
-        yield
+        with _no_auto_compile(model):
+            yield
     finally:
         if had:
             model.forward = previous  # type: ignore[method-assign]

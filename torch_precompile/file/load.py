@@ -22,10 +22,10 @@ import torch
 
 from .. import _compat, _distributed, _system
 from .._artifact import PrecompiledArtifact
-from .._errors import ArtifactCorruptedError, KernelDirectoryError
+from .._errors import ArtifactCorruptedError, GuardError, KernelDirectoryError
 from .._precompile_stage import bundle_variants
 from .._runtime import Runtime
-from ..guards import Guards, hooks_entry
+from ..guards import Guards, Source, TensorGuard, hooks_entry
 from . import standin
 from .header import KERNEL_PREFIX, Header, section_name
 from .layout import looks_like_artifact
@@ -55,6 +55,8 @@ def load(
         sections = _Sections(reader)
         kernels = _kernels(reader.info.format_version, sections)
         bound = _bind(header.kind, sections, model, path, layout)
+        if model is not None and header.kind == "module" and "skeleton" in sections:
+            _check_model(json.loads(sections["skeleton"]), header, model, path)
         # A compile_on_one_rank graph holds a DeviceMesh: bound to this rank's mesh.
         with _distributed.deserializing(layout, model, path):
             variants = [
@@ -173,7 +175,7 @@ def _load_variant(
             bound,
             record.training,
             record.grad_enabled,
-            record.signature.get("output_layouts"),
+            record.signature,
         ),
         _sizes=dict(header.sizes),
         globals_module=header.globals_module,
@@ -251,6 +253,42 @@ def _bind(
         return model if model is not None else pickle.loads(sections["self"])
     if model is not None:
         log.warning("%s: the artifact was captured from a function; model= is ignored", path)
+    return None
+
+
+def _check_model(skeleton: dict[str, Any], header: Header, model: Any, path: str) -> None:
+    """Refuse ``model=`` when its module tree or a weight's shape differs from the
+    model captured: the first difference, named (the calls would fail on it)."""
+    problem = standin.tree_difference(skeleton, model)
+    if problem is None:
+        problem = _weight_shape_difference(header, model)
+    if problem is not None:
+        raise GuardError(
+            f"{path}: model= is not the model this artifact was captured from: {problem}; "
+            "pass a model of the same architecture and configuration, or load without model= "
+            "to use the file's own weights"
+        )
+
+
+def _weight_shape_difference(header: Header, model: torch.nn.Module) -> str | None:
+    """The first parameter or buffer whose shape differs from the one its guard recorded."""
+    for record in header.variants:
+        for g in Guards.from_json(list(record.guards)).of_kind(TensorGuard):
+            source = Source.parse(g.source)
+            weight = source.weight() if source is not None else None
+            if weight is None:
+                continue
+            table, name = weight
+            try:
+                t = model.get_parameter(name) if table == "parameters" else model.get_buffer(name)
+            except AttributeError:
+                continue  # the tree check names a missing one
+            if type(t) not in (torch.Tensor, torch.nn.Parameter):
+                continue  # a DTensor's local shard is checked by the distributed layout
+            expected = tuple(s if isinstance(s, int) else -1 for s in g.shape)
+            got = tuple(t.shape)
+            if len(expected) != len(got) or any(e not in (-1, a) for e, a in zip(expected, got)):
+                return f"{table[:-1]} {name!r} has shape {got}, the captured model's {g.shape}"
     return None
 
 

@@ -252,6 +252,28 @@ def describe_module(module: torch.nn.Module) -> dict[str, Any]:
     return {"version": SKELETON_VERSION, "modules": modules}
 
 
+def tree_difference(skeleton: dict[str, Any], model: torch.nn.Module) -> str | None:
+    """The first module, parameter or buffer where ``model``'s tree differs from the
+    skeleton's (the model captured), in words; None when the trees agree."""
+    live = dict(model.named_modules(remove_duplicate=False))
+    entries = skeleton.get("modules", {})
+    for path, entry in entries.items():
+        mod = live.get(path)
+        if mod is None:
+            return f"module {path!r} is missing from the model"
+        for table, kind in (("params", "parameter"), ("buffers", "buffer")):
+            have = mod._parameters if table == "params" else mod._buffers
+            for name in [*entry[table], *have]:
+                if (name in entry[table]) != (name in have):
+                    where = "missing from the model" if name in entry[table] else "new"
+                    full = f"{path}.{name}" if path else name
+                    return f"{kind} {full!r} is {where}"
+    for path in live:
+        if path not in entries:
+            return f"module {path!r} ({type(live[path]).__name__}) is new"
+    return None
+
+
 def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every distinct parameter and buffer of ``module`` under its first name."""
     out: dict[str, torch.Tensor] = {}

@@ -8,6 +8,7 @@ call, the entries here say which assumption broke, what was expected, what was
 found, and which stage added it.
 """
 
+from ._arguments import explain_arguments
 from ._base import PHASES, Call, Guard, Note, note
 from ._checks import IdentityChecks, IndexChecks, call_of, diagnose, hooks_entry, unmet_by
 from ._collection import Guards
@@ -60,6 +61,7 @@ __all__ = [
     "describe_source",
     "diagnose",
     "dropped_guard",
+    "explain_arguments",
     "hooks_entry",
     "identity_guard",
     "identity_of",

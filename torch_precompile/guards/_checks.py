@@ -43,13 +43,18 @@ def _rank(g: Guard) -> int:
     return 3 if isinstance(g, HooksGuard) else 2
 
 
-def diagnose(guards: Sequence[Guard], f_locals: dict[str, Any], fallback: str) -> GuardError:
-    """Which guard the call breaks, as a GuardError (``fallback``: PyTorch's own reason)."""
+def diagnose(
+    guards: Sequence[Guard], f_locals: dict[str, Any], fallback: str, arguments: str | None = None
+) -> GuardError:
+    """Which guard the call breaks, as a GuardError (``fallback``: PyTorch's own reason;
+    ``arguments``: how the call's arguments differ from the capture's, if they do)."""
     call = call_of(guards, f_locals)
     for g in sorted(guards, key=_rank):
         error = g.error(call)
         if error is not None:
             return error
+    if arguments is not None:
+        return GuardError(f"{arguments} [dynamo]")
     return GuardError(
         f"a guard failed: {fallback}{_inference_mode_hint(fallback, f_locals)} [dynamo]"
     )

@@ -150,10 +150,14 @@ class Source:
             elif rest.endswith("]") or not rest:
                 kind = "module"
             return f"{kind} '{path}'" if path else "the model"
+        root = self.root
+        if root == "kwargs" and self.steps and self.steps[0][0] == "item":
+            # A keyword collected by ``**kwargs`` (HF forwards): named as the caller wrote it.
+            root, rest = str(self.steps[0][1]), Source("L", "", self.steps[1:]).rest
         suffix = _ITEM.sub(
             lambda m: f"[{m.group(1)!r}]" if m.group(1) is not None else f"[{m.group(2)}]", rest
         )
-        return f"input '{self.root}{suffix}'"
+        return f"input '{root}{suffix}'"
 
     def global_name(self) -> str:
         """``G['__import_torch_dot_nn'].Linear`` -> ``torch.nn.Linear``."""

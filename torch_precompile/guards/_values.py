@@ -69,25 +69,48 @@ class TensorGuard(Guard):
         # Recorded with its index (cuda:0) since format 2; version-1 files: the type.
         return f"str({x}.device)" if ":" in self.device else f"{x}.device.type"
 
+    @property
+    def _is_input(self) -> bool:
+        return self.what.startswith("input ")
+
+    def _fix(self, for_input: str) -> str:
+        """What to do, after a mismatch: the caller's move for an input; for the
+        model's own tensors, that it is not the model captured."""
+        if self._is_input:
+            return f"; {for_input}"
+        return "; the model is not the one the artifact was captured from (or was changed since)"
+
     def _missing(self) -> Parts:
-        return [f"{self.what}: expected a tensor, but it is missing"]
+        return [f"{self.what}: expected a tensor, but it is missing; pass it, as the capture did"]
 
     def _not_tensor(self, got: str) -> Parts:
-        return [f"{self.what}: expected a tensor, got ", got]
+        return [f"{self.what}: expected a tensor, got ", got, self._fix("pass a tensor")]
 
     def _dtype(self, got: str) -> Parts:
-        return [f"{self.what}: expected dtype {self.dtype}, got ", got]
+        return [
+            f"{self.what}: expected dtype {self.dtype}, got ", got,
+            self._fix(f"pass a tensor of dtype {self.dtype}, or capture again with this dtype"),
+        ]  # fmt: skip
 
     def _device(self, got: str) -> Parts:
-        return [f"{self.what}: expected device {self.device}, got ", got]
+        return [
+            f"{self.what}: expected device {self.device}, got ", got,
+            self._fix(f"move it to {self.device}, or capture again on that device"),
+        ]  # fmt: skip
 
     def _dims(self, got: str, got_shape: str) -> Parts:
         n = len(self.shape)
         return [f"{self.what}: expected {n} dimensions {shape_text(self.shape)}, got ", got, " ",
-                got_shape]  # fmt: skip
+                got_shape, self._fix(f"pass a tensor of {n} dimensions")]  # fmt: skip
 
     def _shape(self, got: str) -> Parts:
-        return [f"{self.what}: expected shape {shape_text(self.shape)}, got ", got]
+        return [
+            f"{self.what}: expected shape {shape_text(self.shape)}, got ", got,
+            self._fix(
+                "capture with dynamic=True (or torch._dynamo.mark_dynamic on that dimension) to "
+                "serve other sizes"
+            ),
+        ]  # fmt: skip
 
     def _requires_grad(self) -> Parts:
         said = "does not require grad" if self.requires_grad else "requires grad"
@@ -160,6 +183,9 @@ class ValueGuard(Guard):
         value = _resolve(self.source, call)
         if value is MISSING:
             return render(self._missing())
+        if isinstance(value, torch.Tensor):  # compared below, it would raise or broadcast
+            shape = tuple(value.shape)
+            return render(self._differs(f"a tensor {dtype_name(value.dtype)} {shape}"))
         if plain(value) != self.value:
             return render(self._differs(repr(plain(value))))
         return None

@@ -351,11 +351,23 @@ def check_job(body: dict[str, Any] | None, path: str, model: Any) -> Layout | No
         )
     if model is not None:
         _check_model(layout, model, path)
-        sharded = _sharded(model)
-        if sharded:  # later loads without model= reuse the live model's mesh
-            mesh = next(iter(sharded.values())).device_mesh
+        mesh = _model_mesh(model)
+        if mesh is not None:
+            _cdist.rebind_meshes(model, mesh)  # one mesh object (see rebind_meshes)
+            # Later loads without model= reuse the live model's mesh.
             _MESHES.setdefault(_mesh_key(_mesh_info(mesh)), mesh)
     return layout
+
+
+def _model_mesh(model: Any) -> Any:
+    """The mesh of a live parallelised model: the one its parallelisation hooks were
+    given (the job's own), else its first DTensor's; None for a plain model."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    sharded = _sharded(model)
+    if not sharded:
+        return None
+    return _cdist.hook_mesh(model) or next(iter(sharded.values())).device_mesh
 
 
 def _check_model(layout: Layout, model: Any, path: str) -> None:
@@ -422,9 +434,9 @@ def deserializing(layout: Layout | None, model: Any, path: str) -> Iterator[None
 def _mesh_for(layout: Layout, model: Any, path: str) -> Any:
     """The mesh this rank runs the artifact on: the live model's, or the one of
     this process (made on first use, see use_device_mesh)."""
-    sharded = _sharded(model) if isinstance(model, torch.nn.Module) else {}
-    if sharded:
-        return next(iter(sharded.values())).device_mesh
+    live = _model_mesh(model)
+    if live is not None:
+        return live
     from torch.distributed.device_mesh import init_device_mesh
 
     key = _mesh_key(layout.mesh)
@@ -473,6 +485,9 @@ def build_standin(
     standin = _standin.build_standin(skeleton, tensors)
     hooks = pickle.loads(sections[HOOKS_SECTION]) if HOOKS_SECTION in sections else {}
     _cdist.restore_parallel_hooks(standin, hooks, mesh)
+    # Parameters made on this mesh may hold another, equal mesh of the process
+    # (one the job built before loading): see rebind_meshes.
+    _cdist.rebind_meshes(standin, mesh)
     return standin
 
 

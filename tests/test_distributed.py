@@ -170,6 +170,17 @@ def test_any_order_of_steps(jobs: dict[str, Any]) -> None:
         assert res["train_loss_diff"] <= 1e-6 and res["train_grad_diff"] <= 1e-6
 
 
+def test_traced_parallel_hooks_are_not_refused_hooks(jobs: dict[str, Any]) -> None:
+    # parallelize_module's hooks ran in the trace: the "no module hooks" entry
+    # covers only the model itself, not the submodules holding those hooks.
+    cmd = [sys.executable, "-m", "torch_precompile", "inspect", str(jobs["dirs"][2] / "mlp.pt")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    text = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    line = next(ln for ln in text.splitlines() if "no module hooks" in ln)
+    assert "no module hooks: the model has no forward" in line
+    assert "submodule" not in line
+
+
 def test_world_size_mismatch_is_a_typed_error(jobs: dict[str, Any]) -> None:
     for res in jobs["load4"]:
         message = res["world_error"]

@@ -7,15 +7,18 @@ Run by ``tests/test_distributed.py`` and ``benchmarks/distributed.py``::
     torchrun --standalone --nproc-per-node 4 examples/dist_job.py load DIR4 DIR2
     torchrun ... examples/dist_job.py compile_all DIR        # every rank compiles
     torchrun ... examples/dist_job.py first DIR ours block   # or eager / jit
+    torchrun ... examples/dist_job.py orders DIR             # build before load, load twice
 
-``build``: rank 0 alone compiles each model (``mlp``, ``block`` for inference,
-``train``: the MLP with grad enabled) and saves the code file and its shard;
+``build``: rank 0 alone compiles each model (``mlp``, ``slice``, ``block`` and
+a Hugging Face ``llama`` for inference; ``train`` and ``llama_train``: the MLP
+and the Llama with grad enabled) and saves the code file and its shard;
 every other rank writes only its shard (``save_shard``). ``load``: a fresh
 job loads every file (without ``model=`` and with a live parallelised
 ``model=``), runs it, and compares with the same parallelised model run
 eagerly; given a second directory saved by a job of another world size, it
-records the error loading from there raises. ``build`` also records what
-capturing an FSDP2 (``fully_shard``) model raises. Each rank writes
+records the error loading from there raises. ``orders``: the job builds its
+own models around standalone loads, on its own mesh (no ``use_device_mesh``).
+``build`` also records what capturing an FSDP2 (``fully_shard``) model raises. Each rank writes
 ``DIR/<phase>-<world>-rank<r>.json``.
 """
 
@@ -54,8 +57,8 @@ from torch_precompile import (  # noqa: E402
     use_device_mesh,
 )
 
-# TP_LLAMA=1 adds a tensor-parallel Hugging Face Llama (bfloat16) to the inference models.
-INFERENCE = ("mlp", "slice", "block", *(("llama",) if os.environ.get("TP_LLAMA") == "1" else ()))
+INFERENCE = ("mlp", "slice", "block", "llama")
+TRAIN = {"train": "mlp", "llama_train": "llama"}  # artifact -> the model it trains
 # TP_DEVICE=cuda: NCCL and a CUDA mesh (one GPU per rank), else gloo on the CPU.
 DEVICE = os.environ.get("TP_DEVICE", "cpu")
 
@@ -68,23 +71,34 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((_local(a).detach() - _local(b).detach()).abs().max())
 
 
-def _train_step(fn: Any, params: list[torch.nn.Parameter], x: torch.Tensor) -> tuple[float, list]:
-    loss = fn(x).square().mean()
+def _train_step(fn: Any, params: Any, name: str, x: torch.Tensor) -> tuple[float, dict]:
+    """One forward and backward of ``name`` through ``fn``: the loss, and the
+    gradient of each of ``params`` (``named_parameters()``) by name."""
+    out = run(fn, name, x)
+    if name == "llama":  # next-token cross-entropy
+        loss = torch.nn.functional.cross_entropy(out[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+    else:
+        loss = out.square().mean()
     loss.backward()
-    return float(loss.detach()), [p.grad for p in params]
+    return float(loss.detach()), {k: p.grad for k, p in params}
+
+
+def _grad_diff(grads: dict[str, Any], expected: dict[str, Any]) -> float:
+    assert grads.keys() == expected.keys(), (sorted(grads), sorted(expected))
+    return max(_max_diff(grads[k], expected[k]) for k in expected)
 
 
 def build_phase(out: Path, mesh: Any, rank: int) -> dict[str, Any]:
     result: dict[str, Any] = {"compile_s": {}}
-    for name in (*INFERENCE, "train"):
-        model = build("mlp" if name == "train" else name, mesh)
-        x = example_input("mlp" if name == "train" else name, DEVICE)
+    for name in (*INFERENCE, *TRAIN):
+        model = build(TRAIN.get(name, name), mesh)
+        x = example_input(TRAIN.get(name, name), DEVICE)
         path = out / f"{name}.pt"
         if rank == 0:
             start = time.perf_counter()
-            kwargs = {"use_cache": False} if name == "llama" else {}
-            if name == "train":
-                artifact = Precompile.compile(model, x)
+            kwargs = {"use_cache": False} if TRAIN.get(name, name) == "llama" else {}
+            if name in TRAIN:
+                artifact = Precompile.compile(model.train(), (x,), kwargs)
             else:
                 with torch.no_grad():
                     artifact = Precompile.compile(model.eval(), (x,), kwargs)
@@ -121,7 +135,7 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
 
     sys.addaudithook(audit)  # which files of the artifacts this rank reads
     start = time.perf_counter()
-    loaded = {name: Precompile.load(out / f"{name}.pt") for name in (*INFERENCE, "train")}
+    loaded = {name: Precompile.load(out / f"{name}.pt") for name in (*INFERENCE, *TRAIN)}
     result["load_s"] = time.perf_counter() - start
     result["files_read"] = sorted(set(opened))
     opened.clear()
@@ -130,9 +144,12 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         for name in INFERENCE:
             outputs[name] = run(loaded[name], name, example_input(name, DEVICE))
     result["first_output_s"] = time.perf_counter() - T0
-    x = example_input("mlp", DEVICE)
-    train_params = [p for _, p in loaded["train"].named_parameters()]
-    loss_standin, grads_standin = _train_step(loaded["train"], train_params, x)
+    standin_steps = {
+        name: _train_step(
+            loaded[name], loaded[name].named_parameters(), model, example_input(model, DEVICE)
+        )
+        for name, model in TRAIN.items()
+    }
     # Nothing compiled: Inductor's compile entry point was never imported.
     result["compiler_imported"] = sorted(
         m for m in ("torch._inductor.compile_fx", "torch._inductor.codecache") if m in sys.modules
@@ -147,20 +164,25 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
             result["diff"][name] = _max_diff(outputs[name], expected)
             result["diff"][name + "_bound"] = _max_diff(run(bound, name, x), expected)
         result["local_shape_" + name] = list(_local(outputs[name]).shape)
-    x = example_input("mlp", DEVICE)
-    eager = build("mlp", mesh)
-    loss_eager, grads_eager = _train_step(eager, list(eager.parameters()), x)
-    live = build("mlp", mesh)
-    bound = Precompile.load(out / "train.pt", model=live)
-    loss_bound, grads_bound = _train_step(bound, list(live.parameters()), x)
-    result["train"] = {
-        "loss_eager": loss_eager,
-        "loss_standin": loss_standin,
-        "loss_bound": loss_bound,
-        "grad_diff_standin": max(_max_diff(a, b) for a, b in zip(grads_standin, grads_eager)),
-        "grad_diff_bound": max(_max_diff(a, b) for a, b in zip(grads_bound, grads_eager)),
-        "grads_are_dtensor": all(hasattr(g, "to_local") for g in grads_bound),
-    }
+    for name, model in TRAIN.items():
+        x = example_input(model, DEVICE)
+        eager = build(model, mesh).train()
+        loss_eager, grads_eager = _train_step(eager, eager.named_parameters(), model, x)
+        live = build(model, mesh).train()
+        bound = Precompile.load(out / f"{name}.pt", model=live)
+        loss_bound, grads_bound = _train_step(bound, live.named_parameters(), model, x)
+        loss_standin, grads_standin = standin_steps[name]
+        sharded = [k for k, p in live.named_parameters() if hasattr(p, "to_local")]
+        result[name] = {
+            "loss_eager": loss_eager,
+            "loss_standin": loss_standin,
+            "loss_bound": loss_bound,
+            "grad_diff_standin": _grad_diff(grads_standin, grads_eager),
+            "grad_diff_bound": _grad_diff(grads_bound, grads_eager),
+            "sharded_params": len(sharded),
+            # gradients land on the live DTensor parameters, as DTensor shards
+            "grads_are_dtensor": all(hasattr(grads_bound[k], "to_local") for k in sharded),
+        }
     # A live model parallelised differently: up row-wise, down column-wise.
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -181,6 +203,38 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
             result["world_error"] = None
         except DistributedLayoutError as exc:
             result["world_error"] = str(exc)
+    return result
+
+
+def orders_phase(out: Path, mesh: Any) -> dict[str, Any]:
+    """The user's order of steps, with no ``use_device_mesh``: the job builds and
+    parallelises its own model on its own mesh before loading, loads one file
+    twice, and builds another model after loading it (then binds that one).
+    DTensor's sharding cache then hands parameters the other, equal mesh."""
+    result: dict[str, Any] = {}
+    x = example_input("mlp", DEVICE)
+    with torch.no_grad():
+        expected = build("mlp", mesh).eval()(x)  # built before any load
+        first = Precompile.load(out / "mlp.pt")
+        result["mlp_built_first"] = _max_diff(first(x), expected)
+        second = Precompile.load(out / "mlp.pt")  # the same file again
+        result["mlp_twice"] = _max_diff(second(x), expected)
+        xb = example_input("block", DEVICE)
+        block = Precompile.load(out / "block.pt")
+        eager = build("block", mesh).eval()  # built after loading it
+        # The cache gave the new model's weights the load's mesh, its hooks the job's.
+        result["block_weight_on_load_mesh"] = eager.q.weight.device_mesh is not mesh
+        expected_block = eager(xb)
+        result["block_standin"] = _max_diff(block(xb), expected_block)
+        bound = Precompile.load(out / "block.pt", model=eager)
+        result["block_bound_after"] = _max_diff(bound(xb), expected_block)
+        result["mlp_first_again"] = _max_diff(first(x), expected)
+    train = Precompile.load(out / "train.pt")
+    loss, grads = _train_step(train, train.named_parameters(), "mlp", x)
+    eager = build("mlp", mesh)
+    loss_eager, grads_eager = _train_step(eager, eager.named_parameters(), "mlp", x)
+    result["train_loss_diff"] = abs(loss - loss_eager)
+    result["train_grad_diff"] = _grad_diff(grads, grads_eager)
     return result
 
 
@@ -220,9 +274,12 @@ def main() -> None:
     dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh(DEVICE, (world,))
-    use_device_mesh(mesh)  # the eager references below build on this mesh too
+    if phase != "orders":
+        use_device_mesh(mesh)  # the eager references below build on this mesh too
     try:
-        if phase == "build":
+        if phase == "orders":
+            result = orders_phase(out, mesh)
+        elif phase == "build":
             result = build_phase(out, mesh, rank)
         elif phase == "compile_all":
             result = compile_all_phase(mesh)

@@ -10,10 +10,11 @@
   as plain tensors. The head count per rank is read from the local tensor's
   shape, the usual way to write a TP attention.
 
-- ``llama``: a Hugging Face ``LlamaForCausalLM`` (random-init config, bfloat16,
-  grouped-query attention), parallelised with the usual Llama plan: ``q/k/v``,
-  ``gate/up`` column-wise, ``o``/``down`` row-wise; embeddings, norms and the
-  head replicated. Its input is token ids (``example_input("llama")``).
+- ``llama``: a Hugging Face ``LlamaForCausalLM`` (random-init config, grouped-query
+  attention; bfloat16 on a CUDA mesh, float32 elsewhere), parallelised with
+  the usual Llama plan: ``q/k/v``, ``gate/up`` column-wise, ``o``/``down``
+  row-wise; embeddings, norms and the head replicated. Its input is token
+  ids (``example_input("llama")``).
 
 ``build(name, mesh)`` builds one deterministically (same weights on every
 rank before sharding) and parallelises it with ``parallelize_module``.
@@ -85,7 +86,7 @@ LLAMA_LAYERS = 2
 LLAMA_VOCAB = 1000
 
 
-def _llama() -> nn.Module:
+def _llama(dtype: torch.dtype) -> nn.Module:
     import transformers
 
     config = transformers.LlamaConfig(
@@ -97,7 +98,7 @@ def _llama() -> nn.Module:
         vocab_size=LLAMA_VOCAB,
         max_position_embeddings=64,
     )
-    return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    return transformers.LlamaForCausalLM(config).to(dtype).eval()
 
 
 def _llama_plan() -> dict[str, ColwiseParallel | RowwiseParallel]:
@@ -117,7 +118,11 @@ def build(name: str, mesh: DeviceMesh | None, seed: int = 0) -> nn.Module:
     """The model ``name`` ("mlp", "slice", "block" or "llama"), parallelised over
     ``mesh`` (None: not at all), on the mesh's device type."""
     torch.manual_seed(seed)
-    model = _llama() if name == "llama" else TPBlock() if name == "block" else TPMLP()
+    if name == "llama":
+        cuda = mesh is not None and mesh.device_type == "cuda"
+        model = _llama(torch.bfloat16 if cuda else torch.float32)
+    else:
+        model = TPBlock() if name == "block" else TPMLP()
     if mesh is not None:
         model.to(mesh.device_type)
         parallelize_module(model, mesh, _llama_plan() if name == "llama" else PLANS[name])

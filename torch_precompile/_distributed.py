@@ -310,11 +310,11 @@ def use_device_mesh(mesh: Any) -> None:
     """Make distributed artifacts loaded without ``model=`` use ``mesh``.
 
     By default the first such load builds the mesh it was saved for
-    (``init_device_mesh``) and later loads reuse it. A process that builds its
-    own mesh too should hand it over here, before loading: DTensor caches
-    sharding decisions by mesh *equality*, so two equal meshes in one process
-    get mixed up, and the compiled code's guards require the mesh of its
-    parameters and of its hooks to be one object.
+    (``init_device_mesh``) and later loads reuse it (or the mesh of a model
+    bound with ``model=`` before). Optional: a process that also builds its
+    own mesh is served either way (the stand-in's DTensors and hooks are made
+    to hold one mesh object, see ``rebind_meshes``); handing the mesh over
+    keeps one mesh, and one set of process groups, in the process.
     """
     _MESHES[_mesh_key(_mesh_info(mesh))] = mesh
 
@@ -351,11 +351,20 @@ def check_job(body: dict[str, Any] | None, path: str, model: Any) -> Layout | No
         )
     if model is not None:
         _check_model(layout, model, path)
-        sharded = _sharded(model)
-        if sharded:  # later loads without model= reuse the live model's mesh
-            mesh = next(iter(sharded.values())).device_mesh
+        mesh = _model_mesh(model)
+        if mesh is not None:  # one mesh object; later loads without model= reuse it
+            _cdist.rebind_meshes(model, mesh)
             _MESHES.setdefault(_mesh_key(_mesh_info(mesh)), mesh)
     return layout
+
+
+def _model_mesh(model: Any) -> Any:
+    """The mesh of a live parallelised model: the one its parallelisation hooks were
+    given (the job's own), else its first DTensor's; None for a plain model."""
+    sharded = _sharded(model) if isinstance(model, torch.nn.Module) else {}
+    if not sharded:
+        return None
+    return _cdist.hook_mesh(model) or next(iter(sharded.values())).device_mesh
 
 
 def _check_model(layout: Layout, model: Any, path: str) -> None:
@@ -422,9 +431,9 @@ def deserializing(layout: Layout | None, model: Any, path: str) -> Iterator[None
 def _mesh_for(layout: Layout, model: Any, path: str) -> Any:
     """The mesh this rank runs the artifact on: the live model's, or the one of
     this process (made on first use, see use_device_mesh)."""
-    sharded = _sharded(model) if isinstance(model, torch.nn.Module) else {}
-    if sharded:
-        return next(iter(sharded.values())).device_mesh
+    live = _model_mesh(model)
+    if live is not None:
+        return live
     from torch.distributed.device_mesh import init_device_mesh
 
     key = _mesh_key(layout.mesh)
@@ -473,6 +482,7 @@ def build_standin(
     standin = _standin.build_standin(skeleton, tensors)
     hooks = pickle.loads(sections[HOOKS_SECTION]) if HOOKS_SECTION in sections else {}
     _cdist.restore_parallel_hooks(standin, hooks, mesh)
+    _cdist.rebind_meshes(standin, mesh)  # parameters may hold an equal mesh of the job
     return standin
 
 

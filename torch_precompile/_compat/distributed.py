@@ -14,12 +14,15 @@ Each concern is tied to how torch 2.11-2.14 build and trace DTensor models:
   live module at save, registered again on the stand-in at load, under the
   same hook ids (Dynamo's guard tree checks the hook dicts' keys);
 - the process-group names a DeviceMesh holds (the compiled collectives
-  address their group by name, e.g. ``all_reduce(t, "sum", "0")``).
+  address their group by name, e.g. ``all_reduce(t, "sum", "0")``);
+- one mesh object per model: DTensor's sharding cache hands a mesh equal to
+  another out in its place (:func:`rebind_meshes`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 from collections.abc import Iterator
@@ -138,6 +141,56 @@ def restore_parallel_hooks(standin: torch.nn.Module, records: dict[str, Any], me
             hooks.clear()
             for hook_id, hook in zip(entry[key], items):
                 hooks[hook_id] = hook
+
+
+def _parallel_hook_cells(module: torch.nn.Module) -> Iterator[Any]:
+    """The closure cells of every ``distribute_module`` hook of ``module`` and its submodules."""
+    for mod in module.modules():
+        for attr in _HOOK_DICTS:
+            for hook in getattr(mod, attr).values():
+                if getattr(hook, "__qualname__", "") == _DISTRIBUTE_MODULE_HOOK:
+                    yield from hook.__closure__ or ()
+
+
+def hook_mesh(module: torch.nn.Module) -> Any:
+    """The DeviceMesh ``parallelize_module`` gave ``module``'s hooks (None: no such hook)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    for cell in _parallel_hook_cells(module):
+        if isinstance(cell.cell_contents, DeviceMesh):
+            return cell.cell_contents
+    return None
+
+
+def rebind_meshes(module: torch.nn.Module, mesh: Any) -> int:
+    """Make ``module``'s DTensors and parallelisation hooks hold ``mesh`` itself wherever
+    they hold a mesh equal to it; returns how many were rebound.
+
+    DTensor's sharding propagator caches each op's decision under the mesh's
+    *equality* and a cache hit hands back the mesh object it first saw: so in
+    a process with two equal meshes (the job's own and the one a load made),
+    ``nn.Parameter(dtensor)`` (a ``detach``) on one yields a parameter on the
+    other. The compiled code's guards require the parameters' and the hooks'
+    mesh to be one object (``hook mesh is weight.device_mesh``); equal meshes
+    name the same ranks, layout and device, so the rebinding changes no result.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+
+    rebound = 0
+    for mod in module.modules():
+        for t in (*mod._parameters.values(), *mod._buffers.values()):
+            if isinstance(t, DTensor) and t._spec.mesh is not mesh and t._spec.mesh == mesh:
+                spec = copy.copy(t._spec)  # the old spec may be a cache entry: not mutated
+                spec.mesh = mesh
+                t._spec = spec
+                rebound += 1
+    for cell in _parallel_hook_cells(module):
+        value = cell.cell_contents
+        if isinstance(value, DeviceMesh) and value is not mesh and value == mesh:
+            cell.cell_contents = mesh
+            rebound += 1
+    return rebound
 
 
 @contextlib.contextmanager

@@ -192,8 +192,9 @@ class HooksGuard(Guard):
         parts = ["the model"] if root_is_module else []
         if n:
             parts.append(f"the {n} submodule{'s' if n != 1 else ''} the compiled code calls")
+        verb = "have" if len(parts) > 1 else "has"
         expr = (
-            f"no module hooks: {' and '.join(parts)} have no forward, forward pre-, backward or "
+            f"no module hooks: {' and '.join(parts)} {verb} no forward, forward pre-, backward or "
             "backward pre-hook, and no global module hook is registered (checked at each call: "
             "the compiled code would not run them)"
         )

@@ -53,7 +53,7 @@ def capture_guards(
                 entries.append(ValueGuard.of(g.source, value))
         elif g.category == "hook_dict":
             module = g.source.rsplit(".", 1)[0]
-            if module not in hooked:
+            if module not in hooked and not _had_hooks(module, local_scope):
                 hooked.append(module)
         elif g.category == "structure":
             structure[g.detail] = structure.get(g.detail, 0) + 1
@@ -69,6 +69,15 @@ def capture_guards(
         expr = f"{total} checks of module structure and Python objects ({detail})"
         entries.append(note("dynamo", "structure", expr))
     return entries
+
+
+def _had_hooks(module: str, local_scope: dict[str, Any]) -> bool:
+    """Whether the module at ``module`` had hooks at capture: Dynamo traced them into the
+    graph (``parallelize_module``'s, say), so the ``hooks`` entry, which stands for
+    modules called without hooks, leaves it out (the guard tree checks those hooks)."""
+    source = Source.parse(module)
+    value = source.resolve(local_scope) if source is not None else MISSING
+    return value is not MISSING and bool(_compat.registered_hooks(value))
 
 
 def dynamic_dims(shape_symbols: Mapping[str, str]) -> dict[str, dict[int, str]]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .._config_standin import find
+from .._config_standin import find, is_config
 
 # Light guards: Dynamo's guard tree, translated at save time into a plain-Python
 # check that is at least as strict as Dynamo's (any leaf or accessor we do not
@@ -315,13 +315,17 @@ def _light_node(manager: Any, value: Any) -> dict[str, Any]:
     }
     kind = type(manager).__name__
     if kind == "DictGuardManager":
-        if not has_value or type(value) is not dict:
+        # A config that is a dict may be its stand-in: its type is a config type, not
+        # saved (the values read from it are).
+        config = has_value and isinstance(value, dict) and is_config(value)
+        if not has_value or (type(value) is not dict and not config):
             raise _NoLightGuards(f"dict guard on {node['source']} without its saved value")
         entries = manager.get_key_value_managers()
         if len(entries) != len(value):
             raise _NoLightGuards(f"dict guard on {node['source']} covers part of the dict")
         keys, values = list(value), list(value.values())
         node["dict"] = {
+            **({"config": True} if config else {}),
             "size": len(value),
             "entries": [
                 [

@@ -17,7 +17,8 @@ keys ``encode`` passes; :func:`encode_with` makes ``encode`` run on it::
 
 Within the block each call gets a fresh plain dict of the captured keys (so a
 dict that an earlier call wrote into is served again), with its tensors made
-outside inference mode (a copy of the token ids), and the outputs are written
+outside inference mode (a copy of the token ids), the artifact runs as it was
+captured (``no_grad``, outside inference mode), and the outputs are written
 into the caller's dict as the eager forward writes them.
 """
 
@@ -135,7 +136,10 @@ def encode_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iterat
                 "the artifact's forward takes the features dict only, got keywords "
                 f"{sorted(kwargs)}"
             )
-        out = artifact(plain_features(features, keys))
+        # Run as captured (no_grad, outside inference mode): Dynamo's own guard manager,
+        # where it decides, compares dispatch keys under the call's thread state.
+        with torch.inference_mode(False), torch.no_grad():
+            out = artifact(plain_features(features, keys))
         for key, value in out.items():
             if key not in keys:
                 features[key] = value

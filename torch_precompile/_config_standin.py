@@ -13,13 +13,24 @@ stand-in of a config is an instance of a small class made at load:
   GPT-2's ``hidden_size`` for ``n_embd``);
 - a method (``to_dict``) is the one thing it cannot answer: reading one imports
   the real class and turns the stand-in into an instance of it, in place.
+
+A config that is a dict (diffusers' ``FrozenDict``) keeps its items too, in a
+stand-in derived from the same built-in dict class. Dynamo's guard tree checks
+such a dict's exact type, so its class is one per config class and process,
+and the guard state saved with the artifact rebuilds the config as that
+stand-in when the artifact runs on saved weights (:func:`standins_in_guards`),
+as the real class when it runs on a live model.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import contextvars
+import functools
 import importlib
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -101,3 +112,72 @@ def standin_class(
     namespace["__torch_precompile_methods__"] = frozenset(methods)
     namespace["__module__"] = __name__
     return type(qualname.rsplit(".", 1)[-1], (ConfigStandIn,), namespace)
+
+
+# The built-in dict classes a dict config's stand-in may derive from, by name.
+_DICT_BASES: dict[str, type] = {"dict": dict, "OrderedDict": collections.OrderedDict}
+_STANDINS_IN_GUARDS = contextvars.ContextVar("torch_precompile_standins", default=False)
+
+
+def dict_base(cls: type) -> str | None:
+    """The name of the built-in dict class a dict config class derives from, or None."""
+    for base in cls.__mro__:
+        for name, builtin in _DICT_BASES.items():
+            if base is builtin:
+                return name
+    return None
+
+
+@functools.cache
+def dict_standin_class(module: str, qualname: str, base: str) -> type:
+    """The stand-in class of the dict config class ``module.qualname`` (one per
+    process; its class values are set by each stand-in built)."""
+    cls = standin_class(module, qualname, {}, ())
+    return type(cls.__name__, (cls, _DICT_BASES[base]), {"__module__": __name__})
+
+
+@contextlib.contextmanager
+def standins_in_guards() -> Iterator[None]:
+    """Rebuild dict configs in a saved guard state as stand-ins (the artifact runs on
+    its saved weights, whose configs are stand-ins), not as their real class."""
+    token = _STANDINS_IN_GUARDS.set(True)
+    try:
+        yield
+    finally:
+        _STANDINS_IN_GUARDS.reset(token)
+
+
+def rebuild_dict_config(
+    module: str, qualname: str, base: str, items: list[Any], state: dict[str, Any]
+) -> Any:
+    """A dict config from its items and instance dict (the guard state's pickle of it)."""
+    if _STANDINS_IN_GUARDS.get():
+        cls = dict_standin_class(module, qualname, base)
+    else:
+        cls = find(module, qualname)
+    obj = cls.__new__(cls)
+    fill_dict(obj, base, items)
+    obj.__dict__.update(state)
+    return obj
+
+
+def fill_dict(obj: Any, base: str, items: Iterable[tuple[Any, Any]]) -> None:
+    """Set the items of a dict config through its built-in class (a frozen dict's own
+    ``__setitem__`` refuses)."""
+    setitem = _DICT_BASES[base].__setitem__
+    for key, value in items:
+        setitem(obj, key, value)
+
+
+def reduce_dict_config(obj: Any) -> tuple[Any, tuple[Any, ...]]:
+    """A pickle reduction of a dict config that :func:`rebuild_dict_config` inverts."""
+    cls = type(obj)
+    base = dict_base(cls)
+    assert base is not None
+    return rebuild_dict_config, (
+        cls.__module__,
+        cls.__qualname__,
+        base,
+        list(obj.items()),
+        dict(vars(obj)),
+    )

@@ -195,6 +195,7 @@ def dynamo(
         _compat.shape_env_guard_exprs(capture),
         _compat.global_state_snapshot(),
         root_is_module=isinstance(model, torch.nn.Module),
+        symbol_all_sources=_compat.shape_env_symbol_all_sources(capture),
     )
     guards = Guards(entries, capture_id=state.capture_id)
     out = DynamoOutput(

@@ -26,6 +26,7 @@ Any other artifact, or any failure here, loads through PyTorch's full path.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import logging
@@ -320,6 +321,8 @@ def load_fast_compiled_function(
     guard_manager = TieredGuardManager(
         light,
         functools.partial(
+            # Built on first need, in the load's context (dict configs as stand-ins).
+            contextvars.copy_context().run,
             load_dynamo_guard_manager,
             spec["guards_state"],
             original_code,

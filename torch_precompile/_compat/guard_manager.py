@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .._config_standin import dict_base, is_config, reduce_dict_config
 from .capture import Capture
 from .light_guards import hook_guards_enabled
 from .pickling import findable_by_name, function_by_value, reducer_override_patched
@@ -27,6 +28,9 @@ def _guard_state_pickled_portably() -> Iterator[None]:
       attributes, as on the stand-in, and a class's own pickling rules are for
       pickling the model (a module with a parametrization, such as
       ``weight_norm``, refuses to be pickled at all).
+    - A config that is a dict (diffusers' ``FrozenDict``) rebuilds as its real
+      class, or as its stand-in when loaded for saved weights (see
+      :mod:`torch_precompile._config_standin`): Dynamo checks a dict's exact type.
     - A function pickle cannot find by qualified name (the undecorated
       function a ``functools.wraps`` decorator keeps in its closure) is saved
       by value. PyTorch would save a ``_Missing`` placeholder, and the guards
@@ -45,6 +49,9 @@ def _guard_state_pickled_portably() -> Iterator[None]:
         ):
             original(self, obj)  # records missing values as a side effect
             return GuardsStatePickler._unpickle_module, (torch.nn.Module.__getstate__(obj),)
+        dict_config = isinstance(obj, dict) and type(obj) is not dict and is_config(obj)
+        if dict_config and dict_base(type(obj)) is not None:
+            return reduce_dict_config(obj)
         if (
             inspect.isfunction(obj)
             and id(obj) not in self.missing_values
@@ -92,6 +99,14 @@ def _rooted_in_process_globals(source: Any) -> bool:
 def guard_filter_entry_derived_kinds(entry: Any) -> tuple[str, ...]:
     """The guard kinds a Dynamo GuardFilterEntry is built on (BUILTIN_MATCH -> ID_MATCH)."""
     return tuple(getattr(entry, "derived_guard_types", ()) or ())
+
+
+def guard_filter_entry_hasattr_name(entry: Any) -> str | None:
+    """The attribute a HASATTR GuardFilterEntry asks about (its ``name`` is the object's)."""
+    create_fn = getattr(getattr(entry, "orig_guard", None), "create_fn", None)
+    keywords = getattr(create_fn, "keywords", None) or {}
+    attr = keywords.get("attr")
+    return attr if isinstance(attr, str) else None
 
 
 def guard_filter_entry_source(entry: Any) -> str:

@@ -21,6 +21,7 @@ from .capture import UNSERIALIZABLE_GUARD_KINDS
 from .guard_manager import (
     guard_filter_entry_derived_kinds,
     guard_filter_entry_fields,
+    guard_filter_entry_hasattr_name,
     guard_filter_entry_source,
 )
 
@@ -95,6 +96,24 @@ class SaveCandidate:
     is_identity: bool
 
 
+def _class_fact(entry: Any, name: str, value: Any) -> bool:
+    """Whether a HASATTR guard asks about an attribute of the object's class.
+
+    Module types are not saved: the guard state holds a plain module with the
+    instance's attributes, so a class attribute (``hasattr(module_list,
+    '__iter__')`` on torch 2.11, diffusers' ``_keep_in_fp32_modules``) would be
+    rebuilt at load as ``not hasattr`` and refuse every call. Its value, where the
+    code read it, is baked into the traced bytecode.
+    """
+    if re.search(r"\.__\w+__$", name):  # torch 2.11 names the attribute itself
+        return True
+    attr = guard_filter_entry_hasattr_name(entry)
+    if attr is None or isinstance(value, type):
+        return False
+    own = getattr(value, "__dict__", None)
+    return isinstance(own, dict) and attr not in own and hasattr(type(value), attr)
+
+
 def save_candidate(entry: Any) -> SaveCandidate:
     """Sort one entry of Dynamo's guard filter."""
     name, kind, is_global, value = guard_filter_entry_fields(entry)
@@ -105,10 +124,7 @@ def save_candidate(entry: Any) -> SaveCandidate:
         drop = "module type"
     elif kind == "TYPE_MATCH" and name.startswith("self.") and is_config(value):
         drop = "config type"
-    elif "type(" in name or (kind == "HASATTR" and re.search(r"\.__\w+__$", name)):
-        # A special method (``hasattr(module_list, '__iter__')``, torch 2.11) is the
-        # class's, and module types are not saved: rebuilt from the saved state
-        # without the type, the guard would read ``not hasattr`` and refuse every call.
+    elif "type(" in name or (kind == "HASATTR" and _class_fact(entry, name, value)):
         drop = "class attribute"
     elif kind in UNSERIALIZABLE_GUARD_KINDS or any(
         d in UNSERIALIZABLE_GUARD_KINDS for d in derived

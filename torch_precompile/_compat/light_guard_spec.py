@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .._config_standin import find
+from .._config_standin import find, is_config
 
 # Light guards: Dynamo's guard tree, translated at save time into a plain-Python
 # check that is at least as strict as Dynamo's (any leaf or accessor we do not
@@ -31,6 +31,7 @@ LIGHT_TYPES: dict[str, type] = {
     "str": str,
     "NoneType": type(None),
     "torch.Size": torch.Size,
+    "torch.Tensor": torch.Tensor,
 }
 _SAVED_TENSOR_HOOKS_GUARD = (
     "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
@@ -139,6 +140,11 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
             raise _NoLightGuards(text)
 
         return ["contains", ast.literal_eval(m.group(2)), m.group(1) is None]
+    if kind == "SET_CONTAINS":
+        m = re.fullmatch(r"(not )?set\.__contains__\((.+?), (.*)\)", text)
+        if m is None:
+            raise _NoLightGuards(text)
+        return ["contains", ast.literal_eval(m.group(3)), m.group(1) is None]
     if kind == "GLOBAL_STATE" and " against " in text:
         return ["global_state", text.split(" against ", 1)[1]]
     if kind == "TORCH_FUNCTION_MODE_STACK" and torch._C._len_torch_function_stack() == 0:
@@ -164,7 +170,7 @@ def _dim(text: str) -> int | None:
 # Dynamo's shape guards (epilogue lambda guards) over input sizes, as Python
 # expressions: ``1 <= L['x'].size()[0] <= 64``, ``L['a'].size()[1] == L['b'].size()[0]``.
 # Only this small grammar is accepted (sizes and strides of frame locals,
-# integers, arithmetic, comparisons, ``and``, and ``is`` between two attribute
+# integers, arithmetic, ``min``/``max``, comparisons, ``and``, and ``is`` between two attribute
 # paths from frame locals, for tied weights); anything else means no light guards.
 _SHAPE_BINOPS = ("Add", "Sub", "Mult", "FloorDiv", "Mod")
 _SHAPE_CMPOPS = ("Eq", "NotEq", "Lt", "LtE", "Gt", "GtE")
@@ -193,6 +199,14 @@ def shape_expr_ok(node: Any) -> bool:
         return isinstance(node.op, ast.USub) and shape_expr_ok(node.operand)
     if isinstance(node, ast.Constant):
         return type(node.value) is int
+    if isinstance(node, ast.Call):  # min(64, L['ids'].size()[1]): a bound from a table's size
+        return (
+            isinstance(node.func, ast.Name)
+            and node.func.id in ("min", "max")
+            and len(node.args) >= 2
+            and not node.keywords
+            and all(shape_expr_ok(a) for a in node.args)
+        )
     if isinstance(node, ast.Subscript):  # L['x'].size()[0]
         call, index = node.value, node.slice
         return (
@@ -209,12 +223,15 @@ def shape_expr_ok(node: Any) -> bool:
 
 
 def _source_chain(node: Any) -> bool:
-    """``L['x']`` followed by plain attributes and constant subscripts."""
+    """``L['x']`` followed by plain attributes (or ``__dict__``) and constant subscripts."""
 
     while True:
         if _frame_local(node):
             return True
-        if (isinstance(node, ast.Attribute) and not node.attr.startswith("__")) or (
+        plain = isinstance(node, ast.Attribute) and (
+            not node.attr.startswith("__") or node.attr == "__dict__"  # a module's own dict
+        )
+        if plain or (
             isinstance(node, ast.Subscript)
             and isinstance(node.slice, ast.Constant)
             and type(node.slice.value) in (str, int)
@@ -222,6 +239,14 @@ def _source_chain(node: Any) -> bool:
             node = node.value
         else:
             return False
+
+
+def _is_frame_local(node: dict[str, Any]) -> bool:
+    """Whether a guard node's source is a frame local itself (``L['kwargs']``)."""
+    try:
+        return _frame_local(ast.parse(node["source"], mode="eval").body)
+    except SyntaxError:
+        return False
 
 
 def _frame_local(node: Any) -> bool:
@@ -315,13 +340,21 @@ def _light_node(manager: Any, value: Any) -> dict[str, Any]:
     }
     kind = type(manager).__name__
     if kind == "DictGuardManager":
-        if not has_value or type(value) is not dict:
+        # A config that is a dict may be its stand-in: its type is a config type, not
+        # saved (the values read from it are).
+        config = has_value and isinstance(value, dict) and is_config(value)
+        if not has_value and not manager.get_key_value_managers() and _is_frame_local(node):
+            # ``**kwargs`` read as empty: Dynamo guards each key of a frame-local dict it
+            # iterates, so a dict guard with none guards an empty dict.
+            value, has_value = {}, True
+        if not has_value or (type(value) is not dict and not config):
             raise _NoLightGuards(f"dict guard on {node['source']} without its saved value")
         entries = manager.get_key_value_managers()
         if len(entries) != len(value):
             raise _NoLightGuards(f"dict guard on {node['source']} covers part of the dict")
         keys, values = list(value), list(value.values())
         node["dict"] = {
+            **({"config": True} if config else {}),
             "size": len(value),
             "entries": [
                 [

@@ -238,7 +238,8 @@ class LightGuards:
             self._emit_leaf(leaf, var)
         d = node.get("dict")
         if d is not None:
-            self._fail_unless(f"type({var}) is dict and len({var}) == {int(d['size'])}")
+            exact = "isinstance({}, dict)" if d.get("config") else "type({}) is dict"
+            self._fail_unless(f"{exact.format(var)} and len({var}) == {int(d['size'])}")
             keys, values = self._var(), self._var()
             self._lines.append(f"    {keys} = list({var}); {values} = list({var}.values())")
             for i, k, v in d["entries"]:

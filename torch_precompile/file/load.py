@@ -9,6 +9,7 @@ artifact or of a bundle, is rebuilt by :func:`_load_variant`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -22,6 +23,7 @@ import torch
 
 from .. import _compat, _distributed, _system
 from .._artifact import PrecompiledArtifact
+from .._config_standin import standins_in_guards
 from .._errors import ArtifactCorruptedError, GuardError, KernelDirectoryError
 from .._precompile_stage import bundle_variants
 from .._runtime import Runtime
@@ -58,7 +60,11 @@ def load(
         if model is not None and header.kind == "module" and "skeleton" in sections:
             _check_model(json.loads(sections["skeleton"]), header, model, path)
         # A compile_on_one_rank graph holds a DeviceMesh: bound to this rank's mesh.
-        with _distributed.deserializing(layout, model, path):
+        # On saved weights, the guard state's dict configs are the stand-ins' class.
+        with (
+            _distributed.deserializing(layout, model, path),
+            standins_in_guards() if model is None else contextlib.nullcontext(),
+        ):
             variants = [
                 _load_variant(header, i, sections, kernels, bound, path)
                 for i in range(len(header.variants))

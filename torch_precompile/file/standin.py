@@ -18,7 +18,15 @@ from typing import Any
 
 import torch
 
-from .._config_standin import class_level_values, find, is_config, standin_class
+from .._config_standin import (
+    class_level_values,
+    dict_base,
+    dict_standin_class,
+    fill_dict,
+    find,
+    is_config,
+    standin_class,
+)
 
 _PLAIN = (bool, int, float, str, type(None))
 _SKIP_ATTRS = frozenset(
@@ -112,15 +120,20 @@ def _encode_object(value: Any, memo: dict[int, int], depth: int) -> list[Any]:
             if not _imports(encoded):  # a class or function would import its library
                 encoded_values[name] = encoded
                 memo.update(trial)
-        return [
-            "config",
-            {
-                "class": _reference(type(value)),
-                "state": state,
-                "class_values": encoded_values,
-                "methods": sorted(methods),
-            },
-        ]
+        payload = {
+            "class": _reference(type(value)),
+            "state": state,
+            "class_values": encoded_values,
+            "methods": sorted(methods),
+        }
+        base = dict_base(type(value))
+        if base is not None:  # a dict config (diffusers' FrozenDict) keeps its items
+            payload["dict"] = base
+            payload["items"] = [
+                [encode_value(k, memo, depth + 1), encode_value(v, memo, depth + 1)]
+                for k, v in value.items()
+            ]
+        return ["config", payload]
     raise _Unencodable(type(value).__qualname__)
 
 
@@ -152,13 +165,20 @@ def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
     if tag == "tuple":  # version 1
         return _to_tuple(payload)
     if tag == "config" and "state" in payload:  # a stand-in of a config object
-        cls = standin_class(*payload["class"], {}, payload["methods"])
+        if "dict" in payload:  # one class per config class: Dynamo guards its exact type
+            cls = dict_standin_class(*payload["class"], payload["dict"])
+            cls.__torch_precompile_methods__ = frozenset(payload["methods"])
+        else:
+            cls = standin_class(*payload["class"], {}, payload["methods"])
         obj = cls.__new__(cls)
         memo[payload["memo"]] = obj  # before its state: the state may refer back to it
         # In the order they were encoded: a later value may refer to an earlier one.
         obj.__dict__.update({k: decode_value(v, memo) for k, v in payload["state"].items()})
         for name, value in payload["class_values"].items():
             setattr(cls, name, decode_value(value, memo))
+        if "dict" in payload:  # encoded last: its values may refer to the ones above
+            items = [(decode_value(k, memo), decode_value(v, memo)) for k, v in payload["items"]]
+            fill_dict(obj, payload["dict"], items)
         return obj
     if tag == "config":  # version 1
         obj = _new_instance(find(payload["module"], payload["qualname"]))

@@ -30,16 +30,19 @@ def capture_guards(
     shape_exprs: Sequence[str],
     global_state: Mapping[str, Any],
     root_is_module: bool = False,
+    symbol_all_sources: Mapping[str, Sequence[str]] | None = None,
 ) -> list[Guard]:
     """The Dynamo stage's entries, in words.
 
     ``root_is_module``: the traced function is a module's ``forward``, so the
     artifact stands for calling that module, whose own hooks then count.
+    ``symbol_all_sources``: every input dimension each symbol stands for (inputs
+    of one size share a symbol: the attention mask the ids'), else the first.
     """
     entries: list[Guard] = []
     structure: dict[str, int] = {}
     hooked: list[str] = []
-    dynamic = dynamic_dims(shape_symbols)
+    dynamic = dynamic_dims(symbol_all_sources or {k: [v] for k, v in shape_symbols.items()})
     for g in _compat.captured_guards(dynamo_guards):
         source = Source.parse(g.source)
         local = source is not None and source.is_local
@@ -80,13 +83,14 @@ def _had_hooks(module: str, local_scope: dict[str, Any]) -> bool:
     return value is not MISSING and bool(_compat.registered_hooks(value))
 
 
-def dynamic_dims(shape_symbols: Mapping[str, str]) -> dict[str, dict[int, str]]:
+def dynamic_dims(symbol_sources: Mapping[str, Sequence[str]]) -> dict[str, dict[int, str]]:
     """``{"L['x']": {0: "s0"}}``: the symbol of each dynamic dimension, by tensor source."""
     out: dict[str, dict[int, str]] = {}
-    for sym, src in shape_symbols.items():
-        split = split_size(src)
-        if split is not None:
-            out.setdefault(split[0], {})[split[1]] = sym
+    for sym, sources in symbol_sources.items():
+        for src in sources:
+            split = split_size(src)
+            if split is not None:
+                out.setdefault(split[0], {}).setdefault(split[1], sym)
     return out
 
 

@@ -237,3 +237,75 @@ def test_triton_kernels_run_after_a_lean_load_as_eager(tmp_path: Path, mode: str
         assert recorded >= 1 and result["stats"]["replayed"] == 3 * recorded, result
     else:
         assert result["stats"] == {"recorded": 0, "replayed": 0}, result
+
+
+class _StaticCacheStep(torch.nn.Module):
+    """One decode step over a cache written in place and returned (HF's StaticCache)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor) -> Any:
+        cache.index_copy_(1, pos, self.proj(x))
+        return cache, (cache.sum(1) * 2).relu()
+
+
+_FRESH_CACHE = textwrap.dedent(
+    """
+    import json, sys, torch
+    from torch_precompile import Precompile
+    from torch_precompile._compat import lean_cudagraphs
+    art = Precompile.load(sys.argv[1])
+    io = torch.load(sys.argv[2])
+    cache = io["cache"].clone()
+    torch._dynamo.mark_static_address(cache)  # as HF's StaticCache marks its tensors
+    results = []
+    with torch.no_grad():
+        for step, x in enumerate(io["xs"]):
+            out, summary = art(x, cache, torch.tensor([step], device="cuda"))
+            results.append([out is cache or out.data_ptr() == cache.data_ptr(),
+                            (summary - io["summaries"][step]).abs().max().item()])
+    print(json.dumps({"lean": type(art.compiled_function).__name__,
+                      "cache_diff": (cache - io["final"]).abs().max().item(),
+                      "results": results, "stats": lean_cudagraphs.STATS}))
+    """
+)
+
+
+@needs_cuda
+def test_reduce_overhead_with_a_static_cache_returned_loads_lean(tmp_path: Path) -> None:
+    """``mode="reduce-overhead"`` on a step that writes a static cache in place and
+    returns it: the fast path after a fresh load (no compiler), CUDA graphs recorded,
+    the returned cache is the caller's tensor, and each step equals eager's."""
+    torch.manual_seed(0)
+    model = _StaticCacheStep().cuda().eval()
+    cache = torch.zeros(2, 8, 16, device="cuda")
+    torch._dynamo.mark_static_address(cache)
+    xs = [torch.randn(2, 1, 16, device="cuda") for _ in range(5)]
+    with torch.no_grad():
+        art = Precompile.compile(
+            model, (xs[0], cache, torch.tensor([0], device="cuda")), mode="reduce-overhead"
+        )
+        eager_cache, summaries = cache.clone(), []
+        for step, x in enumerate(xs):
+            summaries.append(model(x, eager_cache, torch.tensor([step], device="cuda"))[1])
+    path = tmp_path / "static_cache.pt"
+    Precompile.save(path, art)
+    torch.save({"xs": xs, "cache": cache, "summaries": summaries, "final": eager_cache},
+               tmp_path / "io.pt")  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRESH_CACHE, str(path), str(tmp_path / "io.pt")],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["lean"] == "FastCompiledFunction", result
+    assert result["stats"]["recorded"] >= 1, result
+    assert result["cache_diff"] < 1e-4, result
+    for same, diff in result["results"]:
+        assert same and diff < 1e-4, result

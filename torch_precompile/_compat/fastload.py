@@ -173,8 +173,9 @@ def cpu_fast_sections(
     if compiled_function_uses_cudagraphs(fn):
         if plan.autograd is not None:
             return None, 'mode="reduce-overhead" training (CUDA graphs of forward and backward)'
-        if plan.inference is not None and plan.inference.aliases:
-            return None, 'mode="reduce-overhead" with outputs aliasing inputs'
+        # Outputs aliasing inputs (a static cache written in place and returned)
+        # are views of the caller's tensors, placed from the inputs the recording
+        # received (its copies, or the static inputs themselves): lean_runtime.
         recording, skipped = lean_cudagraphs.cudagraph_spec(graphs[0])
         if recording is None:
             log.info("no CUDA graphs for this artifact: %s", skipped)

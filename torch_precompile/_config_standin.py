@@ -42,8 +42,8 @@ def is_config(value: Any) -> bool:
     cls = type(value)
     if isinstance(value, (torch.nn.Module, type)) or not hasattr(value, "__dict__"):
         return False
-    if hasattr(cls, "__slots__") or cls.__module__ in ("builtins", "__main__"):
-        return False
+    if hasattr(cls, "__slots__") or cls.__module__ in ("builtins", "__main__", "collections"):
+        return False  # collections.OrderedDict: a module's hook dicts, not a config
     if "<locals>" in cls.__qualname__ or cls.__module__.split(".")[0] == "torch":
         return False
     return find(cls.__module__, cls.__qualname__, import_missing=False) is cls

@@ -24,6 +24,7 @@ from ._errors import (
     GuardError,
     IncompatibleSystemError,
     KernelDirectoryError,
+    ModelDirectoryError,
     PrecompileError,
     UntrustedArtifactError,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "IncompatibleSystemError",
     "InductorOutput",
     "KernelDirectoryError",
+    "ModelDirectoryError",
     "Precompile",
     "PrecompileError",
     "PrecompiledArtifact",

@@ -1,4 +1,7 @@
-"""The ``torch-precompile`` command line: ``inspect`` and ``bench`` an artifact file.
+"""The ``torch-precompile`` command line: ``build``, ``inspect`` and ``bench`` an artifact file.
+
+``build`` precompiles a model saved with ``save_pretrained`` into one file
+(see ``_build``).
 
 ``inspect`` reads the header only (``file.read.read_info``, then the typed
 ``file.header.Header``): it validates the file's checksum and never unpickles,
@@ -29,9 +32,10 @@ PROG = "torch-precompile"
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 error)."""
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Look at and time torch_precompile artifacts."
+        prog=PROG, description="Build, look at and time torch_precompile artifacts."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_build(sub)
     p_inspect = sub.add_parser(
         "inspect", help="print an artifact's header (never unpickles: safe on untrusted files)"
     )
@@ -49,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_bench.add_argument("--json", action="store_true", help="print the timings as JSON")
     args = parser.parse_args(argv)
     try:
+        if args.command == "build":
+            return _build(args)
         if args.command == "inspect":
             return _inspect(args.path, as_json=args.json)
         return _bench(
@@ -58,8 +64,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except (PrecompileError, OSError, ValueError, TypeError) as exc:
-        print(f"{PROG}: error: {_one_line(exc, args.path)}", file=sys.stderr)
+        path = args.directory if args.command == "build" else args.path
+        print(f"{PROG}: error: {_one_line(exc, path)}", file=sys.stderr)
         return 1
+
+
+def _add_build(sub: Any) -> None:
+    p = sub.add_parser(
+        "build",
+        help="precompile a model saved with save_pretrained (transformers, diffusers) to one file",
+    )
+    p.add_argument("directory", help="the directory save_pretrained wrote")
+    p.add_argument("-o", "--output", required=True, help="the artifact file to write")
+    p.add_argument(
+        "--task", help="the Auto class by task: causal-lm -> AutoModelForCausalLM (transformers)"
+    )
+    p.add_argument(
+        "--class",
+        dest="model_class",
+        help="the class to load with: AutoModelForMaskedLM, GPT2LMHeadModel, UNet2DModel "
+        "(default: AutoModel; diffusers: the config's class)",
+    )
+    p.add_argument("--dtype", help="cast the model (and float inputs): float32, bfloat16, ...")
+    p.add_argument("--device", default="cpu", help="device to compile for (default cpu)")
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME:DTYPE:SHAPE",
+        help="an example input, repeatable: input_ids:int64:2x16 (default: token ids 2x16 for "
+        "a text model, 2 images for a vision model)",
+    )
+    p.add_argument(
+        "--dynamic",
+        action="append",
+        nargs="?",
+        const="all",
+        default=[],
+        metavar="NAME:DIM[:MIN:MAX]",
+        help="capture a dimension dynamically, repeatable (alone: every dimension)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random example inputs")
+
+
+def _build(args: argparse.Namespace) -> int:
+    from ._build import build
+
+    build(
+        args.directory,
+        args.output,
+        model_class=args.model_class,
+        task=args.task,
+        dtype=args.dtype,
+        device=args.device,
+        dynamic=True if "all" in args.dynamic else args.dynamic,
+        inputs=args.input,
+        seed=args.seed,
+    )
+    return 0
 
 
 def _one_line(exc: BaseException, path: str) -> str:

@@ -112,10 +112,47 @@ def _wants_grad(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bo
     leaves = torch.utils._pytree.tree_leaves((args, kwargs))
     if any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
         return True
+    owner = _owner(model)
+    return owner is not None and any(p.requires_grad for p in owner.parameters())
+
+
+def _owner(model: Any) -> torch.nn.Module | None:
     owner = model if isinstance(model, torch.nn.Module) else getattr(model, "__self__", None)
-    if isinstance(owner, torch.nn.Module):
-        return any(p.requires_grad for p in owner.parameters())
-    return False
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def refuse_nested_fast_path(model: Any) -> None:
+    """Refuse an ``nn.TransformerEncoder`` that would take PyTorch's nested-tensor path.
+
+    In eval mode without grad, given a ``src_key_padding_mask``, such an encoder
+    runs on a nested tensor and returns zeros at the padded positions; a traced
+    forward (Dynamo, so torch.compile too) takes the dense path, whose padded
+    positions hold values. ``TransformerEncoderLayer``'s and
+    ``MultiheadAttention``'s own fast paths trace to the same numbers.
+    """
+    owner = _owner(model)
+    if owner is None or not torch.backends.mha.get_fastpath_enabled():
+        return
+    if torch.is_autocast_enabled():
+        return
+    for path, module in owner.named_modules():
+        if not isinstance(module, torch.nn.TransformerEncoder):
+            continue
+        if not getattr(module, "use_nested_tensor", False) or module.layers[0].training:
+            continue
+        if torch.is_grad_enabled() and any(p.requires_grad for p in module.layers[0].parameters()):
+            continue  # eager takes the dense path, as the trace does
+        name = f"model.{path}" if path else "model"
+        raise CaptureError(
+            f"{name} is an nn.TransformerEncoder built with enable_nested_tensor=True, in eval "
+            "mode without grad: called with a src_key_padding_mask it takes PyTorch's "
+            "nested-tensor fast path, which returns zeros at the padded positions, and a "
+            "traced forward (Dynamo; torch.compile alike) does not reproduce that, so the "
+            "artifact's padded positions would differ from eager's. Build it with "
+            f"enable_nested_tensor=False, or set {name}.use_nested_tensor = False before "
+            "capturing (the other positions are unchanged); to get zeros at padded positions, "
+            "mask the output yourself (out.masked_fill(mask.unsqueeze(-1), 0))"
+        )
 
 
 def _user_line(message: str) -> str:
@@ -157,6 +194,7 @@ def dynamo(
         )
     args = normalize_inputs(example_inputs)
     kwargs = dict(example_kwargs or {})
+    refuse_nested_fast_path(model)
     log.info("dynamo: capturing %s", _callable_name(model))
     start = time.perf_counter()
     try:

@@ -10,6 +10,7 @@ __all__ = [
     "GuardError",
     "IncompatibleSystemError",
     "KernelDirectoryError",
+    "ModelDirectoryError",
     "PrecompileError",
     "UntrustedArtifactError",
 ]
@@ -21,6 +22,10 @@ class PrecompileError(RuntimeError):
 
 class CaptureError(PrecompileError):
     """Dynamo could not capture the model as one graph (graph break, unsupported code)."""
+
+
+class ModelDirectoryError(PrecompileError):
+    """``torch-precompile build`` was given a directory it cannot load a model from."""
 
 
 class GuardError(PrecompileError):

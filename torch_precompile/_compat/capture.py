@@ -68,6 +68,12 @@ def wants_size_oblivious(args: Any, kwargs: Any) -> bool:
     return False
 
 
+def mark_dynamic(tensor: torch.Tensor, dim: int, low: int | None, high: int | None) -> None:
+    """``torch._dynamo.mark_dynamic``: ``tensor``'s ``dim`` is captured as a size in
+    ``[low, high]`` (a missing bound is Dynamo's default)."""
+    torch._dynamo.mark_dynamic(tensor, dim, min=low, max=high)
+
+
 def size_oblivious_context(enabled: bool) -> Any:
     """ShapeEnv setting that keeps 0 and 1 inside a dynamic size's range."""
     if not enabled:

@@ -101,6 +101,7 @@ CONTRACT: tuple[PrivateName, ...] = (
         alternatives=("torch.distributed.config",),  # before torch 2.14
     ),
     # --- Dynamo: capture, guards, the AOTCompiledFunction format ---
+    _n(f"{_DYN}:mark_dynamic", "min", "max"),  # torch-precompile build --dynamic
     _n(f"{_DYN}.decorators:_DimRange"),  # mark_dynamic's range, built for a min without max
     _n("torch.utils._sympy.numbers:int_oo"),
     _n(

@@ -181,7 +181,7 @@ res["inductor_counters"] = {k: v for k, v in counters["inductor"].items()
 tdir = os.environ["TRITON_CACHE_DIR"]
 res["triton_cache_files_after"] = sum(len(f) for _, _, f in os.walk(tdir))
 if mode == "reduce-overhead" and res["lean_load"]:
-    from torch_precompile._compat import lean_cudagraphs
+    from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
     res["cudagraphs_recorded"] = lean_cudagraphs.STATS["recorded"]
     res["cudagraph_replays"] = lean_cudagraphs.STATS["replayed"]
     # An output of an earlier call, overwritten by a later replay, raises on access.

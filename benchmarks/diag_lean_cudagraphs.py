@@ -22,7 +22,7 @@ KV = r"""
 import sys, torch
 from examples import models
 from torch_precompile import Precompile
-from torch_precompile._compat import lean_cudagraphs
+from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
 art = Precompile.load(sys.argv[1])
 print("lean", type(art.compiled_function).__name__)
 eager = models.build_kv_cache_step()[0].cuda()

@@ -352,7 +352,7 @@ def test_kernel_directories_unused_for_two_weeks_are_pruned(
     import tempfile
     import time
 
-    from torch_precompile._compat import kernels as shipped
+    from torch_precompile._compat.lean import kernels as shipped
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     section = {"k": b"not really a shared object"}

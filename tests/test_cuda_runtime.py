@@ -1,5 +1,5 @@
-"""The lean load's GPU code: CUDA graphs (``_compat/lean_cudagraphs.py``) and Triton
-kernels launched without Triton (``_compat/triton_kernels.py``), against eager.
+"""The lean load's GPU code: CUDA graphs (``_compat/lean/cudagraphs.py``) and Triton
+kernels launched without Triton (``_compat/lean/triton_kernels.py``), against eager.
 
 The recording spec read off Inductor's compiled graph is checked everywhere; the
 rest needs a CUDA GPU and is skipped without one. On the GPU machine::
@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from torch_precompile import Precompile
-from torch_precompile._compat import lean_cudagraphs
-from torch_precompile._compat.lean_cudagraphs import CUDAGraphRunner, CUDAGraphSpec
+from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
+from torch_precompile._compat.lean.cudagraphs import CUDAGraphRunner, CUDAGraphSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_cuda = pytest.mark.skipif(
@@ -176,7 +176,7 @@ _FRESH = textwrap.dedent(
     import json, sys
     import torch
     from torch_precompile import Precompile
-    from torch_precompile._compat import lean_cudagraphs
+    from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
 
     art = Precompile.load(sys.argv[1])
     io = torch.load(sys.argv[2])
@@ -255,7 +255,7 @@ _FRESH_CACHE = textwrap.dedent(
     """
     import json, sys, torch
     from torch_precompile import Precompile
-    from torch_precompile._compat import lean_cudagraphs
+    from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
     art = Precompile.load(sys.argv[1])
     io = torch.load(sys.argv[2])
     cache = io["cache"].clone()

@@ -31,7 +31,7 @@ import torch
 from conftest import no_compiler_env
 
 from torch_precompile import KernelDirectoryError, Precompile, PrecompileError
-from torch_precompile._compat import kernels as shipped
+from torch_precompile._compat.lean import kernels as shipped
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from torch_precompile._compat import contract
 from torch_precompile._compat.contract import PrivateName
-from torch_precompile._compat.wrapper import WRAPPER_IMPORTS
+from torch_precompile._compat.lean.wrapper import WRAPPER_IMPORTS
 
 COMPAT = Path(contract.__file__).parent
 _TENSOR_GUARDS_PROBE = "TensorGuards(*tensors, dynamic_dims_sizes=, dynamic_dims_strides=)"
@@ -95,8 +95,9 @@ def _references() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     or config keys passed to each (name -> keys)."""
     refs: dict[str, set[str]] = {}
     keys: dict[str, set[str]] = {}
-    for path in sorted(COMPAT.glob("*.py")):
+    for path in sorted(COMPAT.rglob("*.py")):
         tree = ast.parse(path.read_text())
+        where = path.relative_to(COMPAT).as_posix()  # lean/wrapper.py, capture.py
         aliases: dict[str, str] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
@@ -117,7 +118,7 @@ def _references() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
 
         for alias in aliases.values():
             if _private(alias):
-                refs.setdefault(alias, set()).add(path.name)
+                refs.setdefault(alias, set()).add(where)
         for node in ast.walk(tree):
             name = full(node) if isinstance(node, ast.Attribute) else None
             if isinstance(node, ast.Call):
@@ -134,13 +135,13 @@ def _references() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
                 if callee.endswith("import_module") and isinstance(node.args[0], ast.Constant):
                     name = node.args[0].value
             if name and _private(name):
-                refs.setdefault(name, set()).add(path.name)
+                refs.setdefault(name, set()).add(where)
     for line in WRAPPER_IMPORTS:  # what Inductor's generated wrapper imports
         if line.startswith("from torch"):
             module, names = line[len("from ") :].split(" import ")
             for imported in names.split(","):
                 name = f"{module}.{imported.split(' as ')[0].strip()}"
-                refs.setdefault(name, set()).add("wrapper.py (WRAPPER_IMPORTS)")
+                refs.setdefault(name, set()).add("lean/wrapper.py (WRAPPER_IMPORTS)")
     return refs, keys
 
 
@@ -174,6 +175,8 @@ def test_the_layout_test_finds_what_it_must() -> None:
         "torch.distributed._ops.device_mesh",
     ):
         assert name in refs, name
+    # Subpackages are read: the lean runtime's private names are named by their file.
+    assert "lean/wrapper.py" in refs["torch._C._dynamo.guards.assert_size_stride"]
     assert "force_autograd_cache" in keys["torch._functorch.config"]
     assert _covered("torch._inductor.compile_fx.partition_fn", _listed())
     assert not _covered("torch._inductor.compile_fx.no_such_name", _listed())

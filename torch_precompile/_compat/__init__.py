@@ -15,21 +15,24 @@ One module per concern, in pipeline order:
 - ``guard_vocab``: Dynamo's guard kinds sorted into the package's categories;
 - ``functions``: PyTorch's ``AOTCompiledFunction`` (assembly, serialization,
   the accessors the runtime reads);
-- ``kernels``: the shipped C++ kernels (one file section each, their private
-  directory, and loading them in place of compiling on PyTorch's full path);
-- ``wrapper``: Inductor's generated Python wrapper, run with light stand-ins;
-- ``triton_kernels``: Triton kernels as cubins, launched by PyTorch's static
-  CUDA launcher;
-- ``fastload``: loading an artifact (CPU or CUDA) without the compiler stack;
-- ``lean_autograd``: a training artifact's forward and backward without AOTAutograd;
-- ``light_guard_spec``, ``light_guards``: Dynamo's guard tree read at save into
-  a plain spec, and checked from it as plain Python at load;
+- ``kernels``: the shipped C++ kernels on PyTorch's full path (Inductor's code
+  cache patched to load them instead of compiling; found again at save);
+- ``fastload``: at save, what an artifact needs to load without the compiler
+  stack (read from PyTorch's compiled function);
+- ``light_guard_spec``: Dynamo's guard tree read at save into a plain spec;
 - ``distributed``: DTensor meshes and ``compile_on_one_rank``;
 - ``hooks``: the module hook dicts a call checks;
 - ``contract``: every private PyTorch name the modules above use, in one list,
   checked on the installed torch by ``tests/test_torch_contract.py``.
+
+Beside them, ``lean/`` is the lean runtime: what runs a saved artifact at load
+without Dynamo, AOTAutograd or Inductor (the wrapper and kernels, AOTAutograd's
+runtime wrappers, CUDA graphs, the light guards). Its ``__init__`` is its one
+interface and says where the boundary lies: the modules above read PyTorch's
+compiled objects (save, and PyTorch's full path); ``lean/`` runs without them.
 """
 
+from . import lean
 from .capture import (
     UNSERIALIZABLE_GUARD_KINDS,
     Capture,
@@ -42,12 +45,7 @@ from .capture import (
     shape_env_var_ranges,
     wants_size_oblivious,
 )
-from .fastload import (
-    cpu_fast_sections,
-    cpu_kernel_binaries,
-    cpu_kernels,
-    load_fast_compiled_function,
-)
+from .fastload import cpu_fast_sections, cpu_kernel_binaries, cpu_kernels
 from .functions import (
     begin_cudagraph_step,
     compiled_function_bytecode,
@@ -121,8 +119,8 @@ __all__ = [
     "joint_graph_module",
     "joint_needs_autograd",
     "joint_placeholder_count",
+    "lean",
     "linear_in_sizes",
-    "load_fast_compiled_function",
     "make_compiled_function",
     "mark_dynamic",
     "registered_global_hooks",

@@ -13,9 +13,8 @@ from typing import Any
 
 import torch
 
-from . import fastload
 from .capture import Capture
-from .light_guards import hook_guards_enabled
+from .lean import FastCompiledFunction, hook_guards_enabled
 from .pickling import functions_pickled_by_value
 
 
@@ -83,7 +82,7 @@ def make_compiled_function(
 
 def serialize_compiled_function(fn: Any) -> bytes:
     """PyTorch's own AOTCompiledFunction serialization (unfindable functions by value)."""
-    if isinstance(fn, fastload.FastCompiledFunction):
+    if isinstance(fn, FastCompiledFunction):
         return fn.serialized  # loaded by the fast path: the bytes it was loaded from
     from torch._dynamo.aot_compile import AOTCompiledFunction
 

@@ -11,7 +11,7 @@ import torch
 
 from .._config_standin import dict_base, is_config, reduce_dict_config
 from .capture import Capture
-from .light_guards import hook_guards_enabled
+from .lean import hook_guards_enabled
 from .pickling import findable_by_name, function_by_value, reducer_override_patched
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from .._config_standin import find, is_config
+from .._config_standin import is_config
+from .lean import LIGHT_TYPES, frame_local, named_class, shape_expr_ok
 
 # Light guards: Dynamo's guard tree, translated at save time into a plain-Python
 # check that is at least as strict as Dynamo's (any leaf or accessor we do not
@@ -21,18 +22,6 @@ _TENSOR_RE = re.compile(
     r"torch\.(?P<dtype>\w+), device=(?P<dev>None|\d+), requires_grad=(?P<rg>True|False), "
     r"size=\[(?P<size>[^\]]*)\], stride=\[(?P<stride>[^\]]*)\]\)"
 )
-LIGHT_TYPES: dict[str, type] = {
-    "dict": dict,
-    "list": list,
-    "tuple": tuple,
-    "int": int,
-    "float": float,
-    "bool": bool,
-    "str": str,
-    "NoneType": type(None),
-    "torch.Size": torch.Size,
-    "torch.Tensor": torch.Tensor,
-}
 _SAVED_TENSOR_HOOKS_GUARD = (
     "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
 )
@@ -157,107 +146,17 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
     raise _NoLightGuards(f"{kind}: {text}")
 
 
-def named_class(module: str, qualname: str) -> Any:
-    """The object ``module.qualname`` names among the modules already imported (or None)."""
-    return find(module, qualname, import_missing=False)
-
-
 def _dim(text: str) -> int | None:
     text = text.strip()
     return None if text == "None" else int(text)
 
 
-# Dynamo's shape guards (epilogue lambda guards) over input sizes, as Python
-# expressions: ``1 <= L['x'].size()[0] <= 64``, ``L['a'].size()[1] == L['b'].size()[0]``.
-# Only this small grammar is accepted (sizes and strides of frame locals,
-# integers, arithmetic, ``min``/``max``, comparisons, ``and``, and ``is`` between two attribute
-# paths from frame locals, for tied weights); anything else means no light guards.
-_SHAPE_BINOPS = ("Add", "Sub", "Mult", "FloorDiv", "Mod")
-_SHAPE_CMPOPS = ("Eq", "NotEq", "Lt", "LtE", "Gt", "GtE")
-
-
-def shape_expr_ok(node: Any) -> bool:
-
-    if isinstance(node, ast.Expression):
-        return shape_expr_ok(node.body)
-    if isinstance(node, ast.BoolOp):
-        return isinstance(node.op, ast.And) and all(shape_expr_ok(v) for v in node.values)
-    if isinstance(node, ast.Compare):
-        if len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
-            # Tied weights: ``L['self']._modules['a']._parameters['w'] is L['self']...``
-            return _source_chain(node.left) and _source_chain(node.comparators[0])
-        return all(type(op).__name__ in _SHAPE_CMPOPS for op in node.ops) and all(
-            shape_expr_ok(v) for v in (node.left, *node.comparators)
-        )
-    if isinstance(node, ast.BinOp):
-        return (
-            type(node.op).__name__ in _SHAPE_BINOPS
-            and shape_expr_ok(node.left)
-            and shape_expr_ok(node.right)
-        )
-    if isinstance(node, ast.UnaryOp):
-        return isinstance(node.op, ast.USub) and shape_expr_ok(node.operand)
-    if isinstance(node, ast.Constant):
-        return type(node.value) is int
-    if isinstance(node, ast.Call):  # min(64, L['ids'].size()[1]): a bound from a table's size
-        return (
-            isinstance(node.func, ast.Name)
-            and node.func.id in ("min", "max")
-            and len(node.args) >= 2
-            and not node.keywords
-            and all(shape_expr_ok(a) for a in node.args)
-        )
-    if isinstance(node, ast.Subscript):  # L['x'].size()[0]
-        call, index = node.value, node.slice
-        return (
-            isinstance(index, ast.Constant)
-            and type(index.value) is int
-            and isinstance(call, ast.Call)
-            and not call.args
-            and not call.keywords
-            and isinstance(call.func, ast.Attribute)
-            and call.func.attr in ("size", "stride")
-            and _source_chain(call.func.value)  # L['x'], L['args'][0], L['cache'].layers[0].keys
-        )
-    return False
-
-
-def _source_chain(node: Any) -> bool:
-    """``L['x']`` followed by plain attributes (or ``__dict__``) and constant subscripts."""
-
-    while True:
-        if _frame_local(node):
-            return True
-        plain = isinstance(node, ast.Attribute) and (
-            not node.attr.startswith("__") or node.attr == "__dict__"  # a module's own dict
-        )
-        if plain or (
-            isinstance(node, ast.Subscript)
-            and isinstance(node.slice, ast.Constant)
-            and type(node.slice.value) in (str, int)
-        ):
-            node = node.value
-        else:
-            return False
-
-
 def _is_frame_local(node: dict[str, Any]) -> bool:
     """Whether a guard node's source is a frame local itself (``L['kwargs']``)."""
     try:
-        return _frame_local(ast.parse(node["source"], mode="eval").body)
+        return frame_local(ast.parse(node["source"], mode="eval").body)
     except SyntaxError:
         return False
-
-
-def _frame_local(node: Any) -> bool:
-
-    return (
-        isinstance(node, ast.Subscript)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "L"
-        and isinstance(node.slice, ast.Constant)
-        and isinstance(node.slice.value, str)
-    )
 
 
 def _shape_guards(root: Any) -> list[str]:

@@ -195,7 +195,7 @@ def _load_fast(
     module_globals: dict[str, Any] | None,
     variant: int = 0,
 ) -> Any:
-    """The fast path of :mod:`._compat.fastload` for one variant, or None to load
+    """The fast path of :mod:`._compat.lean` for one variant, or None to load
     through PyTorch's full path."""
     fastload = section_name("fastload", variant)
     if fastload not in sections or not kernels:
@@ -206,7 +206,7 @@ def _load_fast(
         return None  # the user asked to compile the kernels: only the full path does
     suffix = section_name("", variant)
     try:
-        return _compat.load_fast_compiled_function(
+        return _compat.lean.load_fast_compiled_function(
             sections[fastload],
             kernels,
             sections[section_name("compiled", variant)],

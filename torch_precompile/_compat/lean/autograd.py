@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import lean_runtime
+from . import runtime as lean_runtime
 
 AUTOGRAD_SPEC_VERSION = 1
 

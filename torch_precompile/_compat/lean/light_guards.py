@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .light_guard_spec import LIGHT_TYPES, named_class, shape_expr_ok
+from .light_types import LIGHT_TYPES, named_class, shape_expr_ok
 
 # (python type, dtype, requires_grad, size, stride, dispatch keys, device): a size
 # or stride of None is dynamic; a device of None is the CPU, an int a CUDA index.

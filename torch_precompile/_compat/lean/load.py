@@ -1,0 +1,170 @@
+"""Fast (lean) load: shipped kernels, no compiler, no Inductor, no Dynamo, no Triton.
+
+Runs what ``_compat/fastload.py`` wrote at save (:func:`cpu_fast_sections`): the
+shipped kernels (one section each) and the ``fastload`` section (Inductor's wrapper,
+Dynamo's bytecode, its globals, the signature and the guard state).
+
+Loading writes the shared objects into a private directory, ``dlopen``\\ s them
+and executes the wrapper with light stand-ins for the few Inductor names it
+imports (:mod:`.wrapper`). No C++ compiler runs, ``TORCHINDUCTOR_CACHE_DIR`` is
+not read, and neither ``torch._inductor``'s compiler nor AOTAutograd is
+imported. Guards are checked by a plain-Python translation of Dynamo's guard
+tree (:mod:`.light_guards`); Dynamo's own guard manager (which imports
+``torch._dynamo``) is built only when that check fails or the tree could not be
+translated. The saved code was checked at save time to be one of the cases
+this runner handles: inference (:mod:`.runtime`: input mutations kept in
+the graph, outputs aliasing inputs; ``mode="reduce-overhead"`` recorded by
+:mod:`.cudagraphs`) and training (:mod:`.autograd`), on CPU or CUDA,
+static or dynamic shapes (Inductor's wrapper reads the sizes off its inputs).
+Any other artifact, or any failure here, loads through PyTorch's full path.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import logging
+import pickle
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..bytecode_globals import bytecode_function
+from ..pickling import loads_code
+from . import autograd as lean_autograd
+from . import cudagraphs as lean_cudagraphs
+from . import runtime as lean_runtime
+from . import wrapper
+from .light_guards import LightGuards, TieredGuardManager, load_dynamo_guard_manager
+
+log = logging.getLogger("torch_precompile")
+
+FASTLOAD_VERSION = 1
+
+
+@dataclasses.dataclass
+class FastCompiledFunction:
+    """A compiled function loaded by the fast path (see the module docstring).
+
+    Shaped like PyTorch's ``AOTCompiledFunction`` where the runtime reads it
+    (``_artifacts.guard_manager``, ``.signature``, ``.runtime_env``,
+    ``.device_type``; ``fn``), and keeps the bytes it was loaded from so that
+    saving it again writes the same sections.
+    """
+
+    _artifacts: Any
+    fn: Callable[..., Any]
+    serialized: bytes
+    fastload: bytes
+    kernels: Mapping[str, bytes | memoryview]
+    _extra_globals: dict[str, Any] | None = None  # the globals imported at load
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch._dynamo.aot_compile import bind_locals
+
+        f_locals = bind_locals(self._artifacts.signature, *args, **kwargs)
+        if not self._artifacts.guard_manager.check(f_locals):
+            raise RuntimeError("GuardManager check failed")
+        return self.fn(*args, **kwargs)
+
+
+def load_fast_compiled_function(
+    fastload: bytes,
+    kernels: Mapping[str, bytes | memoryview],
+    serialized: bytes,
+    filename: str,
+    module_globals: dict[str, Any] | None = None,
+) -> FastCompiledFunction:
+    """Rebuild a compiled function from its shipped kernels (no compiler, no Triton)."""
+
+    spec = pickle.loads(fastload)
+    if spec.get("version") != FASTLOAD_VERSION or spec.get("torch") != torch.__version__:
+        raise ValueError("the fast-load section was written by another version")
+    guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
+    data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
+    graph_call = wrapper.build_graph_call(
+        spec["wrapper"],
+        spec["extern_kernels"],
+        spec["inputs_to_check"],
+        kernels,
+        data_ptr,
+        filename,
+        spec.get("triton"),
+        spec.get("mutated_inputs", ()),
+    )
+    backward = spec.get("backward")
+    if backward is not None:
+        if backward.get("version") != lean_autograd.AUTOGRAD_SPEC_VERSION:
+            raise ValueError("the fast-load backward was written by another version")
+        bw_call = wrapper.build_graph_call(
+            backward["wrapper"],
+            spec["extern_kernels"],
+            backward["inputs_to_check"],
+            kernels,
+            data_ptr,
+            filename + " (backward)",
+            spec.get("triton"),
+        )
+        graph_call = lean_autograd.make_autograd_call(
+            lean_autograd.AutogradSpec(**backward["autograd"]),
+            graph_call.call_list,
+            bw_call.call_list,
+        )
+    else:
+        call_list = graph_call.call_list
+        if spec.get("cudagraphs"):
+            recording = lean_cudagraphs.CUDAGraphSpec(**spec["cudagraphs"])
+            call_list = lean_cudagraphs.install(
+                call_list, graph_call.apply_to_partitions, recording
+            )
+        graph_call = lean_runtime.make_inference_call(_inference_spec(spec), call_list)
+    fn = bytecode_function(spec, graph_call, module_globals)
+    original_code = loads_code(spec["original_code"])
+    light = None
+    if spec.get("light_guards") is not None:
+        try:
+            light = LightGuards(spec["light_guards"])
+        except Exception as exc:
+            log.debug("light guards unavailable: %s", exc)
+    guard_manager = TieredGuardManager(
+        light,
+        functools.partial(
+            # Built on first need, in the load's context (dict configs as stand-ins).
+            contextvars.copy_context().run,
+            load_dynamo_guard_manager,
+            spec["guards_state"],
+            original_code,
+            fn.__globals__,
+            bool(spec.get("hook_guards")),
+        ),
+    )
+    if light is None:
+        guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
+    runtime_env = types.SimpleNamespace(
+        bytecode=fn.__code__,
+        closure=fn.__closure__,
+        import_sources=dict(spec["import_sources"]),
+        used_globals=dict.fromkeys(spec.get("used_global_names", ())),
+        external_refs=set(spec.get("external_refs", ())),
+    )
+    artifacts = types.SimpleNamespace(
+        backend_id=spec["backend_id"],
+        compiled_fn=None,  # nothing of PyTorch's compiled callable is loaded
+        guard_manager=guard_manager,
+        signature=pickle.loads(spec["signature"]),
+        runtime_env=runtime_env,
+        device_type=spec.get("device_type", "cpu"),
+        original_code=original_code,
+    )
+    return FastCompiledFunction(artifacts, fn, serialized, fastload, kernels, module_globals)
+
+
+def _inference_spec(spec: dict[str, Any]) -> lean_runtime.InferenceSpec:
+    """The inference runtime spec of a fastload section (absent: a file that had none)."""
+    found = dict(spec.get("inference") or {"version": lean_runtime.RUNTIME_SPEC_VERSION})
+    if found.pop("version") != lean_runtime.RUNTIME_SPEC_VERSION:
+        raise ValueError("the fast-load runtime spec was written by another version")
+    return lean_runtime.InferenceSpec(**found)  # pickled as dataclasses.asdict wrote it

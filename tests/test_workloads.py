@@ -292,6 +292,12 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
                     torch.equal(eager, ours), list(ours.shape), torch.equal(eager_s, ours_s)
                 ]
             assert "forward" not in model.__dict__ and "forward" not in shell.__dict__
+            # Every call was served by the plain-Python guards: no variant built
+            # Dynamo's guard manager (a cache's class is checked by name).
+            out[f"{how} light"] = [
+                getattr(v._runtime.guard_manager, "_full", "full path") is None
+                for v in loaded.variants
+            ]
             if how == "shell":
                 continue
             # Up to and past the largest position (64): GPT-2's table ends there (eager
@@ -311,6 +317,9 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
         kind,
         path,
     )
+    for how in ("model", "standalone", "shell"):
+        light = result.pop(f"{how} light")
+        assert len(light) == 8 and all(light), f"{kind} {how}: {light}"
     past = {k: result.pop(k) for k in ("model past", "standalone past")}
     for how, (eager, ours) in past.items():
         if kind == "gpt2":
@@ -372,10 +381,17 @@ def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> No
                         with generate_with(model, loaded):
                             ours = model.generate(x, **kw)
                     out[f"{how} {p} {n}"] = [torch.equal(eager, ours), list(ours.shape)]
+            out[f"{how} light"] = [  # no variant built Dynamo's guard manager
+                getattr(v._runtime.guard_manager, "_full", "full path") is None
+                for v in loaded.variants
+            ]
         print(json.dumps(out))
         """,
         static_cache_file,
     )
+    for how in ("model", "standalone"):
+        light = result.pop(f"{how} light")
+        assert len(light) == 6 and all(light), f"{how}: {light}"
     assert len(result) == 12
     for case, (equal, shape) in result.items():
         _, prompt, new = case.split()

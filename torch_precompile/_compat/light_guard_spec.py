@@ -104,6 +104,11 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
             return ["type", m.group(1)]
         # Another class: checked by identity with the class of that name, which the
         # object's own module (imported, since the object exists) defines.
+        if m is not None and not has_value:  # an input (a cache): its class, by the guard's id
+            found = _class_of_id(m.group(1), text)
+            if found is None:
+                raise _NoLightGuards(f"{text}: the class cannot be found by its name")
+            return ["class", *found]
         cls = type(value)
         if m is None or not has_value or f"{cls.__module__}.{cls.__qualname__}" != m.group(1):
             raise _NoLightGuards(text)
@@ -280,6 +285,23 @@ def _light_node(manager: Any, value: Any) -> dict[str, Any]:
             continue
         node["children"].append([step, sub])
     return node
+
+
+def _class_of_id(dotted: str, text: str) -> tuple[str, str] | None:
+    """``(module, qualname)`` of the class a TYPE_MATCH guard on an input expects:
+    the class named ``dotted`` in an imported module whose id is the guard's (an
+    input's class is imported in the capturing process, and in any process that
+    passes such an input)."""
+    m = re.search(r"___check_type_id\(.*, (\d+)\)", text)
+    if m is None:
+        return None
+    parts = dotted.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        module, qualname = ".".join(parts[:i]), ".".join(parts[i:])
+        cls = named_class(module, qualname)
+        if isinstance(cls, type) and id(cls) == int(m.group(1)) and "<locals>" not in qualname:
+            return module, qualname
+    return None
 
 
 def light_guard_spec(guard_manager: Any, bound_self: Any) -> dict[str, Any] | None:

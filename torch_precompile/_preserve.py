@@ -16,10 +16,11 @@ sets. Tensor *data* is not copied: the stubbed bytecode runs no kernel.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -214,3 +215,19 @@ def apply(writes: Iterable[Write], values: dict[int, Any] | None = None) -> None
             else:
                 set.clear(w.owner)
                 set.update(w.owner, new)
+
+
+@contextlib.contextmanager
+def swapped_forward(model: torch.nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
+    """Within the block, ``model.forward`` is ``forward`` (an instance attribute);
+    after it, the model's own forward (or the one its instance had) again."""
+    had = "forward" in model.__dict__
+    previous = model.__dict__.get("forward")
+    model.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if had:
+            model.forward = previous  # type: ignore[method-assign]
+        else:
+            del model.forward

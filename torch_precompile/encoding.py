@@ -33,6 +33,7 @@ import torch
 
 from ._api import Precompile
 from ._artifact import PrecompiledArtifact
+from ._preserve import swapped_forward
 
 log = logging.getLogger("torch_precompile")
 
@@ -126,8 +127,6 @@ def encode_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iterat
     ``Precompile.load(path, model=model)`` for the model's, or standalone for
     the file's. The model's own forward is back after the block.
     """
-    had = "forward" in model.__dict__
-    previous = model.__dict__.get("forward")
     keys = _captured_keys(artifact)
 
     def forward(features: Any, **kwargs: Any) -> Any:
@@ -145,14 +144,8 @@ def encode_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iterat
                 features[key] = value
         return features
 
-    model.forward = forward  # type: ignore[method-assign]
-    try:
+    with swapped_forward(model, forward):
         yield
-    finally:
-        if had:
-            model.forward = previous  # type: ignore[method-assign]
-        else:
-            del model.forward
 
 
 def _captured_keys(artifact: PrecompiledArtifact) -> list[str] | None:

@@ -39,7 +39,7 @@ import torch
 
 from ._api import Precompile
 from ._artifact import PrecompiledArtifact
-from ._preserve import Snapshot
+from ._preserve import Snapshot, swapped_forward
 
 log = logging.getLogger("torch_precompile")
 
@@ -203,18 +203,9 @@ def generate_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iter
     ``Precompile.load(path, model=model)`` for the model's, or standalone for
     the file's. The model's own forward is back after the block.
     """
-    had = "forward" in model.__dict__
-    previous = model.__dict__.get("forward")
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         return artifact(*args, **kwargs)
 
-    model.forward = forward  # type: ignore[method-assign]
-    try:
-        with _no_auto_compile(model):
-            yield
-    finally:
-        if had:
-            model.forward = previous  # type: ignore[method-assign]
-        else:
-            del model.forward
+    with swapped_forward(model, forward), _no_auto_compile(model):
+        yield

@@ -381,10 +381,17 @@ def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> No
                         with generate_with(model, loaded):
                             ours = model.generate(x, **kw)
                     out[f"{how} {p} {n}"] = [torch.equal(eager, ours), list(ours.shape)]
+            out[f"{how} light"] = [  # no variant built Dynamo's guard manager
+                getattr(v._runtime.guard_manager, "_full", "full path") is None
+                for v in loaded.variants
+            ]
         print(json.dumps(out))
         """,
         static_cache_file,
     )
+    for how in ("model", "standalone"):
+        light = result.pop(f"{how} light")
+        assert len(light) == 6 and all(light), f"{how}: {light}"
     assert len(result) == 12
     for case, (equal, shape) in result.items():
         _, prompt, new = case.split()

@@ -43,7 +43,19 @@ def _rhs_after(text: str, op: str) -> Any:
 
     if op not in text:
         raise _NoLightGuards(text)
-    return ast.literal_eval(text.rsplit(op, 1)[1].strip())
+    rhs = text.rsplit(op, 1)[1].strip()
+    try:
+        node = ast.parse(rhs, mode="eval").body
+        if (  # device(type='cuda', index=0): a StaticCache layer's device
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "device"
+            and not node.args
+        ):
+            return torch.device(**{k.arg: ast.literal_eval(k.value) for k in node.keywords})
+        return ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError, RuntimeError) as exc:  # not a literal
+        raise _NoLightGuards(f"{text}: {exc}") from None
 
 
 def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:

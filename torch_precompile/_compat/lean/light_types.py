@@ -31,9 +31,10 @@ def named_class(module: str, qualname: str) -> Any:
 
 # Dynamo's shape guards (epilogue lambda guards) over input sizes, as Python
 # expressions: ``1 <= L['x'].size()[0] <= 64``, ``L['a'].size()[1] == L['b'].size()[0]``.
-# Only this small grammar is accepted (sizes and strides of frame locals,
-# integers, arithmetic, ``min``/``max``, comparisons, ``and``, and ``is`` between two attribute
-# paths from frame locals, for tied weights); anything else means no light guards.
+# Only this small grammar is accepted (sizes and strides of frame locals, their
+# plain attributes (ints Dynamo made symbolic), integers, arithmetic,
+# ``min``/``max``, comparisons, ``and``, and ``is`` between two attribute paths
+# from frame locals, for tied weights); anything else means no light guards.
 _SHAPE_BINOPS = ("Add", "Sub", "Mult", "FloorDiv", "Mod")
 _SHAPE_CMPOPS = ("Eq", "NotEq", "Lt", "LtE", "Gt", "GtE")
 
@@ -69,6 +70,10 @@ def shape_expr_ok(node: Any) -> bool:
             and not node.keywords
             and all(shape_expr_ok(a) for a in node.args)
         )
+    if isinstance(node, ast.Attribute) and _source_chain(node):
+        # An int read from an input (a StaticCache layer's ``max_cache_len``): Dynamo's
+        # tree guards its type, and a value the comparison cannot take fails the check.
+        return True
     if isinstance(node, ast.Subscript):  # L['x'].size()[0]
         call, index = node.value, node.slice
         return (

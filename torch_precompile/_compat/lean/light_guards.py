@@ -61,6 +61,7 @@ class LightGuards:
             "tf_stack_len": torch._C._len_torch_function_stack,
             "top_hooks": torch._C._autograd._top_saved_tensors_default_hooks,
             "named_class": named_class,
+            "torch": torch,  # torch.sym_max / sym_min in shape guards (ints here)
         }
         from torch.utils import _device
 

@@ -63,9 +63,17 @@ def shape_expr_ok(node: Any) -> bool:
     if isinstance(node, ast.Constant):
         return type(node.value) is int
     if isinstance(node, ast.Call):  # min(64, L['ids'].size()[1]): a bound from a table's size
+        func = node.func
         return (
-            isinstance(node.func, ast.Name)
-            and node.func.id in ("min", "max")
+            (
+                (isinstance(func, ast.Name) and func.id in ("min", "max"))
+                or (  # torch 2.14 writes torch.sym_max(1, s) (an int here)
+                    isinstance(func, ast.Attribute)
+                    and func.attr in ("sym_min", "sym_max")
+                    and isinstance(func.value, ast.Name)
+                    and func.value.id == "torch"
+                )
+            )
             and len(node.args) >= 2
             and not node.keywords
             and all(shape_expr_ok(a) for a in node.args)

@@ -79,6 +79,14 @@ def run_script(
     return proc
 
 
+def script_json(source: str, *args: Any, **env: str) -> Any:
+    """Run ``source`` in a fresh interpreter (``env`` added to this one's); the JSON
+    its last line prints."""
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **env)
+    proc = run_script(source, *map(str, args), env=full_env)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def no_compiler_env(root: Path) -> dict[str, str]:
     """An environment in which no C++ compiler can run.
 

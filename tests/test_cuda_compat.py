@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
-import subprocess
-import sys
 import textwrap
 import types
 
 import pytest
 import torch
+from conftest import script_json
 
 from examples.models import build_transformer
 from torch_precompile import Precompile
@@ -193,21 +191,8 @@ def test_reduce_overhead_is_recorded_in_the_file(reduce_overhead_file: str) -> N
     assert meta["cudagraphs"] is True
 
 
-def _fresh(path: str, **env: str) -> dict[str, object]:
-    proc = subprocess.run(
-        [sys.executable, "-c", _FRESH, path],
-        env=dict(os.environ, PYTHONPATH=ROOT, **env),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def test_reduce_overhead_full_path_steps_generations(reduce_overhead_file: str) -> None:
-    result = _fresh(reduce_overhead_file, TORCH_PRECOMPILE_FAST_LOAD="0")
+    result = script_json(_FRESH, reduce_overhead_file, TORCH_PRECOMPILE_FAST_LOAD="0")
     assert result["lean"] is False
     # One new CUDA-graph generation per call, as torch.compile's frame entry does.
     assert result["generation_steps"] == 3
@@ -216,5 +201,5 @@ def test_reduce_overhead_full_path_steps_generations(reduce_overhead_file: str) 
 def test_reduce_overhead_loads_lean(reduce_overhead_file: str) -> None:
     # On CPU Inductor records no CUDA graphs; the lean load runs the graph as
     # compiled (on CUDA it records them itself: benchmarks/cuda_flow.py).
-    result = _fresh(reduce_overhead_file)
+    result = script_json(_FRESH, reduce_overhead_file)
     assert result["lean"] is True and result["dynamo"] is False, result

@@ -9,10 +9,6 @@ rest needs a CUDA GPU and is skipped without one. On the GPU machine::
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 import types
 from pathlib import Path
@@ -20,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import script_json
 
 from torch_precompile import Precompile
 from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
@@ -195,20 +192,6 @@ _FRESH = textwrap.dedent(
 )
 
 
-def _fresh(script: str, *args: Path) -> dict[str, Any]:
-    """Run ``script`` in a fresh process; the JSON its last line prints."""
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *map(str, args)],
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def _gelu_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x @ w) * torch.sigmoid(x.sum(-1, keepdim=True))
 
@@ -232,7 +215,7 @@ def test_triton_kernels_run_after_a_lean_load_as_eager(tmp_path: Path, mode: str
     path = tmp_path / "cuda.pt"
     Precompile.save(path, art, dyn.bytecode, compiled.guards)
     torch.save({"inputs": inputs, "w": w, "expected": expected}, tmp_path / "io.pt")
-    result = _fresh(_FRESH, path, tmp_path / "io.pt")
+    result = script_json(_FRESH, path, tmp_path / "io.pt")
     assert result["lean"] == "FastCompiledFunction", result
     assert result["imported"] == [], result
     if mode == "reduce-overhead":
@@ -299,7 +282,7 @@ def test_reduce_overhead_with_a_static_cache_returned_loads_lean(tmp_path: Path)
     Precompile.save(path, art)
     torch.save({"xs": xs, "cache": cache, "summaries": summaries, "final": eager_cache},
                tmp_path / "io.pt")  # fmt: skip
-    result = _fresh(_FRESH_CACHE, path, tmp_path / "io.pt")
+    result = script_json(_FRESH_CACHE, path, tmp_path / "io.pt")
     assert result["lean"] == "FastCompiledFunction", result
     assert result["stats"]["recorded"] >= 1, result
     assert result["cache_diff"] < 1e-4, result

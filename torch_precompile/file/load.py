@@ -57,8 +57,9 @@ def load(
         sections = _Sections(reader)
         kernels = _kernels(reader.info.format_version, sections)
         bound = _bind(header.kind, sections, model, path, layout)
+        guards = [Guards.from_json(list(record.guards)) for record in header.variants]
         if model is not None and header.kind == "module" and "skeleton" in sections:
-            _check_model(json.loads(sections["skeleton"]), header, model, path)
+            _check_model(json.loads(sections["skeleton"]), guards, model, path)
         # A compile_on_one_rank graph holds a DeviceMesh: bound to this rank's mesh.
         # On saved weights, the guard state's dict configs are the stand-ins' class.
         with (
@@ -66,7 +67,7 @@ def load(
             standins_in_guards() if model is None else contextlib.nullcontext(),
         ):
             variants = [
-                _load_variant(header, i, sections, kernels, bound, path)
+                _load_variant(header, i, guards[i], sections, kernels, bound, path)
                 for i in range(len(header.variants))
             ]
     artifact = bundle_variants(variants) if header.bundle else variants[0]
@@ -132,6 +133,7 @@ def _v1_kernels(data: bytes) -> dict[str, bytes | memoryview]:
 def _load_variant(
     header: Header,
     i: int,
+    guards: Guards,
     sections: _Sections,
     kernels: Kernels,
     bound: Any,
@@ -148,7 +150,6 @@ def _load_variant(
         f_globals = _compat.import_global_refs(record.external_refs) or None
     else:  # version-1 files written before external_refs: the model's whole module
         f_globals = _module_globals(header, path)
-    guards = Guards.from_json(list(record.guards))
     compiled_function = _load_fast(sections, kernels, path, f_globals, i)
     if compiled_function is None:
         if section_name("fastload", i) not in sections:
@@ -262,12 +263,12 @@ def _bind(
     return None
 
 
-def _check_model(skeleton: dict[str, Any], header: Header, model: Any, path: str) -> None:
+def _check_model(skeleton: dict[str, Any], guards: list[Guards], model: Any, path: str) -> None:
     """Refuse ``model=`` when its module tree or a weight's shape differs from the
     model captured: the first difference, named (the calls would fail on it)."""
     problem = standin.tree_difference(skeleton, model)
     if problem is None:
-        problem = _weight_shape_difference(header, model)
+        problem = _weight_shape_difference(guards, model)
     if problem is not None:
         raise GuardError(
             f"{path}: model= is not the model this artifact was captured from: {problem}; "
@@ -276,10 +277,10 @@ def _check_model(skeleton: dict[str, Any], header: Header, model: Any, path: str
         )
 
 
-def _weight_shape_difference(header: Header, model: torch.nn.Module) -> str | None:
+def _weight_shape_difference(guards: list[Guards], model: torch.nn.Module) -> str | None:
     """The first parameter or buffer whose shape differs from the one its guard recorded."""
-    for record in header.variants:
-        for g in Guards.from_json(list(record.guards)).of_kind(TensorGuard):
+    for variant_guards in guards:
+        for g in variant_guards.of_kind(TensorGuard):
             source = Source.parse(g.source)
             weight = source.weight() if source is not None else None
             if weight is None:

@@ -3,11 +3,13 @@
 ``build`` precompiles a model saved with ``save_pretrained`` into one file
 (see ``_build``).
 
-``inspect`` reads the header only (``file.read.read_info``, then the typed
-``file.header.Header``): it validates the file's checksum and never unpickles,
-so it is safe on untrusted files and does not import the compiler. ``bench``
-loads the artifact (which runs code from the file, as ``Precompile.load``
-does) and times it on random inputs built from the recorded input signature.
+``inspect`` reads the header only (``file.read.open_artifact``, then the typed
+``file.header.Header``): it checks the header's SHA-256, which pins every
+section's, and never unpickles, so it is safe on untrusted files and does not
+import the compiler; ``--verify`` also checks the whole file's SHA-256 (every
+byte read). ``bench`` loads the artifact (which runs code from the file, as
+``Precompile.load`` does) and times it on random inputs built from the
+recorded input signature.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 from ._errors import PrecompileError
 from .file.header import Header
 from .file.layout import looks_like_artifact
-from .file.read import read_info, read_prefix
+from .file.read import open_artifact, read_info, read_prefix
 
 PROG = "torch-precompile"
 
@@ -41,6 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_inspect.add_argument("path")
     p_inspect.add_argument("--json", action="store_true", help="print the header as JSON")
+    p_inspect.add_argument(
+        "--verify",
+        action="store_true",
+        help="also check the whole file's SHA-256 (reads every byte; default: the header's)",
+    )
     p_bench = sub.add_parser(
         "bench", help="load an artifact and time load, first call and steady calls"
     )
@@ -56,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "build":
             return _build(args)
         if args.command == "inspect":
-            return _inspect(args.path, as_json=args.json)
+            return _inspect(args.path, as_json=args.json, verify=args.verify)
         return _bench(
             args.path, iters=args.iters, warmup=args.warmup, seed=args.seed, as_json=args.json
         )
@@ -171,10 +178,18 @@ _LINE_LIMIT = 4000
 # ------------------------------------------------------------------ inspect
 
 
-def header(path: str) -> dict[str, Any]:
-    """Everything ``inspect`` shows, as one JSON-able dict (header only, no unpickling)."""
+def header(path: str, *, verify: bool = False) -> dict[str, Any]:
+    """Everything ``inspect`` shows, as one JSON-able dict (no unpickling).
+
+    Reads the fixed fields and the header, checked against the header's SHA-256
+    (a file of format version 1, which has none, is checked whole); with
+    ``verify``, the whole file's SHA-256 is checked too (every byte is read)."""
     try:
-        info = read_info(path)
+        if verify:
+            info = read_info(path)
+        else:
+            with open_artifact(path) as reader:
+                info = reader.info
     except PrecompileError as exc:
         prefix = read_prefix(path, 2)
         if prefix[:1] == b"\x80" and not looks_like_artifact(prefix):
@@ -196,8 +211,8 @@ def header(path: str) -> dict[str, Any]:
     }
 
 
-def _inspect(path: str, *, as_json: bool) -> int:
-    data = header(path)
+def _inspect(path: str, *, as_json: bool, verify: bool = False) -> int:
+    data = header(path, verify=verify)
     if as_json:
         # ensure_ascii: every control character is written as a \u escape.
         print(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=True))
@@ -291,7 +306,7 @@ def _bench(path: str, *, iters: int, warmup: int, seed: int, as_json: bool) -> i
     from ._signature import example_call
     from .file.load import load
 
-    read_info(path)  # a non-artifact fails here, before anything is unpickled
+    header(path)  # a non-artifact fails here (header only), before anything is unpickled
     start = time.perf_counter()
     artifact = load(path)
     load_s = time.perf_counter() - start
@@ -330,7 +345,8 @@ def _bench(path: str, *, iters: int, warmup: int, seed: int, as_json: bool) -> i
         print(
             f"{result['path']}\n"
             f"load:         {load_s * 1e3:9.1f} ms  "
-            "(Precompile.load: checksum, system check, kernels, weights)\n"
+            "(Precompile.load: header, system check, each used section checked once, "
+            "kernels, weights)\n"
             f"first call:   {first_s * 1e3:9.3f} ms\n"
             f"steady call:  {result['steady_median_s'] * 1e3:9.3f} ms median, "
             f"{result['steady_min_s'] * 1e3:.3f} ms min, over {len(steady)} calls "

@@ -43,8 +43,8 @@ from .lean import (
     cudagraph_spec,
     inference_refusal,
     kernel_key,
+    recorded_calls,
     recorded_kernels,
-    recorded_triton_kernels,
     triton_sections,
     wrapper_refusal,
 )
@@ -165,14 +165,15 @@ def cpu_fast_sections(
     binaries: dict[str, bytes] = {}
     triton_calls: list[tuple[str, list[tuple[str, str, str]]]] = []
     for source in sources:
-        for argtypes, kernel_source in recorded_kernels(source):
+        cpp_calls, triton_found = recorded_calls(source)  # runs the wrapper's body once
+        for argtypes, kernel_source in cpp_calls:
             key = kernel_key(argtypes, kernel_source)
             if key in binaries:
                 continue
             kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, kernel_source)
             with open(kernel.__self__.__file__, "rb") as f:
                 binaries[key] = f.read()
-        triton_calls.append((source, recorded_triton_kernels(source)))
+        triton_calls.append((source, triton_found))
     triton_specs: dict[str, dict[str, Any]] = {}
     if any(calls for _, calls in triton_calls):
         found = triton_sections(triton_calls)

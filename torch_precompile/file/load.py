@@ -10,18 +10,19 @@ artifact or of a bundle, is rebuilt by :func:`_load_variant`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import logging
 import os
 import pickle
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from .. import _compat, _distributed, _system
+from .. import _compat, _distributed, _system, _trace
 from .._artifact import PrecompiledArtifact
 from .._config_standin import standins_in_guards
 from .._errors import ArtifactCorruptedError, GuardError, KernelDirectoryError
@@ -50,16 +51,21 @@ def load(
     if not looks_like_artifact(prefix) and verify_key is None and prefix[:1] == b"\x80":
         return _load_torch_file(path, model)
     start = time.perf_counter()
-    with open_artifact(path, verify_key=verify_key) as reader:
-        header = Header.decode(reader.info.format_version, reader.info.meta, path)
-        _system.check_compatible(header.system, header.device_type, path=path)
-        layout = _distributed.check_job(header.distributed, path, model)
+    with _trace.phase("header"):
+        reader = open_artifact(path, verify_key=verify_key)
+    with reader:
+        with _trace.phase("header"):
+            header = Header.decode(reader.info.format_version, reader.info.meta, path)
+            _system.check_compatible(header.system, header.device_type, path=path)
+            layout = _distributed.check_job(header.distributed, path, model)
         sections = _Sections(reader)
         kernels = _kernels(reader.info.format_version, sections)
-        bound = _bind(header.kind, sections, model, path, layout)
-        guards = [Guards.from_json(list(record.guards)) for record in header.variants]
-        if model is not None and header.kind == "module" and "skeleton" in sections:
-            _check_model(json.loads(sections["skeleton"]), guards, model, path)
+        with _trace.phase("weights"):
+            bound = _bind(header.kind, sections, model, path, layout)
+        with _trace.phase("guards"):
+            guards = [Guards.from_json(list(record.guards)) for record in header.variants]
+            if model is not None and header.kind == "module" and "skeleton" in sections:
+                _check_model(json.loads(sections["skeleton"]), guards, model, path)
         # A compile_on_one_rank graph holds a DeviceMesh: bound to this rank's mesh.
         # On saved weights, the guard state's dict configs are the stand-ins' class.
         with (
@@ -77,7 +83,8 @@ def load(
 
 
 class _Sections:
-    """The file's sections by name, each read (and checked) when first asked for."""
+    """The file's sections by name, each read and checked once, when first asked for
+    (the reader keeps them); a section no one asks for is never read."""
 
     def __init__(self, reader: ArtifactReader) -> None:
         self._reader = reader
@@ -99,22 +106,62 @@ class _Sections:
     def mapped(self, name: str) -> memoryview:
         """Section ``name`` as a checked read-only view of the mapped file (no copy)."""
         self._need(name)
-        return self._reader.read_mapped(name)
+        return self._reader.view(name)
+
+    def forget(self, name: str) -> None:
+        """Section ``name`` was copied out and is not needed again (the weights)."""
+        self._reader.forget(name)
+
+    def reader_of(self, name: str) -> Callable[[], bytes]:
+        """Reads section ``name`` when called (after the load: from the path again,
+        checked against the header read at load)."""
+        self._need(name)
+        return functools.partial(self._reader.read, name)
 
     def names(self) -> list[str]:
         return self._reader.names()
 
 
-def _kernels(format_version: int, sections: _Sections) -> dict[str, bytes | memoryview]:
+class _ShippedKernels(Mapping[str, memoryview]):
+    """The ``kernel/<key>`` sections by key, each read and checked when a graph first
+    asks for it; :meth:`sha256` and :meth:`length` answer from the checked header,
+    so naming the kernel directory and finding a kernel already in it read nothing."""
+
+    def __init__(self, sections: _Sections) -> None:
+        self._sections = sections
+        self._entries = {
+            entry["name"][len(KERNEL_PREFIX) :]: entry
+            for entry in sections._reader.info.sections
+            if entry["name"].startswith(KERNEL_PREFIX)
+        }
+
+    def __getitem__(self, key: str) -> memoryview:
+        if key not in self._entries:
+            raise KeyError(key)
+        return self._sections.mapped(KERNEL_PREFIX + key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries  # Mapping's would read the kernel
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def sha256(self, key: str) -> str:
+        return str(self._entries[key]["sha256"])
+
+    def length(self, key: str) -> int:
+        return int(self._entries[key]["length"])
+
+
+def _kernels(format_version: int, sections: _Sections) -> Kernels:
     """The shipped kernels, ``{key: shared object}``: one ``kernel/<key>`` section each
     (format version 1 nested them in one ``kernels`` section)."""
     if format_version == 1:
         return _v1_kernels(sections["kernels"]) if "kernels" in sections else {}
-    return {
-        name[len(KERNEL_PREFIX) :]: sections[name]
-        for name in sections.names()
-        if name.startswith(KERNEL_PREFIX)
-    }
+    return _ShippedKernels(sections)
 
 
 def _v1_kernels(data: bytes) -> dict[str, bytes | memoryview]:
@@ -160,7 +207,7 @@ def _load_variant(
                 which,
                 record.fast_load_refusal or "the file has no fast-load section",
             )
-        with _compat.shipped_cpu_kernels(kernels):
+        with _compat.shipped_cpu_kernels(kernels), _trace.phase("full path"):
             compiled_function = _compat.deserialize_compiled_function(
                 sections[compiled],
                 f_globals,
@@ -210,12 +257,13 @@ def _load_fast(
         return _compat.lean.load_fast_compiled_function(
             sections[fastload],
             kernels,
-            sections[section_name("compiled", variant)],
+            sections.reader_of(section_name("compiled", variant)),  # read to re-save only
             f"<torch_precompile {path}{suffix}>",
             module_globals,
         )
-    except KernelDirectoryError:
-        raise  # the full path would need the same directory, or a compiler
+    except (KernelDirectoryError, ArtifactCorruptedError):
+        # The full path would need the same directory (or a compiler), or the same bytes.
+        raise
     except Exception as exc:
         log.warning(
             "%s: fast load failed, loading through PyTorch (%s: %s)", path, type(exc).__name__, exc
@@ -253,6 +301,7 @@ def _bind(
             return model  # the weights in the file are not even read
         skeleton = json.loads(sections["skeleton"])
         tensors = standin.unpack_tensors(sections.mapped("weights"))
+        sections.forget("weights")  # copied out: its pages leave this process
         if layout is not None:  # DTensors from this rank's own shard file
             return _distributed.build_standin(path, layout, skeleton, tensors, sections)
         return standin.build_standin(skeleton, tensors)

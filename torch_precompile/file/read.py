@@ -11,14 +11,18 @@ Nothing here unpickles; see :mod:`.layout` for the bytes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import io
 import json
 import mmap
 import os
+import threading
+import time
 from typing import Any
 
+from .. import _trace
 from .._errors import ArtifactCorruptedError, ArtifactVersionError, UntrustedArtifactError
 from .layout import (
     DIGEST_SIZE,
@@ -50,6 +54,7 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 20  # checksummed this many bytes at a time
+WHOLE_FILE = "<whole file>"  # the name a whole-file checksum is recorded under (_trace)
 
 
 def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -109,14 +114,26 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
 class ArtifactReader:
     """An open artifact whose header was checked; sections are read on demand.
 
-    Use as a context manager (the file stays open until it exits). Each
-    :meth:`read` checks the section's SHA-256 against the checked header.
+    While open, the file is mapped into memory once (when a section is first
+    asked for); each section is checked against its SHA-256 the first time it
+    is used and kept by name as a view of that mapping, so a load reads and
+    checks each section at most once. As with any mapped file
+    (``safetensors``, ``torch.load(mmap=True)``), a file cut short in place
+    while it is open ends the process (SIGBUS); ``Precompile.save`` never
+    writes a file in place (it renames a new one). After :meth:`close`, a
+    section asked for (``compiled``, when a fast-loaded artifact is saved
+    again) is read from the path again and checked against the header read
+    at open, so a file changed since is refused, never used. Use as a
+    context manager.
     """
 
     def __init__(self, path: str, f: io.FileIO, info: ArtifactInfo) -> None:
         self.path = path
         self.info = info
-        self._f = f
+        self._f: io.FileIO | None = f
+        self._map: mmap.mmap | None = None
+        self._views: dict[str, memoryview] = {}
+        self._lock = threading.Lock()
 
     def __enter__(self) -> ArtifactReader:
         return self
@@ -125,43 +142,80 @@ class ArtifactReader:
         self.close()
 
     def close(self) -> None:
-        self._f.close()
+        """Close the file and drop its mapping (views still held keep it until dropped)."""
+        with self._lock:
+            self._views.clear()
+            if self._map is not None:
+                with contextlib.suppress(BufferError):  # a view is still held
+                    self._map.close()
+                self._map = None
+            if self._f is not None:
+                self._f.close()
+                self._f = None
 
     def names(self) -> list[str]:
         """The section names, in file order."""
         return [s["name"] for s in self.info.sections]
 
+    def view(self, name: str) -> memoryview:
+        """Section ``name``, checked, as a read-only view of the mapped file (no
+        copy; checked once while the reader is open); ``KeyError`` if there is none."""
+        with self._lock:
+            found = self._views.get(name)
+            if found is None:
+                found = self._checked_view(name)
+                if self._f is not None:
+                    self._views[name] = found
+            return found
+
     def read(self, name: str) -> bytes:
-        """The bytes of section ``name``, checked; ``KeyError`` if there is none."""
-        entry = self.info.section(name)
-        if entry is None:
-            raise KeyError(name)
-        data = memoryview(bytearray(entry["length"]))
-        _read_exactly(self._f, self.path, self.info.data_start + entry["offset"], data)
-        return _checked(self.path, entry, data)
+        """The bytes of section ``name`` (a copy of :meth:`view`); ``KeyError`` if there is none."""
+        return bytes(self.view(name))
 
-    def read_mapped(self, name: str) -> memoryview:
-        """The bytes of section ``name``, checked, as a read-only view of the file
-        mapped into memory (no copy: for the weights, which go on to their own
-        memory, host or GPU). The mapping lives as long as the view.
+    read_mapped = view  # the weights' name for it (issue 16)
 
-        As with any mapped file (``safetensors``, ``torch.load(mmap=True)``), a
-        file cut short in place while it is read ends the process (SIGBUS);
-        ``Precompile.save`` never writes a file in place (it renames a new one).
-        """
+    def forget(self, name: str) -> None:
+        """Drop the view of ``name`` once used (the weights, copied out at load):
+        its pages leave this process's resident memory; asking again reads and
+        checks it again."""
+        with self._lock:
+            view = self._views.pop(name, None)
+            entry = self.info.section(name)
+            if view is None or entry is None or self._map is None:
+                return
+            with contextlib.suppress(BufferError):  # still exported: dropped when unused
+                view.release()
+            start = self.info.data_start + entry["offset"]
+            first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+            end = (start + entry["length"]) // mmap.PAGESIZE * mmap.PAGESIZE
+            if end > first and hasattr(mmap, "MADV_DONTNEED"):
+                self._map.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+    def _checked_view(self, name: str) -> memoryview:
         entry = self.info.section(name)
         if entry is None:
             raise KeyError(name)
         start, length = self.info.data_start + entry["offset"], entry["length"]
-        if length == 0:
-            return memoryview(self.read(name))
-        aligned = start - start % mmap.ALLOCATIONGRANULARITY
-        mapped = mmap.mmap(
-            self._f.fileno(), start + length - aligned, offset=aligned, access=mmap.ACCESS_READ
-        )
-        view = memoryview(mapped)[start - aligned :]
+        began = time.perf_counter()
+        if self._f is not None:
+            if self._map is None:
+                self._map = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+            if len(self._map) < start + length:
+                raise corrupted(self.path, "the file became shorter while it was read")
+            view = memoryview(self._map)[start : start + length]
+        else:
+            view = memoryview(self._read_again(start, length))
+        _trace.record("read", name, length, time.perf_counter() - began)
         _verify(self.path, entry, view)
         return view
+
+    def _read_again(self, start: int, length: int) -> bytearray:
+        with open_regular(self.path) as f:
+            if os.fstat(f.fileno()).st_size != self.info.file_size:
+                raise corrupted(self.path, "the file changed since it was loaded")
+            data = bytearray(length)
+            _read_exactly(f, self.path, start, memoryview(data))
+        return data
 
 
 def open_artifact(
@@ -177,6 +231,7 @@ def open_artifact(
     """
     key = as_key(verify_key, "verify_key")
     name = os.fspath(path)
+    began = time.perf_counter()
     f = open_regular(name)
     try:
         size = os.fstat(f.fileno()).st_size
@@ -186,6 +241,7 @@ def open_artifact(
             info = _read_header_only(f, name, size, fixed, key)
         else:  # older or unknown: no header digest to trust, check the whole file
             info, _ = _read_open(f, name, size, fixed, verify_key=key, keep=False)
+        _trace.record("header", "header", info.data_start, time.perf_counter() - began)
         return ArtifactReader(name, f, info)
     except BaseException:
         f.close()
@@ -312,6 +368,7 @@ def _read_open(
                 mac.update(view[: mac_end - offset])
         trailer = chunk[:DIGEST_SIZE]
         _read_exactly(f, path, checked_end, trailer)
+    _trace.record("hash", WHOLE_FILE, checked_end, 0.0)
     if not hmac.compare_digest(digest.digest(), trailer):
         raise corrupted(
             path, "the SHA-256 checksum does not match (the file was truncated or altered)"
@@ -368,7 +425,10 @@ def _verify(path: str, entry: dict[str, Any], section: bytes | memoryview) -> No
     # Redundant with the whole-file checksum for accidents; catches a writer bug or
     # a hand-made file whose table points at the wrong bytes, and is the only
     # check of a section read after the header alone.
-    if hashlib.sha256(section).hexdigest() != entry["sha256"]:
+    began = time.perf_counter()
+    ok = hashlib.sha256(section).hexdigest() == entry["sha256"]
+    _trace.record("hash", entry["name"], len(section), time.perf_counter() - began)
+    if not ok:
         raise corrupted(path, f"section {entry['name']!r} fails its SHA-256 check")
 
 

@@ -49,7 +49,7 @@ from .light_types import LIGHT_TYPES, frame_local, named_class, shape_expr_ok
 from .load import FASTLOAD_VERSION, FastCompiledFunction, load_fast_compiled_function
 from .runtime import RUNTIME_SPEC_VERSION, InferenceSpec, inference_refusal
 from .triton_kernels import triton_sections
-from .wrapper import recorded_kernels, recorded_triton_kernels, wrapper_refusal
+from .wrapper import recorded_calls, recorded_kernels, wrapper_refusal
 
 __all__ = [
     "AUTOGRAD_SPEC_VERSION",
@@ -69,8 +69,8 @@ __all__ = [
     "kernel_key",
     "load_fast_compiled_function",
     "named_class",
+    "recorded_calls",
     "recorded_kernels",
-    "recorded_triton_kernels",
     "shape_expr_ok",
     "triton_sections",
     "wrapper_refusal",

@@ -82,14 +82,46 @@ def kernel_dir(kernels: Mapping[str, bytes | memoryview]) -> str:
 
 
 def _kernels_digest(kernels: Mapping[str, bytes | memoryview]) -> str:
-    """Names the directory of one set of kernels: their keys and bytes, in key order."""
+    """Names the directory of one set of kernels: their keys and SHA-256s, in key order."""
     h = hashlib.sha256()
     for key in sorted(kernels):
-        data = kernels[key]
         h.update(key.encode())
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
+        h.update(kernel_sha256(kernels, key).encode())
     return h.hexdigest()[:24]
+
+
+def kernel_sha256(kernels: Mapping[str, bytes | memoryview], key: str) -> str:
+    """The SHA-256 of kernel ``key``: from the checked header when ``kernels`` knows it
+    (an artifact file's kernels, read lazily), else from its bytes."""
+    known = getattr(kernels, "sha256", None)
+    return known(key) if known is not None else hashlib.sha256(kernels[key]).hexdigest()
+
+
+def _kernel_length(kernels: Mapping[str, bytes | memoryview], key: str) -> int:
+    known = getattr(kernels, "length", None)
+    return known(key) if known is not None else memoryview(kernels[key]).nbytes
+
+
+def kernel_file(
+    directory: str, key: str, kernels: Mapping[str, bytes | memoryview], suffix: str = ".so"
+) -> str:
+    """The file of kernel ``key`` in ``directory`` (:func:`kernel_dir`), written if absent.
+
+    The directory is private, named by the SHA-256 of every kernel it holds, and
+    a file appears in it only whole (renamed into place): a file of the right
+    length there already holds this kernel, which is then not read at all.
+    """
+    path = _kernel_path(directory, key, suffix)
+    try:
+        if os.stat(path).st_size == _kernel_length(kernels, key):
+            return path
+    except OSError:
+        pass
+    return _materialize(directory, key, memoryview(kernels[key]), suffix)
+
+
+def _kernel_path(directory: str, key: str, suffix: str) -> str:
+    return os.path.join(directory, f"k{key[:40]}{suffix}")
 
 
 def _os_cause(exc: OSError) -> str:
@@ -173,7 +205,7 @@ def _materialize(directory: str, key: str, data: memoryview, suffix: str = ".so"
     renames it over the target, so a reader sees a whole file or none. On any
     failure the temporary file is removed.
     """
-    path = os.path.join(directory, f"k{key[:40]}{suffix}")
+    path = _kernel_path(directory, key, suffix)
     try:
         with open(path, "rb") as f:
             if f.read() == data:
@@ -217,7 +249,7 @@ class KernelLoader:
         key = kernel_key(argtypes, source_code)
         if key not in self._kernels:
             raise KeyError(f"kernel {key[:12]} is not among the artifact's shipped kernels")
-        path = _materialize(self._directory, key, self._kernels[key])
+        path = kernel_file(self._directory, key, self._kernels)
         # The bindings read this at import to find torch's tensor data_ptr helper.
         os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = self._data_ptr_env
         name = f"torch_precompile_k{key[:40]}.kernel"

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ... import _trace
 from ..bytecode_globals import bytecode_function
 from ..pickling import loads_code
 from . import autograd as lean_autograd
@@ -51,16 +52,23 @@ class FastCompiledFunction:
 
     Shaped like PyTorch's ``AOTCompiledFunction`` where the runtime reads it
     (``_artifacts.guard_manager``, ``.signature``, ``.runtime_env``,
-    ``.device_type``; ``fn``), and keeps the bytes it was loaded from so that
-    saving it again writes the same sections.
+    ``.device_type``; ``fn``), and keeps what it was loaded from so that saving
+    it again writes the same sections: the ``fastload`` bytes, the kernels and
+    a reader of PyTorch's serialization (``compiled``), which this path never
+    reads otherwise.
     """
 
     _artifacts: Any
     fn: Callable[..., Any]
-    serialized: bytes
+    read_serialized: Callable[[], bytes]
     fastload: bytes
     kernels: Mapping[str, bytes | memoryview]
     _extra_globals: dict[str, Any] | None = None  # the globals imported at load
+
+    @property
+    def serialized(self) -> bytes:
+        """PyTorch's serialization of this function, as the file holds it (read now)."""
+        return self.read_serialized()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from torch._dynamo.aot_compile import bind_locals
@@ -74,15 +82,51 @@ class FastCompiledFunction:
 def load_fast_compiled_function(
     fastload: bytes,
     kernels: Mapping[str, bytes | memoryview],
-    serialized: bytes,
+    read_serialized: Callable[[], bytes],
     filename: str,
     module_globals: dict[str, Any] | None = None,
 ) -> FastCompiledFunction:
-    """Rebuild a compiled function from its shipped kernels (no compiler, no Triton)."""
+    """Rebuild a compiled function from its shipped kernels (no compiler, no Triton).
 
-    spec = pickle.loads(fastload)
+    ``read_serialized`` returns PyTorch's serialization of the function; it is
+    called only if the function is saved again."""
+
+    with _trace.phase("unpickle"):
+        spec = pickle.loads(fastload)
     if spec.get("version") != FASTLOAD_VERSION or spec.get("torch") != torch.__version__:
         raise ValueError("the fast-load section was written by another version")
+    with _trace.phase("kernels"):
+        graph_call = _graph_call(spec, kernels, filename)
+    with _trace.phase("bytecode and its globals (imports their modules)"):
+        fn = bytecode_function(spec, graph_call, module_globals)
+    with _trace.phase("unpickle"):
+        original_code = loads_code(spec["original_code"])
+        signature = pickle.loads(spec["signature"])
+    with _trace.phase("guards"):
+        guard_manager = _guard_manager(spec, original_code, fn)
+    runtime_env = types.SimpleNamespace(
+        bytecode=fn.__code__,
+        closure=fn.__closure__,
+        import_sources=dict(spec["import_sources"]),
+        used_globals=dict.fromkeys(spec.get("used_global_names", ())),
+        external_refs=set(spec.get("external_refs", ())),
+    )
+    artifacts = types.SimpleNamespace(
+        backend_id=spec["backend_id"],
+        compiled_fn=None,  # nothing of PyTorch's compiled callable is loaded
+        guard_manager=guard_manager,
+        signature=signature,
+        runtime_env=runtime_env,
+        device_type=spec.get("device_type", "cpu"),
+        original_code=original_code,
+    )
+    return FastCompiledFunction(artifacts, fn, read_serialized, fastload, kernels, module_globals)
+
+
+def _graph_call(
+    spec: dict[str, Any], kernels: Mapping[str, bytes | memoryview], filename: str
+) -> Callable[..., Any]:
+    """The compiled graph's call (forward, or the autograd pair), its kernels loaded."""
     guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
     data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
     graph_call = wrapper.build_graph_call(
@@ -121,8 +165,11 @@ def load_fast_compiled_function(
                 call_list, graph_call.apply_to_partitions, recording
             )
         graph_call = lean_runtime.make_inference_call(_inference_spec(spec), call_list)
-    fn = bytecode_function(spec, graph_call, module_globals)
-    original_code = loads_code(spec["original_code"])
+    return graph_call
+
+
+def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> TieredGuardManager:
+    """The light guards, and Dynamo's guard manager built when they cannot decide."""
     light = None
     if spec.get("light_guards") is not None:
         try:
@@ -143,23 +190,7 @@ def load_fast_compiled_function(
     )
     if light is None:
         guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
-    runtime_env = types.SimpleNamespace(
-        bytecode=fn.__code__,
-        closure=fn.__closure__,
-        import_sources=dict(spec["import_sources"]),
-        used_globals=dict.fromkeys(spec.get("used_global_names", ())),
-        external_refs=set(spec.get("external_refs", ())),
-    )
-    artifacts = types.SimpleNamespace(
-        backend_id=spec["backend_id"],
-        compiled_fn=None,  # nothing of PyTorch's compiled callable is loaded
-        guard_manager=guard_manager,
-        signature=pickle.loads(spec["signature"]),
-        runtime_env=runtime_env,
-        device_type=spec.get("device_type", "cpu"),
-        original_code=original_code,
-    )
-    return FastCompiledFunction(artifacts, fn, serialized, fastload, kernels, module_globals)
+    return guard_manager
 
 
 def _inference_spec(spec: dict[str, Any]) -> lean_runtime.InferenceSpec:

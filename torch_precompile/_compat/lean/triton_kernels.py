@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .kernels import KernelLoader, _materialize, kernel_key
+from .kernels import KernelLoader, kernel_file, kernel_key
 
 TRITON_SPEC_VERSION = 1
 _BUILTIN_NAMES = frozenset(dir(builtins))
@@ -232,7 +232,7 @@ class KernelAndTritonLoader(KernelLoader):
             # The driver loads modules into the device's primary context: make it exist.
             torch.zeros(1, device=f"cuda:{device}")
             self._devices.add(device)
-        path = _materialize(self._directory, key, self._kernels[key], suffix=".cubin")
+        path = kernel_file(self._directory, key, self._kernels, suffix=".cubin")
         loaded = torch._C._StaticCudaLauncher._load_kernel(  # type: ignore[attr-defined]
             path, spec["name"], spec["shared"], device
         )

@@ -242,15 +242,13 @@ def wrapper_refusal(source: str) -> str | None:
 
 def recorded_kernels(source: str) -> list[tuple[list[str], str]]:
     """The (argtypes, source) of each ``async_compile.cpp_pybinding`` call of the wrapper."""
-    return _recorded(source)[0]
+    return recorded_calls(source)[0]
 
 
-def recorded_triton_kernels(source: str) -> list[tuple[str, str, str]]:
-    """The (name, source, device) of each ``async_compile.triton`` call of the wrapper."""
-    return _recorded(source)[1]
-
-
-def _recorded(source: str) -> tuple[list[tuple[list[str], str]], list[tuple[str, str, str]]]:
+def recorded_calls(source: str) -> tuple[list[tuple[list[str], str]], list[tuple[str, str, str]]]:
+    """The kernels the wrapper asks for, from one run of its module body: the
+    (argtypes, source) of each ``async_compile.cpp_pybinding`` call and the
+    (name, source, device) of each ``async_compile.triton`` call."""
     calls: list[tuple[list[str], str]] = []
     triton_calls: list[tuple[str, str, str]] = []
 

@@ -222,20 +222,15 @@ def test_a_version_1_file_still_loads(staged, tmp_path) -> None:
         torch.testing.assert_close(Precompile.load(again)(staged.example), staged.expected)
 
 
-def test_load_with_model_reads_no_weights(staged, monkeypatch) -> None:
+def test_load_with_model_reads_no_weights(staged) -> None:
     """Decide from the header, read only what is needed: bound to a live model, the
-    file's weights are never read (its module skeleton is, to check the model)."""
-    from torch_precompile.file.read import ArtifactReader
+    file's weights are never read (its module skeleton is, to check the model), nor is
+    PyTorch's serialization (the lean path runs without it)."""
+    from torch_precompile._trace import recording
 
-    read: list[str] = []
-    real = ArtifactReader.read
-
-    def spy(self, name):
-        read.append(name)
-        return real(self, name)
-
-    monkeypatch.setattr(ArtifactReader, "read", spy)
-    bound = Precompile.load(staged.path, model=staged.model)
+    with recording() as trace:
+        bound = Precompile.load(staged.path, model=staged.model)
     with torch.no_grad():
         torch.testing.assert_close(bound(staged.example), staged.expected)
-    assert "compiled" in read and "weights" not in read
+    read = trace.names("read")
+    assert {"skeleton", "fastload"} <= read and not {"weights", "compiled"} & read

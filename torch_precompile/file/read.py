@@ -3,10 +3,12 @@
 :func:`read_artifact`, :func:`read_info` and :func:`read_meta` check the whole
 file (its SHA-256, and with a key its HMAC) before returning anything.
 :func:`open_artifact` is the safetensors habit: it checks the fixed fields and
-the header (its digest, and with a key its HMAC) and returns a reader whose
-:meth:`ArtifactReader.read` reads one section and checks that section's
-SHA-256, so a caller decides from the header and reads only what it needs.
-Nothing here unpickles; see :mod:`.layout` for the bytes.
+the header (its digest, and with a key its HMAC) and returns a reader that
+maps the file once and hands out each section (:meth:`ArtifactReader.view`)
+checked against its SHA-256 the first time it is used, so a caller decides
+from the header and reads only what it needs, once. Reads and checksums are
+recorded for :mod:`torch_precompile._trace`. Nothing here unpickles; see
+:mod:`.layout` for the bytes.
 """
 
 from __future__ import annotations
@@ -114,17 +116,14 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
 class ArtifactReader:
     """An open artifact whose header was checked; sections are read on demand.
 
-    While open, the file is mapped into memory once (when a section is first
-    asked for); each section is checked against its SHA-256 the first time it
-    is used and kept by name as a view of that mapping, so a load reads and
-    checks each section at most once. As with any mapped file
-    (``safetensors``, ``torch.load(mmap=True)``), a file cut short in place
-    while it is open ends the process (SIGBUS); ``Precompile.save`` never
-    writes a file in place (it renames a new one). After :meth:`close`, a
-    section asked for (``compiled``, when a fast-loaded artifact is saved
-    again) is read from the path again and checked against the header read
-    at open, so a file changed since is refused, never used. Use as a
-    context manager.
+    While open, the file is mapped once; each section is checked against its
+    SHA-256 when first used and kept by name, so each is read and checked at
+    most once. As with any mapped file (``safetensors``), a file cut short in
+    place while open ends the process (SIGBUS); ``Precompile.save`` renames a
+    new file, never writes in place. After :meth:`close`, a section asked for
+    (``compiled``, to save a fast-loaded artifact again) is read from the path
+    again and checked against the header read at open: a file changed since
+    is refused, never used. Use as a context manager.
     """
 
     def __init__(self, path: str, f: io.FileIO, info: ArtifactInfo) -> None:
@@ -171,8 +170,6 @@ class ArtifactReader:
     def read(self, name: str) -> bytes:
         """The bytes of section ``name`` (a copy of :meth:`view`); ``KeyError`` if there is none."""
         return bytes(self.view(name))
-
-    read_mapped = view  # the weights' name for it (issue 16)
 
     def forget(self, name: str) -> None:
         """Drop the view of ``name`` once used (the weights, copied out at load):

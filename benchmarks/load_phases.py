@@ -24,6 +24,7 @@ Usage (from the repository root)::
     python benchmarks/load_phases.py --runs 5 --torch-aot
     python benchmarks/load_phases.py --file model.pt     # any artifact; eager skipped
     python benchmarks/load_phases.py --runs 5 --baseline /work/main  # before/after
+    python benchmarks/load_phases.py --preimport transformers.modeling_outputs
 
 The children import this checkout's torch_precompile; ``--baseline DIR`` also
 runs the load with the one in ``DIR`` (another checkout), interleaved. Timings are
@@ -109,6 +110,11 @@ if case == "ours":
     from torch_precompile import Precompile
     t1 = time.perf_counter()
     out["import_package_s"] = t1 - t_torch
+    if os.environ.get("LP_PREIMPORT"):  # the model's library, imported before the load
+        import importlib
+        for name in os.environ["LP_PREIMPORT"].split(","):
+            importlib.import_module(name)
+        out["preimport_s"] = time.perf_counter() - t1
     try:
         from torch_precompile._trace import recording
     except ImportError:  # a version without the trace: totals only
@@ -184,6 +190,7 @@ def _report_ours(runs: list[dict[str, Any]], which: str) -> None:
     for key, label in (
         ("import_torch_s", "import torch"),
         ("import_package_s", "import torch_precompile"),
+        ("preimport_s", "import the model's library first"),
         ("load_s", "Precompile.load (all of it)"),
         ("first_call_s", "first call"),
     ):
@@ -237,10 +244,17 @@ def main() -> None:
     parser.add_argument("--torch-aot", action="store_true", help="also torch's aot_compile load")
     parser.add_argument("--json", help="write every run's numbers to this file")
     parser.add_argument(
+        "--preimport",
+        help="modules to import before the load (e.g. transformers.modeling_outputs): "
+        "the load phase without the model library's import",
+    )
+    parser.add_argument(
         "--baseline", help="also load with the torch_precompile at this path (before/after)"
     )
     args = parser.parse_args()
     config = json.dumps(CONFIG)
+    if args.preimport:
+        os.environ["LP_PREIMPORT"] = args.preimport
     work = ""
     path = args.file
     if path is None:
@@ -265,7 +279,9 @@ def main() -> None:
         for case in cases:
             results[case].append(_run(CHILD, case, path, work, config))
         if args.baseline:  # interleaved: the same machine load for both
-            results["baseline"].append(_run(CHILD, "ours", path, work, config, args.baseline))
+            results["baseline"].append(
+                _run(CHILD, "ours", path, work, config, package=args.baseline)
+            )
     _report_ours(results["ours"], f"this checkout ({REPO})")
     if args.baseline:
         _report_ours(results["baseline"], f"baseline ({args.baseline})")

@@ -12,6 +12,7 @@ never changes an answer.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from torch_precompile._cli import main as cli_main
 from torch_precompile._trace import recording
 
 LOAD = """
-    import json, sys, torch
+    import json, os, sys, torch
     from torch_precompile import Precompile
     from torch_precompile._trace import recording
     path, io_path, resave = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -40,6 +41,7 @@ LOAD = """
     }
     out = {"counts": counts, "diff": diff, "dynamo": "torch._dynamo" in sys.modules}
     if resave != "-":
+        os.remove(path)  # the bytes loaded stay readable: the file is held open
         with recording() as again:
             Precompile.save(resave, art)
         out["resave"] = {n: again.count("hash", n) for n in again.names("hash")}
@@ -78,16 +80,18 @@ def test_lean_load_reads_and_hashes_each_section_once_and_never_compiled(
     kernels = {n for n in sections if n.startswith("kernel/")}
     assert kernels and "fastload" in sections and "compiled" in sections
     env = {"TORCH_PRECOMPILE_KERNEL_DIR": str(tmp_path / "kernels")}
-    resaved = tmp_path / "resaved.pt"
-    cold = script_json(LOAD, staged.path, io_file, resaved, **env)
+    resaved, removed = tmp_path / "resaved.pt", tmp_path / "removed.pt"
+    shutil.copyfile(staged.path, removed)  # removed after the load, before the re-save
+    cold = script_json(LOAD, removed, io_file, resaved, **env)
     assert cold["diff"] < 1e-4 and not cold["dynamo"]
     counts = cold["counts"]
     assert all(reads <= 1 and hashes <= 1 for reads, hashes in counts.values()), counts
     assert "compiled" not in counts, "the lean load touched the compiled section"
     assert set(counts) == {"fastload", "skeleton", "weights"} | kernels
     assert "<whole file>" not in counts  # the header pins each section's checksum
-    # Saving it again reads compiled then, and the kernels again (from the path, checked
-    # against the header read at load), once each; the copy holds the same bytes.
+    # Saving it again reads compiled then, and the kernels again (from the file the load
+    # opened, removed since, checked against its header), once each; the copy holds the
+    # same bytes.
     assert cold["resave"] == dict.fromkeys({"compiled"} | kernels, 1)
     _, original = container.read_artifact(staged.path)
     _, copy = container.read_artifact(resaved)

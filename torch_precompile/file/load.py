@@ -53,7 +53,7 @@ def load(
     start = time.perf_counter()
     with _trace.phase("header"):
         reader = open_artifact(path, verify_key=verify_key)
-    with reader:
+    try:
         with _trace.phase("header"):
             header = Header.decode(reader.info.format_version, reader.info.meta, path)
             _system.check_compatible(header.system, header.device_type, path=path)
@@ -76,6 +76,10 @@ def load(
                 _load_variant(header, i, guards[i], sections, kernels, bound, path)
                 for i in range(len(header.variants))
             ]
+    except BaseException:
+        reader.close()
+        raise
+    reader.settle()  # a re-save reads compiled from the bytes loaded, later
     artifact = bundle_variants(variants) if header.bundle else variants[0]
     artifact.timings["load"] = time.perf_counter() - start
     artifact._origin.update(path=os.path.abspath(path), created=header.created)
@@ -113,8 +117,7 @@ class _Sections:
         self._reader.forget(name)
 
     def reader_of(self, name: str) -> Callable[[], bytes]:
-        """Reads section ``name`` when called (after the load: from the path again,
-        checked against the header read at load)."""
+        """Reads section ``name`` when called (after the load too: the file stays open)."""
         self._need(name)
         return functools.partial(self._reader.read, name)
 

@@ -22,6 +22,7 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from .. import _trace
@@ -116,14 +117,14 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
 class ArtifactReader:
     """An open artifact whose header was checked; sections are read on demand.
 
-    While open, the file is mapped once; each section is checked against its
-    SHA-256 when first used and kept by name, so each is read and checked at
-    most once. As with any mapped file (``safetensors``), a file cut short in
-    place while open ends the process (SIGBUS); ``Precompile.save`` renames a
-    new file, never writes in place. After :meth:`close`, a section asked for
-    (``compiled``, to save a fast-loaded artifact again) is read from the path
-    again and checked against the header read at open: a file changed since
-    is refused, never used. Use as a context manager.
+    The file is mapped once; each section is checked against its SHA-256 when
+    first used and kept by name, so each is read and checked at most once. As
+    with any mapped file (``safetensors``), a file cut short in place while
+    mapped ends the process (SIGBUS); ``Precompile.save`` renames a new file,
+    never writes in place. After :meth:`settle` the mapping is gone but the
+    file stays open (until the reader is collected): a section asked for then
+    (``compiled``, to save a fast-loaded artifact again) is read from the
+    bytes loaded, even if the path was removed or replaced since, and checked.
     """
 
     def __init__(self, path: str, f: io.FileIO, info: ArtifactInfo) -> None:
@@ -131,8 +132,10 @@ class ArtifactReader:
         self.info = info
         self._f: io.FileIO | None = f
         self._map: mmap.mmap | None = None
+        self._mapping = True
         self._views: dict[str, memoryview] = {}
         self._lock = threading.Lock()
+        weakref.finalize(self, f.close)
 
     def __enter__(self) -> ArtifactReader:
         return self
@@ -140,30 +143,34 @@ class ArtifactReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Close the file and drop its mapping (views still held keep it until dropped)."""
+    def settle(self) -> None:
+        """Drop the mapping and the views (held views keep it); later reads read the file."""
         with self._lock:
+            self._mapping = False
             self._views.clear()
             if self._map is not None:
                 with contextlib.suppress(BufferError):  # a view is still held
                     self._map.close()
                 self._map = None
-            if self._f is not None:
-                self._f.close()
-                self._f = None
+
+    def close(self) -> None:
+        """Drop the mapping and close the file."""
+        self.settle()
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
     def names(self) -> list[str]:
         """The section names, in file order."""
         return [s["name"] for s in self.info.sections]
 
     def view(self, name: str) -> memoryview:
-        """Section ``name``, checked, as a read-only view of the mapped file (no
-        copy; checked once while the reader is open); ``KeyError`` if there is none."""
+        """Section ``name``, checked (once while mapped), as a read-only view; ``KeyError``."""
         with self._lock:
             found = self._views.get(name)
             if found is None:
                 found = self._checked_view(name)
-                if self._f is not None:
+                if self._mapping:
                     self._views[name] = found
             return found
 
@@ -173,8 +180,7 @@ class ArtifactReader:
 
     def forget(self, name: str) -> None:
         """Drop the view of ``name`` once used (the weights, copied out at load):
-        its pages leave this process's resident memory; asking again reads and
-        checks it again."""
+        its pages leave this process's resident memory."""
         with self._lock:
             view = self._views.pop(name, None)
             entry = self.info.section(name)
@@ -192,27 +198,22 @@ class ArtifactReader:
         entry = self.info.section(name)
         if entry is None:
             raise KeyError(name)
+        if self._f is None:
+            raise ValueError(f"the reader of {self.path!r} is closed")
         start, length = self.info.data_start + entry["offset"], entry["length"]
         began = time.perf_counter()
-        if self._f is not None:
+        if self._mapping:
             if self._map is None:
                 self._map = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
             if len(self._map) < start + length:
                 raise corrupted(self.path, "the file became shorter while it was read")
             view = memoryview(self._map)[start : start + length]
         else:
-            view = memoryview(self._read_again(start, length))
+            view = memoryview(bytearray(length))
+            _read_exactly(self._f, self.path, start, view)
         _trace.record("read", name, length, time.perf_counter() - began)
         _verify(self.path, entry, view)
         return view
-
-    def _read_again(self, start: int, length: int) -> bytearray:
-        with open_regular(self.path) as f:
-            if os.fstat(f.fileno()).st_size != self.info.file_size:
-                raise corrupted(self.path, "the file changed since it was loaded")
-            data = bytearray(length)
-            _read_exactly(f, self.path, start, memoryview(data))
-        return data
 
 
 def open_artifact(

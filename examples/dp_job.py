@@ -8,8 +8,10 @@ Run by ``tests/test_data_parallel.py``::
 Each model (``examples/tp_models.py``'s MLP, ``mlp``, and its Hugging Face
 Llama, ``llama``) is sharded with :func:`torch_precompile.shard_parameters`
 (every parameter a ``Shard(0)`` DTensor, gathered in the forward, gradients
-reduce-scattered). ``build``: rank 0 alone compiles its training step and
-saves the code file and its shard; every other rank writes only its shard.
+reduce-scattered). ``build``: rank 0 alone compiles its training step (the
+MLP through the staged pipeline, recording the collectives of its joint
+graph) and saves the code file and its shard; every other rank writes only
+its shard.
 ``load``: a fresh job loads each file on every rank (without ``model=``, and
 the MLP also bound to a live sharded model) and trains 3 optimizer steps
 (SGD with momentum), each rank on its own
@@ -71,6 +73,17 @@ def optimizer(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.5, momentum=0.9)
 
 
+def collectives(joint: torch.fx.GraphModule) -> dict[str, int]:
+    """How many of each c10d functional collective the joint graph calls."""
+    counts: dict[str, int] = {}
+    for node in joint.graph.nodes:
+        op = str(node.target)
+        if node.op == "call_function" and op.startswith("_c10d_functional."):
+            name = op.split(".")[1]
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def build_phase(out: Path, mesh: Any, rank: int) -> dict[str, Any]:
     result: dict[str, Any] = {"compile_s": {}}
     for name in MODELS:
@@ -78,8 +91,15 @@ def build_phase(out: Path, mesh: Any, rank: int) -> dict[str, Any]:
         path = out / f"{name}.pt"
         if rank == 0:
             start = time.perf_counter()
-            kwargs = {"use_cache": False} if name == "llama" else {}
-            artifact = Precompile.compile(model, (batch(name, rank),), kwargs)
+            if name == "mlp":  # the staged pipeline, to read the joint graph's collectives
+                gm, _, guards = Precompile.dynamo(model, (batch(name, rank),))
+                joint, guards = Precompile.aot_autograd(gm, guards)
+                result["collectives"] = collectives(joint)
+                compiled, guards = Precompile.inductor(joint, guards)
+                artifact = Precompile.precompile(compiled)
+            else:
+                x = batch(name, rank)
+                artifact = Precompile.compile(model, (x,), {"use_cache": False})
             result["compile_s"][name] = time.perf_counter() - start
             Precompile.save(path, artifact)  # the code file and rank 0's shard
         else:

@@ -6,7 +6,8 @@ shards a model as torchtitan's SimpleFSDP does: ``Shard(0)`` DTensor
 parameters all-gathered inside the graph, gradients reduce-scattered. Real
 torchrun jobs run once per module (``examples/dp_job.py``), for 2 and 4
 ranks: a *build* job where rank 0 alone compiles the training step of an MLP
-and of a Hugging Face Llama and every rank saves its shard, then a fresh
+(through the staged pipeline) and of a Hugging Face Llama and every rank
+saves its shard, then a fresh
 *load* job (empty Inductor cache, ``CXX=/bin/false``) where every rank loads
 the files and trains 3 SGD steps on its own batch beside the same sharded
 model trained eagerly.
@@ -83,6 +84,17 @@ def test_compiled_once_saved_once(jobs: dict[str, Any], world: int) -> None:
         assert f"{model}.pt" in names
         shards = [n for n in names if n.startswith(f"{model}.pt.rank")]
         assert shards == [f"{model}.pt.rank{r}-of-{world}" for r in range(world)]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_joint_graph_gathers_and_reduce_scatters(jobs: dict[str, Any], world: int) -> None:
+    # The MLP's 4 parameters: each all-gathered in the forward and its gradient
+    # reduce-scattered in the backward, inside the one compiled graph; no all-reduce.
+    assert jobs[world]["build"][0]["collectives"] == {
+        "all_gather_into_tensor": 4,
+        "reduce_scatter_tensor": 4,
+        "wait_tensor": 8,
+    }
 
 
 @pytest.mark.parametrize("world", WORLDS)

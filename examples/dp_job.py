@@ -40,7 +40,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from examples.tp_models import LLAMA_VOCAB, build  # noqa: E402
-from torch_precompile import Precompile, save_shard, shard_parameters  # noqa: E402
+from torch_precompile import (  # noqa: E402
+    DistributedLayoutError,
+    Precompile,
+    save_shard,
+    shard_parameters,
+)
 
 MODELS = ("mlp", "llama")
 STEPS = 3
@@ -187,6 +192,11 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     result["mlp_bound"] = train("mlp", bound, list(live.parameters()), make("mlp", mesh), rank)
     fresh = Precompile.load(out / "mlp.pt")  # the saved weights again
     result["mlp_reference_grad_diff"] = reference_grad_diff("mlp", fresh, world, rank)
+    try:  # the plain (unsharded) model bound to the data-parallel artifact
+        Precompile.load(out / "mlp.pt", model=build("mlp", None))
+        result["plain_model_error"] = None
+    except DistributedLayoutError as exc:
+        result["plain_model_error"] = str(exc)
     try:  # 5 rows over 2 or 4 ranks: shards of unequal shapes
         shard_parameters(torch.nn.Linear(8, 5), mesh)
         result["uneven_error"] = None

@@ -139,3 +139,16 @@ def test_uneven_first_dimension_is_refused(jobs: dict[str, Any], world: int) -> 
         assert message is not None, "a 5-row weight over an even world must be refused"
         assert f"parameter 'weight' of shape [5, 8] cannot be split evenly over {world}" in message
         assert "every rank's shard must have the same shape" in message
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_unsharded_model_is_a_typed_error(jobs: dict[str, Any], world: int) -> None:
+    # load(path, model=the plain model): the artifact's parameter names and
+    # placements are checked before anything runs.
+    for res in jobs[world]["load"]:
+        message = res["plain_model_error"]
+        assert message is not None, "binding an unsharded model must fail"
+        assert "model= tensor 'down.parametrizations.bias.original'" in message
+        assert f"['Shard(0)'] on mesh cpu [{world}]" in message
+        assert "this job has no tensor of that name" in message
+        assert "shard_parameters" in message

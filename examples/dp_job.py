@@ -31,9 +31,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+
+if os.environ.get("TP_DEVICE") == "cuda" and "LOCAL_RANK" in os.environ:
+    # One GPU per rank, seen by the rank as cuda:0 (as examples/dist_job.py does).
+    _visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    _local = int(os.environ["LOCAL_RANK"])
+    os.environ["CUDA_VISIBLE_DEVICES"] = _visible[_local] if _visible[0] else str(_local)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -49,19 +56,21 @@ from torch_precompile import (  # noqa: E402
 
 MODELS = ("mlp", "llama")
 STEPS = 3
+# TP_DEVICE=cuda: NCCL and one GPU per rank (float32 models), else gloo on the CPU.
+DEVICE = os.environ.get("TP_DEVICE", "cpu")
 
 
 def make(name: str, mesh: Any) -> torch.nn.Module:
     """The model ``name``, the same on every rank, then sharded over ``mesh``."""
-    return shard_parameters(build(name, None).train(), mesh)
+    return shard_parameters(build(name, None).to(DEVICE).train(), mesh)
 
 
 def batch(name: str, rank: int) -> torch.Tensor:
     """Rank ``rank``'s own batch (data parallel: every rank sees other data)."""
     g = torch.Generator().manual_seed(100 + rank)
     if name == "llama":
-        return torch.randint(0, LLAMA_VOCAB, (2, 16), generator=g)
-    return torch.randn(4, 64, generator=g)
+        return torch.randint(0, LLAMA_VOCAB, (2, 16), generator=g).to(DEVICE)
+    return torch.randn(4, 64, generator=g).to(DEVICE)
 
 
 def loss_of(model: Any, name: str, x: torch.Tensor) -> torch.Tensor:
@@ -161,7 +170,7 @@ def reference_grad_diff(name: str, model: Any, world: int, rank: int) -> float:
     """``model``'s gathered gradients (one backward on this rank's batch, from none) against a plain
     model's gradients averaged over every rank's batch: what data-parallel training means."""
     loss_of(model, name, batch(name, rank)).backward()
-    plain = build(name, None).train()
+    plain = build(name, None).to(DEVICE).train()
     for r in range(world):
         (loss_of(plain, name, batch(name, r)) / world).backward()
     grads = {k: p.grad for k, p in plain.named_parameters()}
@@ -193,12 +202,12 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     fresh = Precompile.load(out / "mlp.pt")  # the saved weights again
     result["mlp_reference_grad_diff"] = reference_grad_diff("mlp", fresh, world, rank)
     try:  # the plain (unsharded) model bound to the data-parallel artifact
-        Precompile.load(out / "mlp.pt", model=build("mlp", None))
+        Precompile.load(out / "mlp.pt", model=build("mlp", None).to(DEVICE))
         result["plain_model_error"] = None
     except DistributedLayoutError as exc:
         result["plain_model_error"] = str(exc)
     try:  # 5 rows over 2 or 4 ranks: shards of unequal shapes
-        shard_parameters(torch.nn.Linear(8, 5), mesh)
+        shard_parameters(torch.nn.Linear(8, 5).to(DEVICE), mesh)
         result["uneven_error"] = None
     except ValueError as exc:
         result["uneven_error"] = str(exc)
@@ -210,9 +219,11 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
 def main() -> None:
     phase, out = sys.argv[1], Path(sys.argv[2])
     torch.set_num_threads(1)  # Dynamo guards the thread count; N ranks share 2 cores
-    dist.init_process_group("gloo")
+    if DEVICE == "cuda":
+        torch.cuda.set_device(0)  # this rank's GPU (see CUDA_VISIBLE_DEVICES above)
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE, (world,))
     try:
         result = (
             build_phase(out, mesh, rank) if phase == "build" else load_phase(out, mesh, rank, world)

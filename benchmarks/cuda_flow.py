@@ -307,7 +307,7 @@ def run_case(name: str, builder: str, training: bool, mode: str | None, tmp: str
     rep["fast_load_refusal"] = info.meta["variants"][0].get("fast_load_refusal")
     aot_out = joint.meta["torch_precompile_stage_output"]  # the AOTAutogradOutput
     rep["static_input_indices"] = len(
-        aot_out._joint._aot_state.fw_metadata.static_input_indices or []
+        aot_out._handoff.joint._aot_state.fw_metadata.static_input_indices or []
     )
     if mode == "reduce-overhead":
         with ctx:

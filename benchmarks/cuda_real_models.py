@@ -186,7 +186,7 @@ def runtime_env_builtins_added(dynamo_out) -> list[str]:
     """Builtins our _compat adds to Dynamo's runtime env (the torch 2.11 'type' fix)."""
     from torch_precompile._compat import functions
 
-    gco = dynamo_out._state.capture.graph_capture_output
+    gco = dynamo_out._handoff.state.capture.graph_capture_output
     plain = gco.get_runtime_env().used_globals
     fixed = functions.runtime_env_with_builtins(gco).used_globals
     return sorted(set(fixed) - set(plain))

@@ -170,7 +170,9 @@ def main() -> None:
         "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, load average "
         f"{os.getloadavg()[0]:.1f} at the end",
         "torch": torch.__version__,
-        "backend": "gloo (CPU), 1 thread per rank",
+        "backend": "NCCL, one GPU per rank"
+        if os.environ.get("TP_DEVICE") == "cuda"
+        else "gloo (CPU), 1 thread per rank",
         "rows": rows,
     }
     if os.environ.get("TP_DEVICE") == "cuda":

@@ -112,7 +112,12 @@ def test_unpacked_pieces_find_their_stage_without_the_output_object(staged) -> N
         gc.collect()  # the DynamoOutput object itself is no longer referenced by the caller
         joint, guards = Precompile.aot_autograd(gm, guards)
         gc.collect()
-        assert isinstance(guards.stage_output, AOTAutogradOutput)
-        assert guards.stage_output.joint_graph is joint
+        assert guards.handoff.stage == "aot_autograd"
+        assert joint.meta["torch_precompile_handoff"] is guards.handoff
+        compiled, guards = Precompile.inductor(joint, guards)
+        gc.collect()
+        assert compiled.handoff is guards.handoff  # the compiled code alone leads on
+        art = Precompile.precompile(compiled)
+        torch.testing.assert_close(art(staged.example), staged.expected)
     with pytest.raises(ValueError, match=r"does not come from Precompile\.dynamo"):
         Precompile.aot_autograd(torch.fx.symbolic_trace(torch.nn.Linear(2, 2)))

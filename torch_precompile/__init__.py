@@ -35,6 +35,7 @@ from ._errors import (
     UntrustedArtifactError,
 )
 from ._inductor_stage import InductorOutput
+from .data_parallel import shard_parameters
 from .guards import Guard, Guards
 
 __version__ = "0.1.0"
@@ -58,6 +59,7 @@ __all__ = [
     "PrecompiledArtifact",
     "UntrustedArtifactError",
     "save_shard",
+    "shard_parameters",
     "use_device_mesh",
 ]
 

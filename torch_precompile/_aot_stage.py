@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from . import _compat, _distributed
-from ._dynamo_stage import CaptureState, DynamoOutput, stage_timings
-from ._handoff import hand_out, received
+from ._dynamo_stage import DynamoOutput, stage_timings
+from ._handoff import Handoff, take_over
 from .guards import AutogradGuard, Guard, Guards, ShapeGuard, requires_grad_note, shape_guards
 
 log = logging.getLogger("torch_precompile")
@@ -24,10 +24,7 @@ class AOTAutogradOutput:
 
     joint_graph: torch.fx.GraphModule
     guards: Guards
-    _state: CaptureState = dataclasses.field(repr=False, compare=False)
-    _joint: Any = dataclasses.field(repr=False, compare=False)
-    _dynamo_graph: torch.fx.GraphModule = dataclasses.field(repr=False, compare=False)
-    _timings: Mapping[str, float] = dataclasses.field(repr=False, compare=False)
+    _handoff: Handoff = dataclasses.field(repr=False, compare=False)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.joint_graph, self.guards))
@@ -35,7 +32,7 @@ class AOTAutogradOutput:
     @property
     def training(self) -> bool:
         """True for a joint forward+backward graph, False for an inference graph."""
-        return _compat.joint_needs_autograd(self._joint)
+        return self._handoff.training
 
     def as_text(self) -> str:
         """The joint (or inference) ATen graph as Python code."""
@@ -48,14 +45,6 @@ def new_shape_guards(capture: _compat.Capture, guards: Guards, phase: str) -> li
     known = {g.expression for g in guards.of_kind(ShapeGuard)}
     return shape_guards(
         phase, [e for e in _compat.shape_env_guard_exprs(capture) if e not in known]
-    )
-
-
-def not_from_a_stage(what: str, stage: str) -> ValueError:
-    """The error for a graph module or guards that no stage handed out."""
-    return ValueError(
-        f"{what} does not come from Precompile.{stage}; pass that stage's output, "
-        "or the graph module and guards it returned"
     )
 
 
@@ -91,18 +80,10 @@ def aot_autograd(
     decompositions: dict[Any, Callable[..., Any]] | None = None,
 ) -> AOTAutogradOutput:
     """Trace the ATen graph of a Dynamo graph once, with AOTAutograd."""
-    gm = gm_or_dynamo_output
-    if isinstance(gm, DynamoOutput):
-        dynamo_out: DynamoOutput | None = gm
-        gm = gm.graph_module
-    elif isinstance(gm, torch.fx.GraphModule):
-        dynamo_out = received(DynamoOutput, gm, guards)
-    else:
-        raise TypeError(f"expected a DynamoOutput or torch.fx.GraphModule, got {type(gm).__name__}")
-    if dynamo_out is None:
-        raise not_from_a_stage("this graph module", "dynamo")
-    guards = guards if guards is not None else dynamo_out.guards
-    state = dynamo_out._state
+    dynamo, gm, guards = take_over(
+        gm_or_dynamo_output, guards, DynamoOutput, "dynamo", "aot_autograd"
+    )
+    state = dynamo.state
     capture = state.capture
     check_calling_convention(
         gm, len(capture.fake_inputs), count_outputs(capture.graph_module), "aot_autograd"
@@ -125,6 +106,13 @@ def aot_autograd(
         requires_grad_note(capture.input_sources, capture.local_scope, training),
         *new_shape_guards(capture, guards, "aot_autograd"),
     ]
-    timings = stage_timings(dynamo_out._timings, "aot_autograd", elapsed)
-    out = AOTAutogradOutput(joint_gm, guards.extend(added), state, jd, gm, timings)
-    return hand_out(out, joint_gm)
+    handoff = Handoff(
+        "aot_autograd",
+        state,
+        guards.extend(added),
+        stage_timings(dynamo.timings, "aot_autograd", elapsed),
+        training,
+        joint=jd,
+        dynamo_graph=gm,
+    )
+    return AOTAutogradOutput(joint_gm, handoff.handed_out(joint_gm), handoff)

@@ -373,15 +373,16 @@ def _check_model(layout: Layout, model: Any, path: str) -> None:
     sharded = _sharded(model)
     fix = (
         "parallelise the model as it was when the artifact was compiled (same mesh and "
-        "parallelize_module plan), or compile and save again"
+        "parallelize_module plan, or shard_parameters), or compile and save again"
     )
     missing = sorted(set(layout.tensors) - set(sharded))
     if missing:
+        plain = missing[0] in _standin.module_tensors(model)
         raise DistributedLayoutError(
             f"{path}: model= tensor {missing[0]!r}",
             f"a DTensor placed {list(layout.tensors[missing[0]].placements)} on "
             f"{layout.mesh.describe()}",
-            "a plain tensor (not parallelised)",
+            "a plain tensor (not parallelised)" if plain else "no tensor of that name",
             fix,
         )
     for name, t in sharded.items():

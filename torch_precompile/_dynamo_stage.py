@@ -16,18 +16,18 @@ import torch
 
 from . import _compat, _distributed
 from ._errors import CaptureError
-from ._handoff import hand_out
+from ._handoff import Handoff
 from ._signature import describe_inputs
 from .guards import Guards, capture_guards, describe_source
 
 log = logging.getLogger("torch_precompile")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class CaptureState:
     """What later stages need from the capture; private, shared by reference.
 
-    Set once by the Dynamo stage and only read afterwards: what a later stage
+    Built once by the Dynamo stage and only read afterwards: what a later stage
     learns (its timing, training or inference, its guards) lives in that
     stage's output. (Later stages trace with the capture's shape environment,
     which records their symbolic-shape guards; each stage reports as its own
@@ -40,7 +40,7 @@ class CaptureState:
     kwargs: dict[str, Any]
     training: bool
     input_signature: dict[str, Any]
-    capture_id: str = ""
+    capture_id: str  # names this capture: guards of another one are refused at save
 
     @property
     def grad_enabled(self) -> bool:
@@ -58,8 +58,7 @@ class DynamoOutput:
     graph_module: torch.fx.GraphModule
     bytecode: types.CodeType
     guards: Guards
-    _state: CaptureState = dataclasses.field(repr=False, compare=False)
-    _timings: Mapping[str, float] = dataclasses.field(repr=False, compare=False)
+    _handoff: Handoff = dataclasses.field(repr=False, compare=False)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.graph_module, self.bytecode, self.guards))
@@ -67,12 +66,12 @@ class DynamoOutput:
     @property
     def input_sources(self) -> list[str]:
         """Where each graph input comes from (``L['x']``, ``L['self'].l1.weight``)."""
-        return list(self._state.capture.input_sources)
+        return list(self._handoff.state.capture.input_sources)
 
     @property
     def training(self) -> bool:
         """Whether the capture will produce a training (joint) artifact."""
-        return self._state.training
+        return self._handoff.training
 
     def as_text(self) -> str:
         """The FX graph code and the source of each graph input (for reading, not parsing)."""
@@ -217,6 +216,7 @@ def dynamo(
         raise
     elapsed = time.perf_counter() - start
     log.info("dynamo: done in %.2f s (%d graph inputs)", elapsed, len(capture.input_sources))
+    capture_id = uuid.uuid4().hex
     state = CaptureState(
         capture=capture,
         model=model,
@@ -224,8 +224,8 @@ def dynamo(
         kwargs=kwargs,
         training=_wants_grad(model, args, kwargs),
         input_signature=describe_inputs(capture.signature, capture.bound_self, args, kwargs),
+        capture_id=capture_id,
     )
-    state.capture_id = uuid.uuid4().hex
     entries = capture_guards(
         capture.guards,
         capture.local_scope,
@@ -235,15 +235,19 @@ def dynamo(
         root_is_module=isinstance(model, torch.nn.Module),
         symbol_all_sources=_compat.shape_env_symbol_all_sources(capture),
     )
-    guards = Guards(entries, capture_id=state.capture_id)
-    out = DynamoOutput(
+    handoff = Handoff(
+        "dynamo",
+        state,
+        Guards(entries, capture_id=capture_id),
+        stage_timings({}, "dynamo", elapsed),
+        state.training,
+    )
+    return DynamoOutput(
         capture.graph_module,
         capture.graph_capture_output.bytecode,
-        guards,
-        state,
-        stage_timings({}, "dynamo", elapsed),
+        handoff.handed_out(capture.graph_module),
+        handoff,
     )
-    return hand_out(out, capture.graph_module)
 
 
 def stage_timings(earlier: Mapping[str, float], stage: str, seconds: float) -> Mapping[str, float]:

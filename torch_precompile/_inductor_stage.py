@@ -5,20 +5,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from . import _compat, _system
-from ._aot_stage import (
-    AOTAutogradOutput,
-    check_calling_convention,
-    new_shape_guards,
-    not_from_a_stage,
-)
-from ._dynamo_stage import CaptureState, stage_timings
-from ._handoff import hand_out, received
+from ._aot_stage import AOTAutogradOutput, check_calling_convention, new_shape_guards
+from ._dynamo_stage import stage_timings
+from ._handoff import CompiledGraphs, Handoff, take_over
 from ._index_bounds import index_guards
 from .guards import Guard, Guards, SystemGuard
 
@@ -29,12 +24,11 @@ log = logging.getLogger("torch_precompile")
 class InductorOutput:
     """Compiled forward (and backward) code; unpacks to ``(compiled, guards)``."""
 
-    compiled: Any
+    compiled: CompiledGraphs
     guards: Guards
     source_code: dict[str, str]
     training: bool
-    _state: CaptureState = dataclasses.field(repr=False, compare=False)
-    _timings: Mapping[str, float] = dataclasses.field(repr=False, compare=False)
+    _handoff: Handoff = dataclasses.field(repr=False, compare=False)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.compiled, self.guards))
@@ -55,21 +49,11 @@ def inductor(
     options: dict[str, Any] | None = None,
 ) -> InductorOutput:
     """Compile the AOTAutograd graph with Inductor (``mode``/``options`` as in torch.compile)."""
-    joint_gm = joint_or_aot_output
-    if isinstance(joint_gm, AOTAutogradOutput):
-        aot: AOTAutogradOutput | None = joint_gm
-        joint_gm = joint_gm.joint_graph
-    elif isinstance(joint_gm, torch.fx.GraphModule):
-        aot = received(AOTAutogradOutput, joint_gm, guards)
-    else:
-        raise TypeError(
-            f"expected an AOTAutogradOutput or torch.fx.GraphModule, got {type(joint_gm).__name__}"
-        )
-    if aot is None:
-        raise not_from_a_stage("this joint graph", "aot_autograd")
-    guards = guards if guards is not None else aot.guards
-    state = aot._state
-    jd = aot._joint
+    aot, joint_gm, guards = take_over(
+        joint_or_aot_output, guards, AOTAutogradOutput, "aot_autograd", "inductor"
+    )
+    state = aot.state
+    jd = aot.joint
     if joint_gm is not _compat.joint_graph_module(jd):
         check_calling_convention(joint_gm, _compat.joint_placeholder_count(jd), None, "inductor")
     capture = state.capture
@@ -78,17 +62,23 @@ def inductor(
     # The compile works on private copies: ``aot`` can compile again (another config).
     with torch.set_grad_enabled(state.grad_enabled):
         compiled, sources = _compat.compile_joint(
-            capture, jd, joint_gm, aot._dynamo_graph, mode, options
+            capture, jd, joint_gm, aot.dynamo_graph, mode, options
         )
     elapsed = time.perf_counter() - start
     log.info("inductor: done in %.2f s", elapsed)
     added = new_shape_guards(capture, guards, "inductor")
     added.extend(index_guards(joint_gm, capture.input_sources))
     added.extend(system_guards(capture.device_type))
-    timings = stage_timings(aot._timings, "inductor", elapsed)
-    out = InductorOutput(compiled, guards.extend(added), sources, aot.training, state, timings)
-    compiled._torch_precompile_output = out
-    return hand_out(out, None)
+    handoff = Handoff(
+        "inductor",
+        state,
+        guards.extend(added),
+        stage_timings(aot.timings, "inductor", elapsed),
+        aot.training,
+    )
+    return InductorOutput(
+        CompiledGraphs(compiled, handoff), handoff.handed_out(), sources, aot.training, handoff
+    )
 
 
 def system_guards(device_type: str) -> list[Guard]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import _compat, _output_structure, _system
 from ._artifact import PrecompiledArtifact, variant_label
+from ._handoff import take_over
 from ._inductor_stage import InductorOutput
 from ._output_layout import stride_orders
 from ._runtime import Runtime, VariantRuntime
@@ -62,15 +63,10 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
                 for v in compiled_or_inductor_output
             ]
         )
-    out = compiled_or_inductor_output
-    if not isinstance(out, InductorOutput):
-        out = getattr(compiled_or_inductor_output, "_torch_precompile_output", None)
-        if not isinstance(out, InductorOutput):
-            raise TypeError(
-                "precompile() takes the output of Precompile.inductor (or the compiled object it "
-                f"unpacked to), got {type(compiled_or_inductor_output).__name__}"
-            )
-    state = out._state
+    handoff, compiled, _ = take_over(
+        compiled_or_inductor_output, None, InductorOutput, "inductor", "precompile"
+    )
+    state = handoff.state
     capture = state.capture
     log.info("precompile: building guards and the compiled function")
     start = time.perf_counter()
@@ -83,7 +79,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         capture, guard_filter, source_is_rechecked
     )
     compiled_function = _compat.make_compiled_function(
-        capture, out.compiled, guard_manager, guards_state
+        capture, compiled.fn, guard_manager, guards_state
     )
     elapsed = time.perf_counter() - start
     log.info("precompile: done in %.2f s", elapsed)
@@ -93,7 +89,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         _compat.shape_env_symbol_sources(capture),
         capture.size_oblivious,
     )
-    guards = out.guards.extend([*translated, *ranges])
+    guards = handoff.guards.extend([*translated, *ranges])
     if dropped:
         guards = guards.extend([dropped_guard(dropped)])
     signature = {
@@ -123,7 +119,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         compiled_function,
         guards,
         capture.bound_self,
-        out.training,
+        handoff.training,
         state.grad_enabled,
         signature,
     )
@@ -131,9 +127,9 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         guards=guards,
         signature=signature,
         system=_system.current_system(),
-        training=out.training,
+        training=handoff.training,
         device_type=capture.device_type,
-        timings={**out._timings, "precompile": elapsed},
+        timings={**handoff.timings, "precompile": elapsed},
         bytecode=capture.graph_capture_output.bytecode,
         compiled_function=compiled_function,
         _runtime=runtime,

@@ -276,6 +276,8 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_IND}.codecache:PyCodeCache.load"),
     _n(f"{_IND}.cpp_builder:CppBuilder.build"),
     _n(f"{_IND}.cpu_vec_isa:valid_vec_isa_list.cache_info"),
+    _n(f"{_IND}.cpu_vec_isa:pick_vec_isa"),
+    _n(f"{_IND}.exc:InvalidCxxCompiler"),
     _n(f"{_IND}.select_algorithm:extern_kernels"),
     _n(f"{_IND}.runtime.cache_dir_utils:triton_cache_dir"),
     _n(f"{_IND}.runtime.runtime_utils:triton_hash_to_path_key"),

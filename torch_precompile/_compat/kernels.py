@@ -44,15 +44,20 @@ def kernel_file_without_compiling(argtypes: list[str], source: str) -> str | Non
 
     A cache miss must not start a compile at save: C++ builds are refused while
     looking up (the miss then reads as None). Inductor's first compile of a
-    process probes the CPU's vector ISA with a test build; if that probe never
-    ran here, nothing was compiled in this process and the lookup is skipped
-    (refusing the probe's build would cache a wrong ISA).
+    process probes the CPU's vector ISA with a test build. Kernels built in
+    compile workers (a machine with many cores) leave that probe unrun in this
+    process: it runs here first, unrefused (refusing its build would cache a
+    wrong ISA), so that the lookup finds the worker's ``.so`` by the same key.
     """
     from torch._inductor import cpp_builder, cpu_vec_isa
     from torch._inductor.codecache import CppPythonBindingsCodeCache
+    from torch._inductor.exc import InvalidCxxCompiler
 
     if not cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
-        return None
+        try:
+            cpu_vec_isa.pick_vec_isa()
+        except (InvalidCxxCompiler, OSError):  # no compiler here: nothing to find
+            return None
 
     class _WouldCompile(Exception):
         pass

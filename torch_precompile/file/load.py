@@ -10,6 +10,7 @@ artifact or of a bundle, is rebuilt by :func:`_load_variant`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import json
@@ -81,9 +82,11 @@ def load(
         raise
     reader.settle()  # a re-save reads compiled from the bytes loaded, later
     artifact = bundle_variants(variants) if header.bundle else variants[0]
-    artifact.timings["load"] = time.perf_counter() - start
-    artifact._origin.update(path=os.path.abspath(path), created=header.created)
-    return artifact
+    return dataclasses.replace(  # the loaded artifact, with where and how long it took
+        artifact,
+        timings={**artifact.timings, "load": time.perf_counter() - start},
+        _origin={"path": os.path.abspath(path), "created": header.created},
+    )
 
 
 class _Sections:

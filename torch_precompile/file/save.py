@@ -78,7 +78,7 @@ def save(
             continue
         sections[section_name("fastload", i)] = fast[0]
         kernels.update(fast[1])
-    kernels.update(_full_path_kernels(artifact.device_type, slow))
+    kernels.update(_full_path_kernels(slow))
     for key in sorted(kernels):
         sections[KERNEL_PREFIX + key] = kernels[key]
 
@@ -203,12 +203,11 @@ def _fast_sections(
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def _full_path_kernels(
-    device_type: str, variants: Sequence[PrecompiledArtifact]
-) -> Mapping[str, bytes | memoryview]:
-    """The kernels of CPU variants that load through PyTorch's full path, which then
-    loads them instead of compiling (the union over variants, forward and backward)."""
-    if device_type != "cpu" or not variants:
+def _full_path_kernels(variants: Sequence[PrecompiledArtifact]) -> Mapping[str, bytes | memoryview]:
+    """The C++ kernels of variants that load through PyTorch's full path, which then
+    loads them instead of compiling (the union over variants, forward and backward).
+    A CUDA graph may hold some too: a rank-dependent offset computed on the CPU."""
+    if not variants:
         return {}
     try:
         return _compat.cpu_kernels([v.compiled_function for v in variants])

@@ -13,22 +13,22 @@ class Guards(Sequence[Guard]):
 
     ``capture_id`` names the Dynamo capture the entries derive from (``save``
     uses it to refuse guards of another capture). A ``Guards`` that a stage
-    handed out also carries that stage's output, so that a later stage given
-    only the unpacked pieces finds what it needs.
+    handed out also carries that stage's handoff (what the next stage needs),
+    so that a later stage given only the unpacked pieces finds it.
     """
 
-    __slots__ = ("_capture_id", "_entries", "_stage_output")
+    __slots__ = ("_capture_id", "_entries", "_handoff")
 
     def __init__(
         self,
         entries: Sequence[Guard] = (),
         *,
         capture_id: str | None = None,
-        stage_output: Any = None,
+        handoff: Any = None,
     ):
         object.__setattr__(self, "_entries", tuple(entries))
         object.__setattr__(self, "_capture_id", capture_id)
-        object.__setattr__(self, "_stage_output", stage_output)
+        object.__setattr__(self, "_handoff", handoff)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -54,9 +54,10 @@ class Guards(Sequence[Guard]):
         return self._capture_id
 
     @property
-    def stage_output(self) -> Any:
-        """The stage output that handed these guards out (None for loaded or built ones)."""
-        return self._stage_output
+    def handoff(self) -> Any:
+        """What the stage that handed these guards out passes on (None for loaded or
+        built ones): its ``.stage`` names it."""
+        return self._handoff
 
     def by_phase(self, phase: str) -> Guards:
         """The entries one stage added (``dynamo``, ``aot_autograd`` or ``inductor``)."""
@@ -72,9 +73,9 @@ class Guards(Sequence[Guard]):
         """A new collection with these entries appended."""
         return Guards(self._entries + tuple(entries), capture_id=self._capture_id)
 
-    def handed_out_by(self, stage_output: Any) -> Guards:
-        """The same entries, carrying the stage output that hands them out."""
-        return Guards(self._entries, capture_id=self._capture_id, stage_output=stage_output)
+    def carrying(self, handoff: Any) -> Guards:
+        """The same entries, carrying a stage's handoff."""
+        return Guards(self._entries, capture_id=self._capture_id, handoff=handoff)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [g.to_json() for g in self._entries]

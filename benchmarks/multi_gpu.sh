@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The multi-GPU run (issue 29): tensor-parallel artifacts with NCCL, one GPU per rank.
+#
+#   OUT=results-dir bash benchmarks/multi_gpu.sh tp      # build, fresh load, orders (2 ranks)
+#   OUT=results-dir bash benchmarks/multi_gpu.sh dp      # data-parallel training, build + fresh load
+#   OUT=results-dir bash benchmarks/multi_gpu.sh bench   # benchmarks/distributed.py, worlds $WORLDS (default 2)
+#   OUT=results-dir bash benchmarks/multi_gpu.sh tp dp   # several steps, one archive ($OUT/results.tgz)
+#
+# Each step writes its JSON and logs under $OUT. NVLink multicast stays off.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TP_DEVICE=cuda PYTHONPATH="$PWD"
+OUT=${OUT:?set OUT to a results folder}
+PY=${PY:-python3}
+[ $# -gt 0 ] || { echo "usage: multi_gpu.sh tp|dp|bench ..."; exit 2; }
+
+{
+  echo "steps: $*"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  $PY -c 'import torch, torch.distributed as d; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
+  $PY -c 'import transformers; print("transformers", transformers.__version__)'
+} >"$OUT/env.txt" 2>&1
+
+run() {  # job, world, phase, dir, [env...]
+  local job=$1 world=$2 phase=$3 dir=$4
+  shift 4
+  local t0=$SECONDS
+  env "$@" $PY -m torch.distributed.run --standalone --nproc-per-node "$world" \
+    "examples/$job.py" "$phase" "$dir" >"$OUT/$job-$phase-$world.log" 2>&1
+  echo "$job $phase world $world: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
+  mkdir -p "$OUT/$job" && cp "$dir"/"$phase"-*.json "$OUT/$job"/ 2>/dev/null
+}
+
+for step in "$@"; do
+if [ "$step" = tp ]; then
+  dir=$(mktemp -d)
+  cache=$(mktemp -d)
+  run dist_job 2 build "$dir"
+  run dist_job 2 load "$dir" TORCHINDUCTOR_CACHE_DIR="$cache" CXX=/bin/false
+  echo "files in the load job's Inductor cache: $(find "$cache" -type f | wc -l)" >>"$OUT/steps.txt"
+  cache2=$(mktemp -d)
+  run dist_job 2 orders "$dir" TORCHINDUCTOR_CACHE_DIR="$cache2" CXX=/bin/false
+  ls -l "$dir" >"$OUT/files.txt"
+elif [ "$step" = dp ]; then
+  dir=$(mktemp -d)
+  run dp_job 2 build "$dir"
+  run dp_job 2 load "$dir" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" CXX=/bin/false
+elif [ "$step" = bench ]; then
+  $PY benchmarks/distributed.py --worlds ${WORLDS:-2} --runs "${RUNS:-2}" \
+    --out "$OUT/distributed_h100x2.json" >"$OUT/bench.log" 2>&1
+  echo "bench rc $?" >>"$OUT/steps.txt"
+fi
+done
+cat "$OUT/steps.txt"
+# one archive: the device returns a limited number of files
+tar -czf "$OUT/results.tgz" -C "$OUT" --exclude="*.tgz" . && find "$OUT" -type f ! -name "*.tgz" -delete

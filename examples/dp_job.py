@@ -31,16 +31,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-
 if os.environ.get("TP_DEVICE") == "cuda" and "LOCAL_RANK" in os.environ:
     # One GPU per rank, seen by the rank as cuda:0 (as examples/dist_job.py does).
     _visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
     _local = int(os.environ["LOCAL_RANK"])
     os.environ["CUDA_VISIBLE_DEVICES"] = _visible[_local] if _visible[0] else str(_local)
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

@@ -59,12 +59,42 @@ from torch_precompile import (  # noqa: E402
 
 INFERENCE = ("mlp", "slice", "block", "llama")
 TRAIN = {"train": "mlp", "llama_train": "llama"}  # artifact -> the model it trains
+# The compiler stack a lean load leaves alone. torch imports some of it with
+# DTensor itself, in eager jobs too: sympy (torch.distributed.tensor imports
+# torch.fx.experimental.symbolic_shapes), torch._dynamo and AOTAutograd's
+# runtime wrappers (DTensor.__new__ is wrapped in torch._disable_dynamo, which
+# imports torch._dynamo on a first call); the load may add none of them.
+HEAVY_MODULES = (
+    "sympy",
+    "torch._dynamo",
+    "torch._dynamo.convert_frame",
+    "torch._dynamo.guards",
+    "torch._functorch._aot_autograd.runtime_wrappers",
+    "torch._inductor.compile_fx",
+    "torch._inductor.output_code",
+)
 # TP_DEVICE=cuda: NCCL and a CUDA mesh (one GPU per rank), else gloo on the CPU.
 DEVICE = os.environ.get("TP_DEVICE", "cpu")
 
 
 def _local(t: Any) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _heavy() -> set[str]:
+    return {m for m in HEAVY_MODULES if m in sys.modules}
+
+
+def _lean(artifact: Any) -> bool:
+    """Whether ``artifact`` was loaded by the lean path (no Dynamo, AOTAutograd, Inductor)."""
+    return type(artifact.compiled_function).__name__ == "FastCompiledFunction"
+
+
+def _dynamo_guards(artifact: Any) -> bool:
+    """Whether Dynamo's guard manager was built for ``artifact`` (the light guards
+    could not decide a call); a lean load's light guards decide alone."""
+    manager = artifact.compiled_function._artifacts.guard_manager
+    return getattr(manager, "_full", True) is not None
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -134,16 +164,44 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
             opened.append(os.path.basename(args[0]))
 
     sys.addaudithook(audit)  # which files of the artifacts this rank reads
+    from torch.distributed.tensor import DTensor
+
+    DTensor.from_local(torch.zeros(1, device=DEVICE), mesh)  # what any DTensor job imports
+    result["heavy_before_load"] = sorted(_heavy())
     start = time.perf_counter()
-    loaded = {name: Precompile.load(out / f"{name}.pt") for name in (*INFERENCE, *TRAIN)}
+    loaded = {name: Precompile.load(out / f"{name}.pt") for name in INFERENCE}
     result["load_s"] = time.perf_counter() - start
-    result["files_read"] = sorted(set(opened))
-    opened.clear()
     outputs = {}
     with torch.no_grad():
         for name in INFERENCE:
             outputs[name] = run(loaded[name], name, example_input(name, DEVICE))
     result["first_output_s"] = time.perf_counter() - T0
+    result["heavy_added_by_load"] = sorted(_heavy() - set(result["heavy_before_load"]))
+    result["dynamo_guards_built"] = sorted(n for n in INFERENCE if _dynamo_guards(loaded[n]))
+    result["diff"] = {}
+    bound_lean = {}
+    for name in INFERENCE:
+        eager = build(name, mesh).eval()
+        bound = Precompile.load(out / f"{name}.pt", model=eager)
+        bound_lean[name] = _lean(bound)
+        x = example_input(name, DEVICE)
+        with torch.no_grad():
+            expected = run(eager, name, x)
+            result["diff"][name] = _max_diff(outputs[name], expected)
+            result["diff"][name + "_bound"] = _max_diff(run(bound, name, x), expected)
+        if _dynamo_guards(bound):
+            result["dynamo_guards_built"].append(name + "_bound")
+        result["local_shape_" + name] = list(_local(outputs[name]).shape)
+    # Issue 27: the DTensor artifacts loaded (standalone and with model=) and ran
+    # through the lean path, without the compiler stack.
+    result["lean"] = {name: _lean(loaded[name]) for name in INFERENCE}
+    result["lean_bound"] = bound_lean
+    result["heavy_added_by_bound_load"] = sorted(_heavy() - set(result["heavy_before_load"]))
+    start = time.perf_counter()
+    loaded.update({name: Precompile.load(out / f"{name}.pt") for name in TRAIN})
+    result["load_s"] += time.perf_counter() - start
+    result["files_read"] = sorted(set(opened))
+    opened.clear()
     standin_steps = {
         name: _train_step(
             loaded[name], loaded[name].named_parameters(), model, example_input(model, DEVICE)
@@ -154,16 +212,6 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     result["compiler_imported"] = sorted(
         m for m in ("torch._inductor.compile_fx", "torch._inductor.codecache") if m in sys.modules
     )
-    result["diff"] = {}
-    for name in INFERENCE:
-        eager = build(name, mesh).eval()
-        bound = Precompile.load(out / f"{name}.pt", model=eager)
-        x = example_input(name, DEVICE)
-        with torch.no_grad():
-            expected = run(eager, name, x)
-            result["diff"][name] = _max_diff(outputs[name], expected)
-            result["diff"][name + "_bound"] = _max_diff(run(bound, name, x), expected)
-        result["local_shape_" + name] = list(_local(outputs[name]).shape)
     for name, model in TRAIN.items():
         x = example_input(model, DEVICE)
         eager = build(model, mesh).train()
@@ -257,13 +305,19 @@ def first_output_phase(out: Path, mesh: Any, how: str, name: str) -> dict[str, A
     (build and parallelise the model), ``jit`` (that, then ``torch.compile``) or
     ``ours`` (``Precompile.load`` of the saved files)."""
     x = example_input(name, DEVICE)
+    result: dict[str, Any] = {}
     with torch.no_grad():
         if how == "ours":
-            y = run(Precompile.load(out / f"{name}.pt"), name, x)
+            artifact = Precompile.load(out / f"{name}.pt")
+            y = run(artifact, name, x)
+            result["lean"] = _lean(artifact)
         else:
             model = build(name, mesh).eval()
             y = run(torch.compile(model) if how == "jit" else model, name, x)
-    return {"first_output_s": time.perf_counter() - T0, "shape": list(y.shape)}
+    result["first_output_s"] = time.perf_counter() - T0
+    result["shape"] = list(y.shape)
+    result["heavy_imported"] = sorted(_heavy())
+    return result
 
 
 def main() -> None:

@@ -152,6 +152,24 @@ def test_fresh_job_compiles_nothing(jobs: dict[str, Any], world: int) -> None:
     assert not [n for n in jobs[f"cache{world}"] if n.endswith(".so")]
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_dtensor_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
+    # Issue 27: every rank's inference artifacts (MLP, slice, block, Llama) load through
+    # the lean path, standalone and with model=: the DTensor parameters' local shards
+    # feed the shipped kernels, the light guards decide every call (Dynamo's guard
+    # manager is never built), and the load and first call import none of the
+    # compiler stack beyond what creating one DTensor imports in any job (torch
+    # itself imports sympy, torch._dynamo and AOTAutograd's runtime wrappers then).
+    inference = ["mlp", "slice", "block", "llama"]
+    for res in jobs[f"load{world}"]:
+        assert res["lean"] == dict.fromkeys(inference, True)
+        assert res["lean_bound"] == dict.fromkeys(inference, True)
+        assert res["dynamo_guards_built"] == []
+        assert res["heavy_added_by_load"] == [] and res["heavy_added_by_bound_load"] == []
+        assert "torch._inductor.compile_fx" not in res["heavy_before_load"]
+        assert "torch._inductor.output_code" not in res["heavy_before_load"]
+
+
 def test_any_order_of_steps(jobs: dict[str, Any]) -> None:
     # Issue 27: the job parallelises its own models on its own mesh around
     # standalone loads; no use_device_mesh.

@@ -245,6 +245,7 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         result["placement_error"] = None
     except DistributedLayoutError as exc:
         result["placement_error"] = str(exc)
+    result["light_guards"] = _light_guard_checks(out, mesh, world)
     if len(sys.argv) > 3:  # files saved by a job of another world size
         try:
             Precompile.load(Path(sys.argv[3]) / "mlp.pt")
@@ -252,6 +253,24 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         except DistributedLayoutError as exc:
             result["world_error"] = str(exc)
     return result
+
+
+def _light_guard_checks(out: Path, mesh: Any, world: int) -> dict[str, bool]:
+    """The lean load's light guards of the MLP on live models: the same layout
+    (accepted, twice: the second time from what the first remembered), and the
+    same placements on a mesh with other dimension names (refused: Dynamo's
+    DTensor and mesh guards compare the names)."""
+    light = Precompile.load(out / "mlp.pt").compiled_function._artifacts.guard_manager.light
+    x = example_input("mlp", DEVICE)
+    same = build("mlp", mesh).eval()
+    named = init_device_mesh(DEVICE, (world,), mesh_dim_names=("tp",))
+    other = build("mlp", named).eval()
+    with torch.no_grad():  # as captured (grad mode is guarded too)
+        return {
+            "accepts_same_layout": light.check({"self": same, "x": x}),
+            "accepts_again": light.check({"self": same, "x": x}),
+            "refuses_other_mesh": not light.check({"self": other, "x": x}),
+        }
 
 
 def orders_phase(out: Path, mesh: Any) -> dict[str, Any]:

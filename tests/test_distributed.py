@@ -168,6 +168,12 @@ def test_dtensor_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
         assert res["heavy_added_by_load"] == [] and res["heavy_added_by_bound_load"] == []
         assert "torch._inductor.compile_fx" not in res["heavy_before_load"]
         assert "torch._inductor.output_code" not in res["heavy_before_load"]
+    for res in jobs[f"load{world}"]:  # the light guards decide, both ways
+        assert res["light_guards"] == {
+            "accepts_same_layout": True,
+            "accepts_again": True,
+            "refuses_other_mesh": True,
+        }
 
 
 def test_any_order_of_steps(jobs: dict[str, Any]) -> None:

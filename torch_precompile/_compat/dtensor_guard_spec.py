@@ -8,8 +8,8 @@ over its ``guard_fn`` (what mesh equality compares) and a type check
 (``FAKE_SCRIPT_TYPE_MATCH``), and a ParallelStyle's layouts with equalities
 to placements (``== Shard(dim=-1)``). The light guards cannot read a lambda
 back, but the saved model's values are at hand at save: the same comparisons
-are recorded as data, and :func:`.lean.dtensor_spec_ok` and
-:func:`.lean.mesh_ok` run them at load. :func:`dtensor_leaf` is the one entry
+are recorded as data, and :class:`.lean.subclasses.DTensorSpecCheck` and
+:class:`.lean.subclasses.MeshCheck` run them at load. :func:`dtensor_leaf` is the one entry
 point (called by ``light_guard_spec``).
 """
 
@@ -42,7 +42,7 @@ def dtensor_spec_leaf(text: str, value: Any, has_value: bool) -> list[Any] | Non
 
 def mesh_descriptor(mesh: Any) -> list[Any]:
     """What DeviceMesh equality compares (its ranks and layout, device type,
-    dimension names and thread), as plain data for :func:`.lean.mesh_ok`."""
+    dimension names and thread), as plain data for ``lean.subclasses.MeshCheck``."""
     return [
         mesh.device_type,
         mesh.mesh.tolist(),

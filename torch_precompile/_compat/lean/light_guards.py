@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .light_types import LIGHT_TYPES, named_class, shape_expr_ok
-from .subclasses import dtensor_spec_ok, mesh_ok
+from .subclasses import DTensorSpecCheck, MeshCheck
 
 # (python type, dtype, requires_grad, size, stride, dispatch keys, device): a size
 # or stride of None is dynamic; a device of None is the CPU, an int a CUDA index.
@@ -63,8 +63,6 @@ class LightGuards:
             "tf_stack_len": torch._C._len_torch_function_stack,
             "top_hooks": torch._C._autograd._top_saved_tensors_default_hooks,
             "named_class": named_class,
-            "dtensor_spec_ok": dtensor_spec_ok,
-            "mesh_ok": mesh_ok,
             "torch": torch,  # torch.sym_max / sym_min in shape guards (ints here)
         }
         from torch.utils import _device
@@ -358,9 +356,9 @@ class LightGuards:
         elif kind == "no_saved_tensor_hooks":
             self._fail_unless("top_hooks(True) is None")
         elif kind == "dtensor_spec":
-            self._fail_unless(f"dtensor_spec_ok({v}, {self._const(leaf[1])})")
+            self._fail_unless(f"{self._const(DTensorSpecCheck(leaf[1]))}.ok({v})")
         elif kind == "mesh":
-            self._fail_unless(f"mesh_ok({v}, {self._const(leaf[1])})")
+            self._fail_unless(f"{self._const(MeshCheck(leaf[1]))}.ok({v})")
         else:
             raise ValueError(f"unknown light guard {kind!r}")
 

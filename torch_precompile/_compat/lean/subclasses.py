@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import dataclasses
 import pickle
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -177,27 +178,52 @@ def flattening(
     return call
 
 
-def dtensor_spec_ok(spec: Any, saved: dict[str, Any]) -> bool:
-    """Dynamo's DTensor spec guard (``_check_equals(saved, skip_shapes=True)``) against
-    the spec recorded at save (``dtensor_guard_spec.dtensor_spec_leaf``): the mesh
-    (device type, ranks, dimension names), placements, shard order and dtype."""
-    meta = spec.tensor_meta
-    return (
-        repr(tuple(spec.placements)) == saved["placements"]
-        and repr(spec.shard_order) == saved["shard_order"]
-        and (meta is None if saved["dtype"] is None else str(meta.dtype) == saved["dtype"])
-        and mesh_ok(spec.mesh, saved["mesh"])
-    )
-
-
-def mesh_ok(mesh: Any, saved: list[Any]) -> bool:
+class MeshCheck:
     """A DeviceMesh against ``dtensor_guard_spec.mesh_descriptor`` of the saved one:
-    equal as DeviceMesh equality decides (ranks and layout, device type, names, thread)."""
-    device_type, ranks, names, thread = saved
-    return (
-        type(mesh).__name__ == "DeviceMesh"
-        and mesh.device_type == device_type
-        and list(mesh.mesh_dim_names or ()) == names
-        and getattr(mesh, "_thread_id", None) == thread
-        and mesh.mesh.tolist() == ranks
-    )
+    equal as DeviceMesh equality decides (ranks and layout, device type, dimension
+    names, thread). The last mesh found equal is remembered (a weak reference),
+    so a call with the same mesh costs one identity test."""
+
+    def __init__(self, saved: list[Any]) -> None:
+        self._saved = saved
+        self._last: weakref.ref[Any] | None = None
+
+    def ok(self, mesh: Any) -> bool:
+        if self._last is not None and self._last() is mesh:
+            return True
+        device_type, ranks, names, thread = self._saved
+        equal = (
+            type(mesh).__name__ == "DeviceMesh"
+            and mesh.device_type == device_type
+            and list(mesh.mesh_dim_names or ()) == names
+            and getattr(mesh, "_thread_id", None) == thread
+            and mesh.mesh.tolist() == ranks
+        )
+        if equal:
+            self._last = weakref.ref(mesh)
+        return equal
+
+
+class DTensorSpecCheck:
+    """Dynamo's DTensor spec guard (``_check_equals(saved, skip_shapes=True)``) against
+    the spec recorded at save (``dtensor_guard_spec.dtensor_spec_leaf``): the mesh,
+    placements, shard order and dtype. The last spec found equal is remembered."""
+
+    def __init__(self, saved: dict[str, Any]) -> None:
+        self._saved = saved
+        self._mesh = MeshCheck(saved["mesh"])
+        self._last: weakref.ref[Any] | None = None
+
+    def ok(self, spec: Any) -> bool:
+        if self._last is not None and self._last() is spec and self._mesh.ok(spec.mesh):
+            return True
+        saved, meta = self._saved, spec.tensor_meta
+        equal = (
+            repr(tuple(spec.placements)) == saved["placements"]
+            and repr(spec.shard_order) == saved["shard_order"]
+            and (meta is None if saved["dtype"] is None else str(meta.dtype) == saved["dtype"])
+            and self._mesh.ok(spec.mesh)
+        )
+        if equal:
+            self._last = weakref.ref(spec)
+        return equal

@@ -9,7 +9,8 @@ Run by ``tests/test_distributed.py`` and ``benchmarks/distributed.py``::
     torchrun ... examples/dist_job.py first DIR ours block   # or eager / jit
     torchrun ... examples/dist_job.py orders DIR             # build before load, load twice
 
-``build``: rank 0 alone compiles each model (``mlp``, ``slice``, ``block`` and
+``build``: rank 0 alone compiles each model (``mlp``, ``slice``, ``dtout`` (the MLP
+returning a DTensor), ``block`` and
 a Hugging Face ``llama`` for inference; ``train`` and ``llama_train``: the MLP
 and the Llama with grad enabled) and saves the code file and its shard;
 every other rank writes only its shard (``save_shard``). ``load``: a fresh
@@ -57,7 +58,7 @@ from torch_precompile import (  # noqa: E402
     use_device_mesh,
 )
 
-INFERENCE = ("mlp", "slice", "block", "llama")
+INFERENCE = ("mlp", "slice", "dtout", "block", "llama")
 TRAIN = {"train": "mlp", "llama_train": "llama"}  # artifact -> the model it trains
 # The compiler stack a lean load leaves alone. torch imports some of it with
 # DTensor itself, in eager jobs too: sympy (torch.distributed.tensor imports
@@ -79,6 +80,13 @@ DEVICE = os.environ.get("TP_DEVICE", "cpu")
 
 def _local(t: Any) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _layout(t: Any) -> str:
+    """A DTensor's class, placements and global shape; a plain tensor's class."""
+    if hasattr(t, "placements"):
+        return f"{type(t).__name__} {list(t.placements)} {list(t.shape)}"
+    return type(t).__name__
 
 
 def _heavy() -> set[str]:
@@ -188,10 +196,16 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         with torch.no_grad():
             expected = run(eager, name, x)
             result["diff"][name] = _max_diff(outputs[name], expected)
-            result["diff"][name + "_bound"] = _max_diff(run(bound, name, x), expected)
+            bound_out = run(bound, name, x)
+            result["diff"][name + "_bound"] = _max_diff(bound_out, expected)
         if _dynamo_guards(bound):
             result["dynamo_guards_built"].append(name + "_bound")
         result["local_shape_" + name] = list(_local(outputs[name]).shape)
+        result["output_layout_" + name] = [
+            _layout(outputs[name]),
+            _layout(bound_out),
+            _layout(expected),
+        ]
     # Issue 27: the DTensor artifacts loaded (standalone and with model=) and ran
     # through the lean path, without the compiler stack.
     result["lean"] = {name: _lean(loaded[name]) for name in INFERENCE}

@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "examples" / "dist_job.py"
 WORLDS = (2, 4)
 TOL = 1e-5
-# "slice": each rank cuts a rank-dependent slice; "llama": a Hugging Face LlamaForCausalLM
-MODELS = ("mlp", "slice", "block", "llama", "train", "llama_train")
+# "slice": each rank cuts a rank-dependent slice; "dtout": the MLP returning a DTensor;
+# "llama": a Hugging Face LlamaForCausalLM
+MODELS = ("mlp", "slice", "dtout", "block", "llama", "train", "llama_train")
 TRAIN_TOL = {"train": 1e-6, "llama_train": 1e-5}  # loss and gradients vs eager
 
 pytestmark = pytest.mark.skipif(
@@ -115,7 +116,7 @@ def test_each_rank_reads_only_its_own_shard(jobs: dict[str, Any], world: int) ->
 
 
 @pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("model", ["mlp", "slice", "block", "llama"])
+@pytest.mark.parametrize("model", ["mlp", "slice", "dtout", "block", "llama"])
 def test_tp_inference_matches_eager(jobs: dict[str, Any], world: int, model: str) -> None:
     for res in jobs[f"load{world}"]:
         assert res["diff"][model] <= TOL  # loaded without model=: stand-in and own shard
@@ -136,6 +137,17 @@ def test_tp_training_step_matches_eager(jobs: dict[str, Any], world: int, model:
         assert train["grads_are_dtensor"]  # gradients land on the live DTensor parameters
     # the plan sharded up/down, or every layer's q/k/v/o and gate/up/down
     assert train["sharded_params"] == (4 if model == "train" else 2 * 7)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_dtensor_output_is_rewrapped(jobs: dict[str, Any], world: int) -> None:
+    # The lean runtime rebuilds a DTensor output from the graph's local tensor with
+    # the placements and global shape saved at compile time, as eager returns it.
+    for res in jobs[f"load{world}"]:
+        ours, bound, eager = res["output_layout_dtout"]
+        assert ours == bound == eager == "DTensor [Replicate()] [4, 64]"
+        # a plain tensor where eager returns one (its AsyncCollectiveTensor, waited)
+        assert res["output_layout_mlp"][:2] == ["Tensor", "Tensor"]
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -160,7 +172,7 @@ def test_dtensor_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
     # manager is never built), and the load and first call import none of the
     # compiler stack beyond what creating one DTensor imports in any job (torch
     # itself imports sympy, torch._dynamo and AOTAutograd's runtime wrappers then).
-    inference = ["mlp", "slice", "block", "llama"]
+    inference = ["mlp", "slice", "dtout", "block", "llama"]
     for res in jobs[f"load{world}"]:
         assert res["lean"] == dict.fromkeys(inference, True)
         assert res["lean_bound"] == dict.fromkeys(inference, True)

@@ -174,12 +174,21 @@ def child_measure(a) -> dict:
 
         path = os.path.join(a.dir, "artifact.pt")
         # standalone: the artifact computes with the file's weights (the model only drives generate)
+        from torch_precompile._trace import recording
+
         profile = cProfile.Profile() if a.profile_load else None
         if profile is not None:
             profile.enable()
-        loaded = (
-            Precompile.load(path, model=model) if a.mode == "precompile" else Precompile.load(path)
-        )
+        with recording() as trace:  # each phase, section read and checksum of the load
+            loaded = (
+                Precompile.load(path, model=model)
+                if a.mode == "precompile"
+                else Precompile.load(path)
+            )
+        extra_result["load_trace"] = {
+            kind: [[e.name, e.nbytes, round(e.seconds, 4)] for e in trace.of(kind)]
+            for kind in ("phase", "read", "hash")
+        }
         if profile is not None:
             profile.disable()
             text = io.StringIO()

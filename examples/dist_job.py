@@ -9,7 +9,8 @@ Run by ``tests/test_distributed.py`` and ``benchmarks/distributed.py``::
     torchrun ... examples/dist_job.py first DIR ours block   # or eager / jit
     torchrun ... examples/dist_job.py orders DIR             # build before load, load twice
 
-``build``: rank 0 alone compiles each model (``mlp``, ``slice``, ``block`` and
+``build``: rank 0 alone compiles each model (``mlp``, ``slice``, ``dtout`` (the MLP
+returning a DTensor), ``block`` and
 a Hugging Face ``llama`` for inference; ``train`` and ``llama_train``: the MLP
 and the Llama with grad enabled) and saves the code file and its shard;
 every other rank writes only its shard (``save_shard``). ``load``: a fresh
@@ -57,14 +58,51 @@ from torch_precompile import (  # noqa: E402
     use_device_mesh,
 )
 
-INFERENCE = ("mlp", "slice", "block", "llama")
+INFERENCE = ("mlp", "slice", "dtout", "block", "llama")
 TRAIN = {"train": "mlp", "llama_train": "llama"}  # artifact -> the model it trains
+# The compiler stack a lean load leaves alone. torch imports some of it with
+# DTensor itself, in eager jobs too: sympy (torch.distributed.tensor imports
+# torch.fx.experimental.symbolic_shapes), torch._dynamo and AOTAutograd's
+# runtime wrappers (DTensor.__new__ is wrapped in torch._disable_dynamo, which
+# imports torch._dynamo on a first call); the load may add none of them.
+HEAVY_MODULES = (
+    "sympy",
+    "torch._dynamo",
+    "torch._dynamo.convert_frame",
+    "torch._dynamo.guards",
+    "torch._functorch._aot_autograd.runtime_wrappers",
+    "torch._inductor.compile_fx",
+    "torch._inductor.output_code",
+)
 # TP_DEVICE=cuda: NCCL and a CUDA mesh (one GPU per rank), else gloo on the CPU.
 DEVICE = os.environ.get("TP_DEVICE", "cpu")
 
 
 def _local(t: Any) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _layout(t: Any) -> str:
+    """A DTensor's class, placements and global shape; a plain tensor's class."""
+    if hasattr(t, "placements"):
+        return f"{type(t).__name__} {list(t.placements)} {list(t.shape)}"
+    return type(t).__name__
+
+
+def _heavy() -> set[str]:
+    return {m for m in HEAVY_MODULES if m in sys.modules}
+
+
+def _lean(artifact: Any) -> bool:
+    """Whether ``artifact`` was loaded by the lean path (no Dynamo, AOTAutograd, Inductor)."""
+    return type(artifact.compiled_function).__name__ == "FastCompiledFunction"
+
+
+def _dynamo_guards(artifact: Any) -> bool:
+    """Whether Dynamo's guard manager was built for ``artifact`` (the light guards
+    could not decide a call); a lean load's light guards decide alone."""
+    manager = artifact.compiled_function._artifacts.guard_manager
+    return getattr(manager, "_full", True) is not None
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -134,16 +172,50 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
             opened.append(os.path.basename(args[0]))
 
     sys.addaudithook(audit)  # which files of the artifacts this rank reads
+    from torch.distributed.tensor import DTensor
+
+    DTensor.from_local(torch.zeros(1, device=DEVICE), mesh)  # what any DTensor job imports
+    result["heavy_before_load"] = sorted(_heavy())
     start = time.perf_counter()
-    loaded = {name: Precompile.load(out / f"{name}.pt") for name in (*INFERENCE, *TRAIN)}
+    loaded = {name: Precompile.load(out / f"{name}.pt") for name in INFERENCE}
     result["load_s"] = time.perf_counter() - start
-    result["files_read"] = sorted(set(opened))
-    opened.clear()
     outputs = {}
     with torch.no_grad():
         for name in INFERENCE:
             outputs[name] = run(loaded[name], name, example_input(name, DEVICE))
     result["first_output_s"] = time.perf_counter() - T0
+    result["heavy_added_by_load"] = sorted(_heavy() - set(result["heavy_before_load"]))
+    result["dynamo_guards_built"] = sorted(n for n in INFERENCE if _dynamo_guards(loaded[n]))
+    result["diff"] = {}
+    bound_lean = {}
+    for name in INFERENCE:
+        eager = build(name, mesh).eval()
+        bound = Precompile.load(out / f"{name}.pt", model=eager)
+        bound_lean[name] = _lean(bound)
+        x = example_input(name, DEVICE)
+        with torch.no_grad():
+            expected = run(eager, name, x)
+            result["diff"][name] = _max_diff(outputs[name], expected)
+            bound_out = run(bound, name, x)
+            result["diff"][name + "_bound"] = _max_diff(bound_out, expected)
+        if _dynamo_guards(bound):
+            result["dynamo_guards_built"].append(name + "_bound")
+        result["local_shape_" + name] = list(_local(outputs[name]).shape)
+        result["output_layout_" + name] = [
+            _layout(outputs[name]),
+            _layout(bound_out),
+            _layout(expected),
+        ]
+    # Issue 27: the DTensor artifacts loaded (standalone and with model=) and ran
+    # through the lean path, without the compiler stack.
+    result["lean"] = {name: _lean(loaded[name]) for name in INFERENCE}
+    result["lean_bound"] = bound_lean
+    result["heavy_added_by_bound_load"] = sorted(_heavy() - set(result["heavy_before_load"]))
+    start = time.perf_counter()
+    loaded.update({name: Precompile.load(out / f"{name}.pt") for name in TRAIN})
+    result["load_s"] += time.perf_counter() - start
+    result["files_read"] = sorted(set(opened))
+    opened.clear()
     standin_steps = {
         name: _train_step(
             loaded[name], loaded[name].named_parameters(), model, example_input(model, DEVICE)
@@ -154,16 +226,6 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     result["compiler_imported"] = sorted(
         m for m in ("torch._inductor.compile_fx", "torch._inductor.codecache") if m in sys.modules
     )
-    result["diff"] = {}
-    for name in INFERENCE:
-        eager = build(name, mesh).eval()
-        bound = Precompile.load(out / f"{name}.pt", model=eager)
-        x = example_input(name, DEVICE)
-        with torch.no_grad():
-            expected = run(eager, name, x)
-            result["diff"][name] = _max_diff(outputs[name], expected)
-            result["diff"][name + "_bound"] = _max_diff(run(bound, name, x), expected)
-        result["local_shape_" + name] = list(_local(outputs[name]).shape)
     for name, model in TRAIN.items():
         x = example_input(model, DEVICE)
         eager = build(model, mesh).train()
@@ -197,6 +259,7 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         result["placement_error"] = None
     except DistributedLayoutError as exc:
         result["placement_error"] = str(exc)
+    result["light_guards"] = _light_guard_checks(out, mesh, world)
     if len(sys.argv) > 3:  # files saved by a job of another world size
         try:
             Precompile.load(Path(sys.argv[3]) / "mlp.pt")
@@ -204,6 +267,24 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         except DistributedLayoutError as exc:
             result["world_error"] = str(exc)
     return result
+
+
+def _light_guard_checks(out: Path, mesh: Any, world: int) -> dict[str, bool]:
+    """The lean load's light guards of the MLP on live models: the same layout
+    (accepted, twice: the second time from what the first remembered), and the
+    same placements on a mesh with other dimension names (refused: Dynamo's
+    DTensor and mesh guards compare the names)."""
+    light = Precompile.load(out / "mlp.pt").compiled_function._artifacts.guard_manager.light
+    x = example_input("mlp", DEVICE)
+    same = build("mlp", mesh).eval()
+    named = init_device_mesh(DEVICE, (world,), mesh_dim_names=("tp",))
+    other = build("mlp", named).eval()
+    with torch.no_grad():  # as captured (grad mode is guarded too)
+        return {
+            "accepts_same_layout": light.check({"self": same, "x": x}),
+            "accepts_again": light.check({"self": same, "x": x}),
+            "refuses_other_mesh": not light.check({"self": other, "x": x}),
+        }
 
 
 def orders_phase(out: Path, mesh: Any) -> dict[str, Any]:
@@ -257,13 +338,19 @@ def first_output_phase(out: Path, mesh: Any, how: str, name: str) -> dict[str, A
     (build and parallelise the model), ``jit`` (that, then ``torch.compile``) or
     ``ours`` (``Precompile.load`` of the saved files)."""
     x = example_input(name, DEVICE)
+    result: dict[str, Any] = {}
     with torch.no_grad():
         if how == "ours":
-            y = run(Precompile.load(out / f"{name}.pt"), name, x)
+            artifact = Precompile.load(out / f"{name}.pt")
+            y = run(artifact, name, x)
+            result["lean"] = _lean(artifact)
         else:
             model = build(name, mesh).eval()
             y = run(torch.compile(model) if how == "jit" else model, name, x)
-    return {"first_output_s": time.perf_counter() - T0, "shape": list(y.shape)}
+    result["first_output_s"] = time.perf_counter() - T0
+    result["shape"] = list(y.shape)
+    result["heavy_imported"] = sorted(_heavy())
+    return result
 
 
 def main() -> None:

@@ -4,6 +4,7 @@
   Plan ``slice``: only ``down`` row-wise, from a replicated input: each rank
   cuts its own slice of the activation, at an offset that depends on its
   rank (code traced on one rank must not bake that rank's offset in).
+  Plan ``dtout``: the MLP's plan, ``down`` returning a DTensor (replicated).
 - ``TPBlock``: a pre-LN transformer block, multi-head self-attention
   (``q``/``k``/``v`` column-wise, ``o`` row-wise, heads split across ranks)
   and a GELU MLP (``fc1`` column-wise, ``fc2`` row-wise); LayerNorms replicated
@@ -79,6 +80,8 @@ PLANS = {
         "fc2": RowwiseParallel(),
     },
     "slice": {"down": RowwiseParallel(input_layouts=Replicate())},
+    # The MLP returning a DTensor (replicated) instead of its local tensor.
+    "dtout": {"up": ColwiseParallel(), "down": RowwiseParallel(use_local_output=False)},
 }
 
 
@@ -115,7 +118,7 @@ def _llama_plan() -> dict[str, ColwiseParallel | RowwiseParallel]:
 
 
 def build(name: str, mesh: DeviceMesh | None, seed: int = 0) -> nn.Module:
-    """The model ``name`` ("mlp", "slice", "block" or "llama"), parallelised over
+    """The model ``name`` ("mlp", "slice", "dtout", "block" or "llama"), parallelised over
     ``mesh`` (None: not at all), on the mesh's device type."""
     torch.manual_seed(seed)
     if name == "llama":

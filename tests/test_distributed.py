@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "examples" / "dist_job.py"
 WORLDS = (2, 4)
 TOL = 1e-5
-# "slice": each rank cuts a rank-dependent slice; "llama": a Hugging Face LlamaForCausalLM
-MODELS = ("mlp", "slice", "block", "llama", "train", "llama_train")
+# "slice": each rank cuts a rank-dependent slice; "dtout": the MLP returning a DTensor;
+# "llama": a Hugging Face LlamaForCausalLM
+MODELS = ("mlp", "slice", "dtout", "block", "llama", "train", "llama_train")
 TRAIN_TOL = {"train": 1e-6, "llama_train": 1e-5}  # loss and gradients vs eager
 
 pytestmark = pytest.mark.skipif(
@@ -115,7 +116,7 @@ def test_each_rank_reads_only_its_own_shard(jobs: dict[str, Any], world: int) ->
 
 
 @pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("model", ["mlp", "slice", "block", "llama"])
+@pytest.mark.parametrize("model", ["mlp", "slice", "dtout", "block", "llama"])
 def test_tp_inference_matches_eager(jobs: dict[str, Any], world: int, model: str) -> None:
     for res in jobs[f"load{world}"]:
         assert res["diff"][model] <= TOL  # loaded without model=: stand-in and own shard
@@ -139,6 +140,17 @@ def test_tp_training_step_matches_eager(jobs: dict[str, Any], world: int, model:
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_dtensor_output_is_rewrapped(jobs: dict[str, Any], world: int) -> None:
+    # The lean runtime rebuilds a DTensor output from the graph's local tensor with
+    # the placements and global shape saved at compile time, as eager returns it.
+    for res in jobs[f"load{world}"]:
+        ours, bound, eager = res["output_layout_dtout"]
+        assert ours == bound == eager == "DTensor [Replicate()] [4, 64]"
+        # a plain tensor where eager returns one (its AsyncCollectiveTensor, waited)
+        assert res["output_layout_mlp"][:2] == ["Tensor", "Tensor"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_tp_llama_logits_are_replicated(jobs: dict[str, Any], world: int) -> None:
     for res in jobs[f"load{world}"]:
         assert res["local_shape_llama"] == [2, 16, 1000]  # the full vocabulary on every rank
@@ -150,6 +162,30 @@ def test_fresh_job_compiles_nothing(jobs: dict[str, Any], world: int) -> None:
         assert "torch._inductor.compile_fx" not in res["compiler_imported"]
     # With CXX=/bin/false a C++ compile would have failed the job; nothing was built.
     assert not [n for n in jobs[f"cache{world}"] if n.endswith(".so")]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_dtensor_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
+    # Issue 27: every rank's inference artifacts (MLP, slice, block, Llama) load through
+    # the lean path, standalone and with model=: the DTensor parameters' local shards
+    # feed the shipped kernels, the light guards decide every call (Dynamo's guard
+    # manager is never built), and the load and first call import none of the
+    # compiler stack beyond what creating one DTensor imports in any job (torch
+    # itself imports sympy, torch._dynamo and AOTAutograd's runtime wrappers then).
+    inference = ["mlp", "slice", "dtout", "block", "llama"]
+    for res in jobs[f"load{world}"]:
+        assert res["lean"] == dict.fromkeys(inference, True)
+        assert res["lean_bound"] == dict.fromkeys(inference, True)
+        assert res["dynamo_guards_built"] == []
+        assert res["heavy_added_by_load"] == [] and res["heavy_added_by_bound_load"] == []
+        assert "torch._inductor.compile_fx" not in res["heavy_before_load"]
+        assert "torch._inductor.output_code" not in res["heavy_before_load"]
+    for res in jobs[f"load{world}"]:  # the light guards decide, both ways
+        assert res["light_guards"] == {
+            "accepts_same_layout": True,
+            "accepts_again": True,
+            "refuses_other_mesh": True,
+        }
 
 
 def test_any_order_of_steps(jobs: dict[str, Any]) -> None:

@@ -219,6 +219,19 @@ CONTRACT: tuple[PrivateName, ...] = (
         "tensors_saved_for_backwards_no_vc_check_slice",
         "symints_saved_for_backwards_slice",
         "opaque_objects_saved_for_backwards_slice",
+        "subclass_inp_meta",  # DTensor inputs fed as local shards (lean.subclasses)
+        "subclass_fw_graph_out_meta",
+    ),
+    _n(f"{_SCHEMAS}:PlainTensorMeta", "unwrapped_idx"),
+    _n(f"{_SCHEMAS}:OpaqueMeta"),
+    _n(
+        f"{_SCHEMAS}:SubclassCreationMeta",
+        "flat_tensor_start_idx",
+        "attrs",
+        "outer_size",
+        "outer_stride",
+        "meta",
+        "original_subclass_type",
     ),
     _n(
         f"{_SCHEMAS}:OutputAliasInfo",

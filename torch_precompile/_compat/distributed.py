@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from .lean import bound_mesh, current_mesh
+
 # The lambdas distribute_module wraps around a style's input/output functions,
 # and the ones PrepareModuleInput/Output register around a bound method.
 _DISTRIBUTE_MODULE_HOOK = "distribute_module.<locals>.<lambda>"
@@ -195,20 +197,36 @@ def rebind_meshes(module: torch.nn.Module, mesh: Any) -> int:
 
 @contextlib.contextmanager
 def opaque_meshes_bound(mesh: Any) -> Iterator[None]:
-    """While compiled graphs are deserialized, give their DeviceMesh constants ``mesh``.
+    """While compiled graphs are loaded, give their DeviceMesh constants ``mesh``.
 
     Under ``compile_on_one_rank`` the graph reaches its process groups through
     the DeviceMesh, which Inductor keeps as an opaque constant of the wrapper
-    module (``_opaque_obj0``). PyTorch's cache serialization keeps the object
-    in ``torchbind_constants`` but does not hand it to the reloaded module
-    (there it is None); this hands the live mesh of this rank instead.
+    module (``_opaque_obj0``). The lean loader sets the constant from
+    :func:`.lean.bound_mesh`; PyTorch's full path, see :func:`full_path_meshes`.
     """
-    from torch._inductor import output_code
-    from torch.distributed.device_mesh import DeviceMesh
-
     # The runtime ops the graph calls (``device_mesh._runtime_compute_coordinate_on_dim``,
     # ...) are registered when this module is imported, which nothing else does at load.
     importlib.import_module("torch.distributed._ops.device_mesh")
+    with bound_mesh(mesh):
+        yield
+
+
+@contextlib.contextmanager
+def full_path_meshes() -> Iterator[None]:
+    """PyTorch's deserialization of a graph holding a DeviceMesh, under
+    :func:`opaque_meshes_bound`: hand it the bound mesh.
+
+    PyTorch's cache serialization keeps the object in ``torchbind_constants``
+    but does not hand it to the reloaded module (there it is None); this hands
+    the live mesh of this rank instead. Nothing is patched outside a distributed
+    load (importing Inductor's output code is the full path's cost only).
+    """
+    mesh = current_mesh()
+    if mesh is None:
+        yield
+        return
+    from torch._inductor import output_code
+    from torch.distributed.device_mesh import DeviceMesh
 
     classes = (output_code.CompiledFxGraphConstants, output_code.CompiledFxGraphConstantsWithGm)
     originals = {cls: cls.__dict__["unwrap"] for cls in classes if "unwrap" in cls.__dict__}

@@ -36,15 +36,18 @@ from .lean import (
     AUTOGRAD_SPEC_VERSION,
     FASTLOAD_VERSION,
     RUNTIME_SPEC_VERSION,
+    SUBCLASS_SPEC_VERSION,
     AutogradSpec,
     FastCompiledFunction,
     InferenceSpec,
+    SubclassSpec,
     autograd_refusal,
     cudagraph_spec,
     inference_refusal,
     kernel_key,
     recorded_calls,
     recorded_kernels,
+    subclass_refusal,
     triton_sections,
     wrapper_refusal,
 )
@@ -64,6 +67,7 @@ class _LeanPlan:
     graphs: list[Any]
     autograd: AutogradSpec | None = None
     inference: InferenceSpec | None = None
+    subclasses: SubclassSpec | None = None  # tensor subclass (DTensor) inputs or outputs
 
 
 def _fast_load_refusal(fn: Any) -> tuple[str | None, _LeanPlan | None]:
@@ -72,8 +76,6 @@ def _fast_load_refusal(fn: Any) -> tuple[str | None, _LeanPlan | None]:
     if artifacts.device_type not in LEAN_DEVICES:
         return f"device {artifacts.device_type}", None
     entry = artifacts.compiled_fn.compiled_fn.serialize()
-    if entry.maybe_subclass_meta is not None:
-        return "tensor subclass inputs", None
     if any(getattr(w, "needs_post_compile", True) for w in entry.dispatch_wrappers):
         return "duplicated or aliased inputs", None
     if entry.indices_of_inps_to_detach:
@@ -88,8 +90,17 @@ def _fast_load_refusal(fn: Any) -> tuple[str | None, _LeanPlan | None]:
         if reason is not None:
             return reason, None
         plan = _LeanPlan([entry.compiled_fw.result], inference=inference)
+    if entry.maybe_subclass_meta is not None:
+        if plan.autograd is not None:
+            return "training artifact: tensor subclass (DTensor) inputs", None
+        if plan.inference is not None and plan.inference.aliases:
+            return "tensor subclass (DTensor) inputs and outputs aliasing inputs", None
+        reason, subclasses = subclass_refusal(entry, plan.graphs[0])
+        if reason is not None:
+            return reason, None
+        plan = dataclasses.replace(plan, subclasses=subclasses)
     for graph in plan.graphs:
-        reason = _graph_refusal(graph)
+        reason = _graph_refusal(graph, plan.subclasses)
         if reason is not None:
             return reason, None
     if plan.autograd is not None and plan.graphs[1].mutated_input_idxs:
@@ -97,10 +108,11 @@ def _fast_load_refusal(fn: Any) -> tuple[str | None, _LeanPlan | None]:
     return None, plan
 
 
-def _graph_refusal(graph: Any) -> str | None:
+def _graph_refusal(graph: Any, subclasses: SubclassSpec | None = None) -> str | None:
     if set(graph.device_types) - set(LEAN_DEVICES):
         return f"devices {sorted(graph.device_types)}"
-    if graph.constants or graph.torchbind_constants:
+    meshes = set(subclasses.mesh_constants) if subclasses is not None else set()
+    if graph.constants or set(graph.torchbind_constants or {}) - meshes:
         return "constants in the compiled graph"
     if graph.partition_maps and any(pm.constant_names for pm in graph.partition_maps):
         return "graph partitions that read constants"
@@ -221,6 +233,11 @@ def cpu_fast_sections(
         spec["inference"] = {
             "version": RUNTIME_SPEC_VERSION,
             **dataclasses.asdict(plan.inference),
+        }
+    if plan.subclasses is not None:
+        spec["subclasses"] = {
+            "version": SUBCLASS_SPEC_VERSION,
+            **dataclasses.asdict(plan.subclasses),
         }
     autograd = plan.autograd
     if autograd is not None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .capture import Capture
+from .distributed import full_path_meshes
 from .lean import FastCompiledFunction, hook_guards_enabled
 from .pickling import functions_pickled_by_value
 
@@ -171,6 +172,7 @@ def deserialize_compiled_function(
         stack.enter_context(get_metrics_context())
         if hook_guards:
             stack.enter_context(hook_guards_enabled())  # the guard manager is rebuilt here
+        stack.enter_context(full_path_meshes())  # a DeviceMesh constant: this rank's
         fn = AOTCompiledFunction.deserialize(data, f_globals=f_globals)
     if cudagraphs:
         fn._artifacts.compiled_fn._torch_precompile_cudagraphs = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import collections
 import logging
 import re
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from .._config_standin import is_config
+from .dtensor_guard_spec import dtensor_leaf
 from .lean import LIGHT_TYPES, frame_local, named_class, shape_expr_ok
 
 # Light guards: Dynamo's guard tree, translated at save time into a plain-Python
@@ -82,6 +84,9 @@ def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
             return ["no_dynamic_marking", attrs, dynamic]
         return ["no_dynamic_marking", attrs]
     text = _code_part(leaf)
+    dtensor = dtensor_leaf(kind, text, value, has_value)  # tensor parallelism's guards
+    if dtensor is not None:
+        return dtensor
     if kind == "NO_HASATTR":
         m = re.fullmatch(
             r"(?:not hasattr\(.*, '(\w+)'\))|(?:hasattr\(.*, '(\w+)'\) == False)", text
@@ -200,6 +205,7 @@ _BARE_STEPS: dict[str, list[Any]] = {
     "GetGenericDictGuardAccessor": ["vars"],
     "FuncDefaultsGuardAccessor": ["attr", "__defaults__"],
     "FuncKwDefaultsGuardAccessor": ["attr", "__kwdefaults__"],
+    "ClosureGuardAccessor": ["attr", "__closure__"],  # a parallelisation hook's cells
 }
 
 
@@ -263,7 +269,9 @@ def _light_node(manager: Any, value: Any) -> dict[str, Any]:
             # ``**kwargs`` read as empty: Dynamo guards each key of a frame-local dict it
             # iterates, so a dict guard with none guards an empty dict.
             value, has_value = {}, True
-        if not has_value or (type(value) is not dict and not config):
+        # A module's hook dict (non-empty under parallelize_module) is an OrderedDict.
+        ordered = has_value and type(value) is collections.OrderedDict
+        if not has_value or (type(value) is not dict and not config and not ordered):
             raise _NoLightGuards(f"dict guard on {node['source']} without its saved value")
         entries = manager.get_key_value_managers()
         if len(entries) != len(value):
@@ -271,6 +279,7 @@ def _light_node(manager: Any, value: Any) -> dict[str, Any]:
         keys, values = list(value), list(value.values())
         node["dict"] = {
             **({"config": True} if config else {}),
+            **({"ordered": True} if ordered else {}),
             "size": len(value),
             "entries": [
                 [

@@ -48,6 +48,13 @@ from .light_guards import hook_guards_enabled
 from .light_types import LIGHT_TYPES, frame_local, named_class, shape_expr_ok
 from .load import FASTLOAD_VERSION, FastCompiledFunction, load_fast_compiled_function
 from .runtime import RUNTIME_SPEC_VERSION, InferenceSpec, inference_refusal
+from .subclasses import (
+    SUBCLASS_SPEC_VERSION,
+    SubclassSpec,
+    bound_mesh,
+    current_mesh,
+    subclass_refusal,
+)
 from .triton_kernels import triton_sections
 from .wrapper import recorded_calls, recorded_kernels, wrapper_refusal
 
@@ -56,12 +63,16 @@ __all__ = [
     "FASTLOAD_VERSION",
     "LIGHT_TYPES",
     "RUNTIME_SPEC_VERSION",
+    "SUBCLASS_SPEC_VERSION",
     "AutogradSpec",
     "FastCompiledFunction",
     "InferenceSpec",
     "KernelLoader",
+    "SubclassSpec",
     "autograd_refusal",
+    "bound_mesh",
     "cudagraph_spec",
+    "current_mesh",
     "frame_local",
     "hook_guards_enabled",
     "inference_refusal",
@@ -72,6 +83,7 @@ __all__ = [
     "recorded_calls",
     "recorded_kernels",
     "shape_expr_ok",
+    "subclass_refusal",
     "triton_sections",
     "wrapper_refusal",
 ]

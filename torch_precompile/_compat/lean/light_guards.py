@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import collections
 import contextlib
 import itertools
 import logging
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from .light_types import LIGHT_TYPES, named_class, shape_expr_ok
+from .subclasses import DTensorSpecCheck, MeshCheck
 
 # (python type, dtype, requires_grad, size, stride, dispatch keys, device): a size
 # or stride of None is dynamic; a device of None is the CPU, an int a CUDA index.
@@ -240,6 +242,8 @@ class LightGuards:
         d = node.get("dict")
         if d is not None:
             exact = "isinstance({}, dict)" if d.get("config") else "type({}) is dict"
+            if d.get("ordered"):  # a module's hook dict
+                exact = "type({}) is " + self._const(collections.OrderedDict)
             self._fail_unless(f"{exact.format(var)} and len({var}) == {int(d['size'])}")
             keys, values = self._var(), self._var()
             self._lines.append(f"    {keys} = list({var}); {values} = list({var}.values())")
@@ -351,6 +355,10 @@ class LightGuards:
             self._fail_unless("utils_device.CURRENT_DEVICE is None")
         elif kind == "no_saved_tensor_hooks":
             self._fail_unless("top_hooks(True) is None")
+        elif kind == "dtensor_spec":
+            self._fail_unless(f"{self._const(DTensorSpecCheck(leaf[1]))}.ok({v})")
+        elif kind == "mesh":
+            self._fail_unless(f"{self._const(MeshCheck(leaf[1]))}.ok({v})")
         else:
             raise ValueError(f"unknown light guard {kind!r}")
 

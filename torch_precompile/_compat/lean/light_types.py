@@ -104,16 +104,50 @@ def _source_chain(node: Any) -> bool:
         if frame_local(node):
             return True
         plain = isinstance(node, ast.Attribute) and (
-            not node.attr.startswith("__") or node.attr == "__dict__"  # a module's own dict
+            not node.attr.startswith("__")
+            or node.attr in ("__dict__", "__closure__")  # a module's own dict, a hook's cells
         )
         if plain or (
             isinstance(node, ast.Subscript)
-            and isinstance(node.slice, ast.Constant)
-            and type(node.slice.value) in (str, int)
+            and (
+                (isinstance(node.slice, ast.Constant) and type(node.slice.value) in (str, int))
+                or _dict_key(node.slice)
+            )
         ):
             node = node.value
         else:
             return False
+
+
+def _dict_key(node: Any) -> bool:
+    """``list(dict.keys(<source>))[i]``: a hook dict's i-th key (a parallelisation hook's
+    mesh, ``L['self']._modules['up']._forward_pre_hooks[list(dict.keys(...))[0]]``)."""
+    if not (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.slice, ast.Constant)
+        and type(node.slice.value) is int
+    ):
+        return False
+    call = node.value
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "list"
+        and len(call.args) == 1
+        and not call.keywords
+    ):
+        return False
+    keys = call.args[0]
+    return (
+        isinstance(keys, ast.Call)
+        and isinstance(keys.func, ast.Attribute)
+        and keys.func.attr == "keys"
+        and isinstance(keys.func.value, ast.Name)
+        and keys.func.value.id == "dict"
+        and len(keys.args) == 1
+        and not keys.keywords
+        and _source_chain(keys.args[0])
+    )
 
 
 def frame_local(node: Any) -> bool:

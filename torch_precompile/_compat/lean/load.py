@@ -38,6 +38,7 @@ from ..pickling import loads_code
 from . import autograd as lean_autograd
 from . import cudagraphs as lean_cudagraphs
 from . import runtime as lean_runtime
+from . import subclasses as lean_subclasses
 from . import wrapper
 from .light_guards import LightGuards, TieredGuardManager, load_dynamo_guard_manager
 
@@ -129,6 +130,7 @@ def _graph_call(
     """The compiled graph's call (forward, or the autograd pair), its kernels loaded."""
     guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
     data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
+    subclasses = _subclass_spec(spec)
     graph_call = wrapper.build_graph_call(
         spec["wrapper"],
         spec["extern_kernels"],
@@ -138,6 +140,7 @@ def _graph_call(
         filename,
         spec.get("triton"),
         spec.get("mutated_inputs", ()),
+        lean_subclasses.mesh_constants(subclasses) if subclasses is not None else None,
     )
     backward = spec.get("backward")
     if backward is not None:
@@ -164,6 +167,8 @@ def _graph_call(
             call_list = lean_cudagraphs.install(
                 call_list, graph_call.apply_to_partitions, recording
             )
+        if subclasses is not None:  # DTensor inputs fed as their local shards
+            call_list = lean_subclasses.flattening(subclasses, call_list)
         graph_call = lean_runtime.make_inference_call(_inference_spec(spec), call_list)
     return graph_call
 
@@ -191,6 +196,17 @@ def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> TieredG
     if light is None:
         guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
     return guard_manager
+
+
+def _subclass_spec(spec: dict[str, Any]) -> lean_subclasses.SubclassSpec | None:
+    """The subclass spec of a fastload section (absent: no tensor subclass inputs)."""
+    found = spec.get("subclasses")
+    if found is None:
+        return None
+    found = dict(found)
+    if found.pop("version") != lean_subclasses.SUBCLASS_SPEC_VERSION:
+        raise ValueError("the fast-load subclass spec was written by another version")
+    return lean_subclasses.SubclassSpec(**found)  # pickled as dataclasses.asdict wrote it
 
 
 def _inference_spec(spec: dict[str, Any]) -> lean_runtime.InferenceSpec:

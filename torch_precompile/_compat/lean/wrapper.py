@@ -201,9 +201,11 @@ def build_graph_call(
     filename: str,
     triton_specs: dict[str, dict[str, Any]] | None = None,
     mutated_inputs: Sequence[int] = (),
+    constants: Mapping[str, Any] | None = None,
 ) -> GraphCall:
     """Execute Inductor's wrapper with the shipped kernels (``{key: bytes}``: C++ shared
-    objects, Triton cubins described by ``triton_specs``); returns its ``call``."""
+    objects, Triton cubins described by ``triton_specs``); returns its ``call``.
+    ``constants``: the module attributes Inductor's loader would set (a DeviceMesh)."""
     directory = kernel_dir(kernels)
     loader: KernelLoader
     if triton_specs:
@@ -216,6 +218,7 @@ def build_graph_call(
     namespace.update(_namespace(loader, extern_names))
     code = compile(strip_wrapper_imports(wrapper_source), filename, "exec")
     exec(code, namespace)  # generated code shipped in the (trusted) artifact
+    namespace.update(constants or {})  # the wrapper declares them as None
     graph_call = GraphCall(namespace["call"], inputs_to_check, mutated_inputs)
     graph_call.apply_to_partitions = namespace.get("recursively_apply_fns")
     return graph_call

@@ -1,0 +1,229 @@
+"""AOTAutograd's subclass desugaring, lean: DTensor inputs fed to the compiled graph
+as their local shards, and DTensor outputs wrapped again.
+
+AOTAutograd compiles a graph of plain tensors for a model whose parameters are
+tensor subclasses (DTensor, under tensor parallelism): at run time its wrapper
+flattens each subclass input into its inner values (``__tensor_flatten__``'s
+attributes: a DTensor's ``_local_tensor`` and its ``device_mesh``, an opaque
+object) and rebuilds the subclass outputs from the graph's plain outputs
+(``__tensor_unflatten__`` with the metadata recorded at trace time), as
+``runtime_unwrap_tensor_subclasses`` and ``wrap_tensor_subclasses`` in
+``torch/_functorch/_aot_autograd/subclass_utils.py`` do. This module does the
+same from a spec read off AOTAutograd's cache entry at save, for the case of
+tensor parallelism: one level of subclass (inner values are plain tensors or
+opaque objects), static outer sizes, an inference graph.
+
+A graph traced under ``compile_on_one_rank`` also holds the DeviceMesh as a
+constant of Inductor's wrapper (``_opaque_obj0``): the loader binds it to this
+rank's mesh (:func:`bound_mesh`, entered by the distributed load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import pickle
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .light_types import named_class
+
+SUBCLASS_SPEC_VERSION = 1
+
+# The DeviceMesh a distributed load binds to the compiled graph's mesh constants.
+_BOUND_MESH: contextvars.ContextVar[Any] = contextvars.ContextVar("bound_mesh", default=None)
+
+
+@contextlib.contextmanager
+def bound_mesh(mesh: Any) -> Iterator[None]:
+    """While artifacts are loaded, give their graphs' DeviceMesh constants ``mesh``."""
+    token = _BOUND_MESH.set(mesh)
+    try:
+        yield
+    finally:
+        _BOUND_MESH.reset(token)
+
+
+def current_mesh() -> Any:
+    """The mesh :func:`bound_mesh` holds (None outside it)."""
+    return _BOUND_MESH.get()
+
+
+@dataclasses.dataclass(frozen=True)
+class SubclassSpec:
+    """How the compiled graph's plain inputs and outputs map to the model's.
+
+    ``inputs``: per graph input of Dynamo's graph, None (passed as it is) or
+    the attribute names its subclass flattens into, in order. ``outputs``:
+    per user output, ``[index]`` (a plain output) or ``[start, module,
+    qualname, attrs, meta (pickled), outer_size, outer_stride]``: a subclass
+    rebuilt from the plain outputs from ``start`` on. ``mesh_constants``: the
+    wrapper's constants that are the DeviceMesh.
+    """
+
+    inputs: tuple[tuple[str, ...] | None, ...] = ()
+    outputs: tuple[tuple[Any, ...], ...] = ()
+    mesh_constants: tuple[str, ...] = ()
+
+
+def _static(values: Any) -> bool:
+    return all(type(v) is int for v in values)
+
+
+def subclass_refusal(entry: Any, graph: Any) -> tuple[str | None, SubclassSpec | None]:
+    """Why AOTAutograd's subclass handling of ``entry`` needs its own runtime (None
+    if this module's can run it), and the spec when it can. ``graph``: the
+    compiled forward (its constants)."""
+    from torch._functorch._aot_autograd.schemas import (
+        OpaqueMeta,
+        PlainTensorMeta,
+        SubclassCreationMeta,
+    )
+    from torch.distributed.device_mesh import DeviceMesh
+
+    meta = entry.runtime_metadata
+    inputs: list[tuple[str, ...] | None] = []
+    for m in meta.subclass_inp_meta:
+        if isinstance(m, PlainTensorMeta) or not isinstance(m, SubclassCreationMeta):
+            inputs.append(None)  # a plain tensor, or a Python value passed as it is
+            continue
+        if not (_static(m.outer_size) and _static(m.outer_stride)):
+            return "a tensor subclass input with dynamic shapes", None
+        if not all(isinstance(a, (PlainTensorMeta, OpaqueMeta)) for a in m.attrs.values()):
+            return "a nested tensor subclass input", None
+        inputs.append(tuple(m.attrs))
+    outputs: list[tuple[Any, ...]] = []
+    for m in meta.subclass_fw_graph_out_meta:
+        if isinstance(m, PlainTensorMeta):
+            outputs.append((int(m.unwrapped_idx),))
+            continue
+        cls = m.original_subclass_type
+        if cls is None or named_class(cls.__module__, cls.__qualname__) is not cls:
+            return "a tensor subclass output whose class cannot be found by name", None
+        if not (_static(m.outer_size) and _static(m.outer_stride)):
+            return "a tensor subclass output with dynamic shapes", None
+        if not all(isinstance(a, (PlainTensorMeta, OpaqueMeta)) for a in m.attrs.values()):
+            return "a nested tensor subclass output", None
+        try:
+            flat_meta = pickle.dumps(m.meta, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            return f"a tensor subclass output's metadata cannot be pickled ({exc})", None
+        outputs.append(
+            (
+                int(m.flat_tensor_start_idx),
+                cls.__module__,
+                cls.__qualname__,
+                tuple(m.attrs),
+                flat_meta,
+                tuple(m.outer_size),
+                tuple(m.outer_stride),
+            )
+        )
+    constants = dict(graph.torchbind_constants or {})
+    meshes = tuple(
+        sorted(k for k, v in constants.items() if isinstance(getattr(v, "real_obj", v), DeviceMesh))
+    )
+    if set(constants) - set(meshes):
+        return "constants in the compiled graph", None
+    return None, SubclassSpec(tuple(inputs), tuple(outputs), meshes)
+
+
+def mesh_constants(spec: SubclassSpec) -> dict[str, Any]:
+    """The wrapper's DeviceMesh constants, bound to this rank's mesh."""
+    if not spec.mesh_constants:
+        return {}
+    mesh = current_mesh()
+    if mesh is None:
+        raise ValueError("the compiled graph holds a DeviceMesh and no mesh was bound at load")
+    return dict.fromkeys(spec.mesh_constants, mesh)
+
+
+def _wrap_outputs(spec: SubclassSpec, flat: Any) -> list[Any]:
+    out: list[Any] = []
+    for o in spec.outputs:
+        if len(o) == 1:
+            out.append(flat[o[0]])
+            continue
+        start, module, qualname, attrs, meta, size, stride = o
+        cls = named_class(module, qualname)
+        inner = {name: flat[start + i] for i, name in enumerate(attrs)}
+        out.append(cls.__tensor_unflatten__(inner, pickle.loads(meta), size, stride))
+    return out
+
+
+def flattening(
+    spec: SubclassSpec, call_list: Callable[[list[Any], list[Any] | None], Any]
+) -> Callable[[list[Any], list[Any] | None], Any]:
+    """``call_list`` (the compiled graph's boxed call) taking the model's graph inputs:
+    each subclass input flattened into its inner values, and the subclass outputs
+    rebuilt."""
+    where = tuple((i, attrs) for i, attrs in enumerate(spec.inputs) if attrs is not None)
+    wrap = any(len(o) > 1 for o in spec.outputs)
+
+    def call(inputs: list[Any], received: list[Any] | None = None) -> Any:
+        flat: list[Any] = []
+        last = 0
+        for i, attrs in where:
+            flat.extend(inputs[last:i])
+            x = inputs[i]
+            flat.extend(getattr(x, a) for a in attrs)
+            last = i + 1
+        flat.extend(inputs[last:])
+        inputs.clear()
+        result = call_list(flat, received)
+        return _wrap_outputs(spec, result) if wrap else result
+
+    return call
+
+
+class MeshCheck:
+    """A DeviceMesh against ``dtensor_guard_spec.mesh_descriptor`` of the saved one:
+    equal as DeviceMesh equality decides (ranks and layout, device type, dimension
+    names, thread). The last mesh found equal is remembered (a weak reference),
+    so a call with the same mesh costs one identity test."""
+
+    def __init__(self, saved: list[Any]) -> None:
+        self._saved = saved
+        self._last: weakref.ref[Any] | None = None
+
+    def ok(self, mesh: Any) -> bool:
+        if self._last is not None and self._last() is mesh:
+            return True
+        device_type, ranks, names, thread = self._saved
+        equal = (
+            type(mesh).__name__ == "DeviceMesh"
+            and mesh.device_type == device_type
+            and list(mesh.mesh_dim_names or ()) == names
+            and getattr(mesh, "_thread_id", None) == thread
+            and mesh.mesh.tolist() == ranks
+        )
+        if equal:
+            self._last = weakref.ref(mesh)
+        return equal
+
+
+class DTensorSpecCheck:
+    """Dynamo's DTensor spec guard (``_check_equals(saved, skip_shapes=True)``) against
+    the spec recorded at save (``dtensor_guard_spec.dtensor_spec_leaf``): the mesh,
+    placements, shard order and dtype. The last spec found equal is remembered."""
+
+    def __init__(self, saved: dict[str, Any]) -> None:
+        self._saved = saved
+        self._mesh = MeshCheck(saved["mesh"])
+        self._last: weakref.ref[Any] | None = None
+
+    def ok(self, spec: Any) -> bool:
+        if self._last is not None and self._last() is spec and self._mesh.ok(spec.mesh):
+            return True
+        saved, meta = self._saved, spec.tensor_meta
+        equal = (
+            repr(tuple(spec.placements)) == saved["placements"]
+            and repr(spec.shard_order) == saved["shard_order"]
+            and (meta is None if saved["dtype"] is None else str(meta.dtype) == saved["dtype"])
+            and self._mesh.ok(spec.mesh)
+        )
+        if equal:
+            self._last = weakref.ref(spec)
+        return equal

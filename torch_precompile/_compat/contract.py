@@ -223,7 +223,7 @@ CONTRACT: tuple[PrivateName, ...] = (
         "subclass_fw_graph_out_meta",
     ),
     _n(f"{_SCHEMAS}:PlainTensorMeta", "unwrapped_idx"),
-    _n(f"{_SCHEMAS}:OpaqueMeta"),
+    _n(f"{_SCHEMAS}:OpaqueMeta", since="2.13"),
     _n(
         f"{_SCHEMAS}:SubclassCreationMeta",
         "flat_tensor_start_idx",

@@ -76,12 +76,12 @@ def subclass_refusal(entry: Any, graph: Any) -> tuple[str | None, SubclassSpec |
     """Why AOTAutograd's subclass handling of ``entry`` needs its own runtime (None
     if this module's can run it), and the spec when it can. ``graph``: the
     compiled forward (its constants)."""
-    from torch._functorch._aot_autograd.schemas import (
-        OpaqueMeta,
-        PlainTensorMeta,
-        SubclassCreationMeta,
-    )
+    from torch._functorch._aot_autograd import schemas
+    from torch._functorch._aot_autograd.schemas import PlainTensorMeta, SubclassCreationMeta
     from torch.distributed.device_mesh import DeviceMesh
+
+    # An opaque attribute (the mesh, torch 2.13); torch 2.11 flattens to tensors only.
+    opaque = getattr(schemas, "OpaqueMeta", PlainTensorMeta)
 
     meta = entry.runtime_metadata
     inputs: list[tuple[str, ...] | None] = []
@@ -91,7 +91,7 @@ def subclass_refusal(entry: Any, graph: Any) -> tuple[str | None, SubclassSpec |
             continue
         if not (_static(m.outer_size) and _static(m.outer_stride)):
             return "a tensor subclass input with dynamic shapes", None
-        if not all(isinstance(a, (PlainTensorMeta, OpaqueMeta)) for a in m.attrs.values()):
+        if not all(isinstance(a, (PlainTensorMeta, opaque)) for a in m.attrs.values()):
             return "a nested tensor subclass input", None
         inputs.append(tuple(m.attrs))
     outputs: list[tuple[Any, ...]] = []
@@ -104,7 +104,7 @@ def subclass_refusal(entry: Any, graph: Any) -> tuple[str | None, SubclassSpec |
             return "a tensor subclass output whose class cannot be found by name", None
         if not (_static(m.outer_size) and _static(m.outer_stride)):
             return "a tensor subclass output with dynamic shapes", None
-        if not all(isinstance(a, (PlainTensorMeta, OpaqueMeta)) for a in m.attrs.values()):
+        if not all(isinstance(a, (PlainTensorMeta, opaque)) for a in m.attrs.values()):
             return "a nested tensor subclass output", None
         try:
             flat_meta = pickle.dumps(m.meta, protocol=pickle.HIGHEST_PROTOCOL)

@@ -48,7 +48,7 @@ from .lean import (
     triton_sections,
     wrapper_refusal,
 )
-from .light_guard_spec import light_guard_spec
+from .light_guard_spec import light_guards_of
 from .pickling import dumps_lean
 
 log = logging.getLogger("torch_precompile")
@@ -210,7 +210,7 @@ def cpu_fast_sections(
         "signature": signature,
         "original_code": dumps_lean(fn._artifacts.original_code),
         "guards_state": fn._artifacts.guards_state,
-        "light_guards": light_guard_spec(fn._artifacts.guard_manager, bound_self),
+        "light_guards": light_guards_of(fn._artifacts.guard_manager),
         "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
         "device_type": fn._artifacts.device_type,
         "triton": triton_specs,  # key -> launch spec of each Triton kernel (cubin in kernels)

@@ -302,7 +302,8 @@ class LightGuards:
                     bool(requires_grad),
                     tuple(None if n is None else int(n) for n in size),
                     tuple(None if n is None else int(n) for n in stride),
-                    _dispatch_key_set_raw(keys_text),
+                    # The raw bits (an older file: the key set's repr).
+                    keys_text if type(keys_text) is int else _dispatch_key_set_raw(keys_text),
                     None if device is None else int(device),
                 )
             )

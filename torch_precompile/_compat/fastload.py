@@ -107,16 +107,14 @@ def _graph_refusal(graph: Any) -> str | None:
     return wrapper_refusal(graph.source_code)
 
 
-def cpu_kernel_binaries(
-    fn: Any, bound_self: Any = None
-) -> tuple[bytes, Mapping[str, bytes | memoryview]] | None:
+def cpu_kernel_binaries(fn: Any) -> tuple[bytes, Mapping[str, bytes | memoryview]] | None:
     """The ``fastload`` section and the kernels of a CPU artifact, or None."""
-    sections, _ = cpu_fast_sections(fn, bound_self)
+    sections, _ = cpu_fast_sections(fn)
     return sections
 
 
 def cpu_fast_sections(
-    fn: Any, bound_self: Any = None
+    fn: Any,
 ) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
     """The ``fastload`` section and the kernels (``{key: shared object}``) of a CPU
     artifact, or None and why not.

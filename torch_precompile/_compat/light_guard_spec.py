@@ -139,7 +139,7 @@ class _Reader:
     """Reads one guard tree, with the typed guards and the live values of a capture."""
 
     def __init__(self, reading: GuardReading) -> None:
-        from torch._dynamo.source import ChainedSource, NNModuleSource
+        from torch._dynamo.source import AttrSource, ChainedSource, NNModuleSource
 
         self.guards = list(reading.guards)
         self.check_fn = reading.check_fn
@@ -163,6 +163,11 @@ class _Reader:
                 other = guard.create_fn.keywords["source_b"]
                 self.same_object.append((other.name, source.name))
                 self._add_source(other, ChainedSource, NNModuleSource)
+            attr = (getattr(guard.create_fn, "keywords", None) or {}).get("attr")
+            if kind == "HASATTR" and isinstance(attr, str) and source is not None:
+                # An attribute that exists: Dynamo reads it with an accessor (which
+                # fails where it is missing) on a source of its own.
+                self._add_source(AttrSource(source, attr), ChainedSource, NNModuleSource)
             self._add_source(source, ChainedSource, NNModuleSource)
         for expr in getattr(reading.output_graph, "aotautograd_guards", ()):
             a, b = getattr(expr, "input_source_a", None), getattr(expr, "input_source_b", None)
@@ -219,7 +224,11 @@ class _Reader:
         elif kind not in ("GuardManager", "RootGuardManager"):
             raise NoLightGuards(kind)
         for accessor, child in zip(manager.get_accessors(), manager.get_child_managers()):
-            step = _step(accessor, self.sources.get(str(child.get_source())))
+            child_name = str(child.get_source())
+            try:
+                step = _step(accessor, self.sources.get(child_name))
+            except NoLightGuards as exc:
+                raise NoLightGuards(f"{child_name}: {exc}") from None
             try:
                 child_value = _apply_step(step, value) if value is not MISSING else MISSING
             except (KeyError, AttributeError, TypeError, IndexError):
@@ -319,5 +328,9 @@ def remember_light_guards(guard_manager: Any, spec: dict[str, Any] | None) -> No
 
 
 def light_guards_of(guard_manager: Any) -> dict[str, Any] | None:
-    """The light-guard spec read when ``guard_manager`` was built (None if none)."""
-    return _SPECS.get(guard_manager)
+    """The light-guard spec read when ``guard_manager`` was built, or the one it was
+    loaded with (a lean load's tiered manager); None if neither."""
+    spec = _SPECS.get(guard_manager)
+    if spec is None:
+        spec = getattr(getattr(guard_manager, "light", None), "spec", None)
+    return spec

@@ -36,6 +36,7 @@ class LightGuards:
     """
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec  # what a re-save writes again
         self._alias_groups: list[list[str]] = []  # distinct, non-overlapping tensors
         self._same_groups: list[list[str]] = []  # one object (OBJECT_ALIASING)
         self._collect_alias_groups(spec)

@@ -271,13 +271,37 @@ def _default_device(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     return [["no_default_device"]]
 
 
+# Dynamo's lambda leaves say nothing of themselves: each is read from the guard
+# that made it, by that guard's builder (``create_fn``), one reader per builder.
+_LambdaReader = Callable[[LeafNode, Any, Any], list[list[Any]]]
+LAMBDA_READERS: dict[str, _LambdaReader] = {}
+
+
+def lambda_reader(*kinds: str) -> Callable[[_LambdaReader], _LambdaReader]:
+    """Register the reader of the lambda leaf a guard of the given builder kinds makes."""
+
+    def register(fn: _LambdaReader) -> _LambdaReader:
+        for kind in kinds:
+            LAMBDA_READERS[kind] = fn
+        return fn
+
+    return register
+
+
 @leaf_reader("LAMBDA_GUARD")
 def _lambda(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
-    # The only lambda leaf known here: the saved-tensors-hooks guard on the root,
-    # which expects no hooks (any hooks at the call fail the light check).
-    hooks = [g for g in reader.guards if guard_kind(g) == "AUTOGRAD_SAVED_TENSORS_HOOKS"]
-    if not node.is_root or n != len(hooks) or n != 1:
-        raise NoLightGuards(f"{n} lambda guards on {node.name or 'the root'}")
+    made = [g for g in node.guards if guard_kind(g) in LAMBDA_READERS]
+    if len(made) != n:
+        raise NoLightGuards(f"{node.name}: {n} lambda leaves, {len(made)} known guards")
+    return [leaf for g in made for leaf in LAMBDA_READERS[guard_kind(g)](node, g, reader)]
+
+
+@lambda_reader("AUTOGRAD_SAVED_TENSORS_HOOKS")
+def _saved_tensors_hooks(node: LeafNode, guard: Any, reader: Any) -> list[list[Any]]:
+    # Dynamo compares the hooks' ids with the capture's; the light check expects
+    # no hooks at all (stricter), so the capture must have had none.
+    if not node.is_root:
+        raise NoLightGuards(f"a saved tensors hooks guard on {node.name}")
     if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
         raise NoLightGuards("saved tensors hooks were active at capture")
     return [["no_saved_tensor_hooks"]]

@@ -202,6 +202,8 @@ class _Reader:
         kind = type(manager).__name__
         if guards is None:
             guards = self.by_source.get(name, [])
+            if kind == "RootGuardManager":  # and the guards on the process's state
+                guards = guards + self.by_source.get("", [])
         node = LeafNode(name, self.sources.get(name), value, guards, kind == "RootGuardManager")
         counts: dict[str, int] = {}
         for leaf in manager.get_leaf_guards():

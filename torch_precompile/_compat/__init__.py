@@ -19,7 +19,9 @@ One module per concern, in pipeline order:
   cache patched to load them instead of compiling; found again at save);
 - ``fastload``: at save, what an artifact needs to load without the compiler
   stack (read from PyTorch's compiled function);
-- ``light_guard_spec``: Dynamo's guard tree read at save into a plain spec;
+- ``light_guard_spec``: Dynamo's guard tree read at precompile into a plain
+  spec, from its typed sources, guards and the capture's live values (never
+  its debug text); ``light_guard_leaves``: one reader per kind of leaf guard;
 - ``distributed``: DTensor meshes and ``compile_on_one_rank``;
 - ``hooks``: the module hook dicts a call checks;
 - ``contract``: every private PyTorch name the modules above use, in one list,

@@ -51,7 +51,7 @@ from .lean import (
     triton_sections,
     wrapper_refusal,
 )
-from .light_guard_spec import light_guard_spec
+from .light_guard_spec import light_guards_of
 from .pickling import dumps_lean
 
 log = logging.getLogger("torch_precompile")
@@ -119,16 +119,14 @@ def _graph_refusal(graph: Any, subclasses: SubclassSpec | None = None) -> str | 
     return wrapper_refusal(graph.source_code)
 
 
-def cpu_kernel_binaries(
-    fn: Any, bound_self: Any = None
-) -> tuple[bytes, Mapping[str, bytes | memoryview]] | None:
+def cpu_kernel_binaries(fn: Any) -> tuple[bytes, Mapping[str, bytes | memoryview]] | None:
     """The ``fastload`` section and the kernels of a CPU artifact, or None."""
-    sections, _ = cpu_fast_sections(fn, bound_self)
+    sections, _ = cpu_fast_sections(fn)
     return sections
 
 
 def cpu_fast_sections(
-    fn: Any, bound_self: Any = None
+    fn: Any,
 ) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
     """The ``fastload`` section and the kernels (``{key: shared object}``) of a CPU
     artifact, or None and why not.
@@ -223,7 +221,7 @@ def cpu_fast_sections(
         "signature": signature,
         "original_code": dumps_lean(fn._artifacts.original_code),
         "guards_state": fn._artifacts.guards_state,
-        "light_guards": light_guard_spec(fn._artifacts.guard_manager, bound_self),
+        "light_guards": light_guards_of(fn._artifacts.guard_manager),
         "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
         "device_type": fn._artifacts.device_type,
         "triton": triton_specs,  # key -> launch spec of each Triton kernel (cubin in kernels)

@@ -12,6 +12,7 @@ import torch
 from .._config_standin import dict_base, is_config, reduce_dict_config
 from .capture import Capture
 from .lean import hook_guards_enabled
+from .light_guard_spec import GuardReading, light_guard_spec, remember_light_guards
 from .pickling import findable_by_name, function_by_value, reducer_override_patched
 
 
@@ -119,6 +120,7 @@ def _pruning_key_order_sources(
     output_graph: Any,
     guard_filter: Callable[[Sequence[Any]], Sequence[bool]],
     keep_source: Callable[[str, bool], bool],
+    kept: list[Any],
 ) -> Callable[[Sequence[Any]], list[bool]]:
     """Wrap ``guard_filter`` so that dict key order is guarded only where guards are kept.
 
@@ -130,10 +132,12 @@ def _pruning_key_order_sources(
     filter between its unfiltered and its filtered build; from then on (the
     in-process manager and the saved state alike) only sources that
     ``keep_source`` accepts and some kept guard reads are key-order guarded.
+    The kept Guard objects are appended to ``kept``.
     """
 
     def wrapped(entries: Sequence[Any]) -> list[bool]:
         keep = list(guard_filter(entries))
+        kept[:] = [e.orig_guard for e, k in zip(entries, keep) if k]
         kept_names = [guard_filter_entry_source(e) for e, k in zip(entries, keep) if k]
         output_graph.guard_on_key_order = {
             source
@@ -165,8 +169,9 @@ def build_guard_manager(
 
     output_graph = capture.graph_capture_output.output_graph
     key_order = output_graph.guard_on_key_order
+    kept: list[Any] = []
     hooks = Hooks(
-        guard_filter_fn=_pruning_key_order_sources(output_graph, guard_filter, keep_source)
+        guard_filter_fn=_pruning_key_order_sources(output_graph, guard_filter, keep_source, kept)
     )
     with contextlib.ExitStack() as stack:
         stack.enter_context(get_metrics_context())
@@ -183,6 +188,9 @@ def build_guard_manager(
         check_fn = capture.graph_capture_output.build_guards(
             capture.traced_fn.__code__, hooks=hooks, save=True, strict_error=True
         )
+        # Read under the state the tree was built in (a tensor's dispatch keys).
+        spec = light_guard_spec(GuardReading(kept, check_fn, output_graph, capture.local_scope))
+        remember_light_guards(check_fn.guard_manager, spec)
     if check_fn.guards_state is None:
         raise RuntimeError("Dynamo produced no serializable guard state")
     return check_fn.guard_manager, check_fn.guards_state

@@ -1,206 +1,70 @@
-"""Light guards, at save: Dynamo's guard tree read into a plain spec (lists and dicts)."""
+"""Light guards, at precompile: Dynamo's guards read, by their types, into a plain spec.
+
+The spec (lists and dicts, saved in the file) is what :mod:`.lean.light_guards`
+turns into a plain-Python check that runs without importing torch._dynamo; when
+that check fails, Dynamo's own guard manager is rebuilt and decides. It is read
+from typed objects only, never from Dynamo's debug text:
+
+- the shape of Dynamo's C++ guard tree: each node's manager type, its accessors'
+  types and its leaf guards' types (``type(leaf).__name__``);
+- the Dynamo ``Source`` of each node (``LocalSource``, ``AttrSource``,
+  ``DictGetItemSource``, ...), found by the source name the node was built for,
+  which gives each step from a value to its child;
+- the kept ``Guard`` objects (their ``create_fn`` and its arguments) and the
+  state the ``CheckFunctionManager`` recorded (global state, the captured torch
+  function mode stack, the default device, the tensors that must not alias,
+  the shape guards' Python code);
+- the live values of the capture's frame locals (``self`` and the example
+  inputs), where each guard's expected value comes from: Dynamo checked that
+  its guards pass on them when it built them.
+
+It is at least as strict as Dynamo's check: a manager, accessor, source or leaf
+kind not known here, or a leaf that no kept guard accounts for, means no light
+guards (the full path decides every call).
+"""
 
 from __future__ import annotations
 
 import ast
 import collections
+import dataclasses
 import logging
-import re
+import weakref
+from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from .._config_standin import is_config
-from .dtensor_guard_spec import dtensor_leaf
-from .lean import LIGHT_TYPES, frame_local, named_class, shape_expr_ok
-
-# Light guards: Dynamo's guard tree, translated at save time into a plain-Python
-# check that is at least as strict as Dynamo's (any leaf or accessor we do not
-# know means no light guards). At load it runs without importing torch._dynamo;
-# when it fails, Dynamo's own guard manager is built and decides.
-
-_TENSOR_RE = re.compile(
-    r"check_tensor\((?P<src>.*?), (?P<cls>\w+), (?P<keys>DispatchKeySet\([^)]*\)), "
-    r"torch\.(?P<dtype>\w+), device=(?P<dev>None|\d+), requires_grad=(?P<rg>True|False), "
-    r"size=\[(?P<size>[^\]]*)\], stride=\[(?P<stride>[^\]]*)\]\)"
-)
-_SAVED_TENSOR_HOOKS_GUARD = (
-    "torch._functorch.aot_autograd.utils.top_saved_tensors_hooks ids == None"
+from . import dtensor_guard_spec  # noqa: F401  (registers tensor parallelism's readers)
+from .lean import shape_expr_ok
+from .light_guard_leaves import (
+    LEAF_READERS,
+    MISSING,
+    LeafNode,
+    NoLightGuards,
+    guard_kind,
+    read_contains,
 )
 
-
-class _NoLightGuards(Exception):
-    """A guard the light check cannot express."""
+log = logging.getLogger("torch_precompile")
 
 
-def _code_part(leaf: Any) -> str:
-    # One expression, possibly recorded once per place that needed it.
-    parts = {part.split("  #", 1)[0].strip() for part in leaf.verbose_code_parts()}
-    if len(parts) != 1:
-        raise _NoLightGuards(f"{type(leaf).__name__} with {len(parts)} different code parts")
-    return parts.pop()
+@dataclasses.dataclass(frozen=True)
+class GuardReading:
+    """What one capture's light guards are read from (all typed, all live).
+
+    ``guards``: the Guard objects Dynamo built its tree from (after the filter);
+    ``check_fn``: Dynamo's CheckFunctionManager; ``output_graph``: the capture's
+    (its guards state); ``local_scope``: the capture's frame locals.
+    """
+
+    guards: Sequence[Any]
+    check_fn: Any
+    output_graph: Any
+    local_scope: dict[str, Any]
 
 
-def _rhs_after(text: str, op: str) -> Any:
+# --- accessors: the step from a node's value to a child's, by the accessor's type ---
 
-    if op not in text:
-        raise _NoLightGuards(text)
-    rhs = text.rsplit(op, 1)[1].strip()
-    try:
-        node = ast.parse(rhs, mode="eval").body
-        if (  # device(type='cuda', index=0): a StaticCache layer's device
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "device"
-            and not node.args
-        ):
-            return torch.device(**{k.arg: ast.literal_eval(k.value) for k in node.keywords})
-        return ast.literal_eval(node)
-    except (ValueError, SyntaxError, TypeError, RuntimeError) as exc:  # not a literal
-        raise _NoLightGuards(f"{text}: {exc}") from None
-
-
-def _light_leaf(leaf: Any, value: Any, has_value: bool) -> list[Any]:
-    kind = type(leaf).__name__
-    if kind == "DIMENSION_DYNAMIC_MARKING_GUARD":
-        attrs = []
-        dynamic: list[int] | None = None
-        for part in leaf.verbose_code_parts():
-            m = re.match(r"hasattr\(.*, '(_dynamo_\w+)'\) == False(\s|$)", part)
-            if m is not None:
-                attrs.append(m.group(1))
-                continue
-            # A dimension marked dynamic at capture: later marks may only be a subset.
-            m = re.match(
-                r"\(\(getattr\(.*, '_dynamo_dynamic_indices', set\(\)\)\.issubset\("
-                r"(\{[\d, ]*\}|set\(\))\)\) if hasattr\(.*, '_dynamo_dynamic_indices'\) "
-                r"else True\)(\s|$)",
-                part,
-            )
-            if m is None or dynamic is not None:
-                raise _NoLightGuards(part)
-            dynamic = sorted(int(x) for x in re.findall(r"\d+", m.group(1)))
-        if dynamic is not None:
-            return ["no_dynamic_marking", attrs, dynamic]
-        return ["no_dynamic_marking", attrs]
-    text = _code_part(leaf)
-    dtensor = dtensor_leaf(kind, text, value, has_value)  # tensor parallelism's guards
-    if dtensor is not None:
-        return dtensor
-    if kind == "NO_HASATTR":
-        m = re.fullmatch(
-            r"(?:not hasattr\(.*, '(\w+)'\))|(?:hasattr\(.*, '(\w+)'\) == False)", text
-        )
-        if m is None:
-            raise _NoLightGuards(text)
-        name = m.group(1) or m.group(2)
-        if name.startswith("_dynamo_"):  # torch 2.11 spells dynamic-marking checks one per leaf
-            return ["no_dynamic_marking", [name]]
-        return ["no_attr", name]
-    if kind == "TENSOR_MATCH":
-        m = _TENSOR_RE.fullmatch(text)
-        if m is None or m["cls"] not in ("Tensor", "Parameter"):
-            raise _NoLightGuards(text)
-        # None: a dynamic dimension (its range is an epilogue shape guard).
-        size = [_dim(x) for x in m["size"].split(",") if x.strip()]
-        stride = [_dim(x) for x in m["stride"].split(",") if x.strip()]
-        device = None if m["dev"] == "None" else int(m["dev"])  # None: the CPU
-        leaf = ["tensor", m["cls"], m["keys"], m["dtype"], m["rg"] == "True", size, stride]
-        return [*leaf, device] if device is not None else leaf
-    prefix = "check_no_aliasing("
-    if kind == "NO_TENSOR_ALIASING" and text.startswith(prefix) and text.endswith(")"):
-        return ["no_aliasing", [s.strip() for s in text[len(prefix) : -1].split(", ")]]
-    if kind == "OBJECT_ALIASING":  # two sources must be one object (torch 2.14 emits it)
-        sources = [s.strip() for s in text.split(" is ")]
-        if len(sources) != 2 or not all(sources):
-            raise _NoLightGuards(text)
-        return ["same_object", sources]
-    if kind == "TYPE_MATCH":
-        m = re.search(r"type=<class '([\w.]+)'>", leaf.verbose_code_parts()[0])
-        if m is not None and m.group(1) in LIGHT_TYPES:
-            return ["type", m.group(1)]
-        # Another class: checked by identity with the class of that name, which the
-        # object's own module (imported, since the object exists) defines.
-        if m is not None and not has_value:  # an input (a cache): its class, by the guard's id
-            found = _class_of_id(m.group(1), text)
-            if found is None:
-                raise _NoLightGuards(f"{text}: the class cannot be found by its name")
-            return ["class", *found]
-        cls = type(value)
-        if m is None or not has_value or f"{cls.__module__}.{cls.__qualname__}" != m.group(1):
-            raise _NoLightGuards(text)
-        named = named_class(cls.__module__, cls.__qualname__)
-        if "<locals>" in cls.__qualname__ or named is not cls:
-            raise _NoLightGuards(f"{text}: the class cannot be found by its name")
-        return ["class", cls.__module__, cls.__qualname__]
-    if kind == "EQUALS_MATCH":
-        expected = _rhs_after(text, " == ")
-        if has_value and not (type(value) is type(expected) and value == expected):
-            raise _NoLightGuards(f"{text}: the saved model does not satisfy it")
-        return ["equals", expected]
-    if kind in ("NONE_MATCH", "TRUE_MATCH", "FALSE_MATCH"):
-        return ["is", {"NONE_MATCH": None, "TRUE_MATCH": True, "FALSE_MATCH": False}[kind]]
-    if kind in ("LENGTH_CHECK", "DICT_LENGTH"):
-        # Dynamo writes an expected length of 0 as ``not <source>`` (module hook dicts).
-        if text.startswith("not ") and " == " not in text:
-            return ["len", 0]
-        return ["len", int(_rhs_after(text, " == "))]
-    if kind == "DICT_CONTAINS":
-        m = re.fullmatch(r"(not )?___dict_contains\((.+?), .*\)", text)
-        if m is None:
-            raise _NoLightGuards(text)
-
-        return ["contains", ast.literal_eval(m.group(2)), m.group(1) is None]
-    if kind == "SET_CONTAINS":
-        m = re.fullmatch(r"(not )?set\.__contains__\((.+?), (.*)\)", text)
-        if m is None:
-            raise _NoLightGuards(text)
-        return ["contains", ast.literal_eval(m.group(3)), m.group(1) is None]
-    if kind == "GLOBAL_STATE" and " against " in text:
-        return ["global_state", text.split(" against ", 1)[1]]
-    if kind == "TORCH_FUNCTION_MODE_STACK" and torch._C._len_torch_function_stack() == 0:
-        # The guard passed at build time with an empty stack, so it expects an empty stack.
-        return ["no_torch_function_mode"]
-    if kind == "DEFAULT_DEVICE" and text.replace(" ", "") == "utils_device.CURRENT_DEVICE==None":
-        return ["no_default_device"]
-    if kind == "LAMBDA_GUARD" and text == _SAVED_TENSOR_HOOKS_GUARD:
-        return ["no_saved_tensor_hooks"]
-    raise _NoLightGuards(f"{kind}: {text}")
-
-
-def _dim(text: str) -> int | None:
-    text = text.strip()
-    return None if text == "None" else int(text)
-
-
-def _is_frame_local(node: dict[str, Any]) -> bool:
-    """Whether a guard node's source is a frame local itself (``L['kwargs']``)."""
-    try:
-        return frame_local(ast.parse(node["source"], mode="eval").body)
-    except SyntaxError:
-        return False
-
-
-def _shape_guards(root: Any) -> list[str]:
-    """Dynamo's epilogue shape guards as checked Python expressions."""
-
-    exprs = []
-    for guard in root.get_epilogue_lambda_guards():
-        if type(guard).__name__ != "LAMBDA_GUARD":
-            raise _NoLightGuards(f"epilogue guard {type(guard).__name__}")
-        for part in guard.verbose_code_parts():
-            expr = part.split("  #", 1)[0].strip()
-            try:
-                tree = ast.parse(expr, mode="eval")
-            except SyntaxError as exc:
-                raise _NoLightGuards(f"epilogue guard {expr!r}") from exc
-            if not shape_expr_ok(tree):
-                raise _NoLightGuards(f"epilogue guard {expr!r}")
-            exprs.append(expr)
-    return exprs
-
-
-# Accessors Dynamo prints without an argument, as steps.
 _BARE_STEPS: dict[str, list[Any]] = {
     "GetGenericDictGuardAccessor": ["vars"],
     "FuncDefaultsGuardAccessor": ["attr", "__defaults__"],
@@ -209,37 +73,55 @@ _BARE_STEPS: dict[str, list[Any]] = {
 }
 
 
-def _light_step(accessor: Any) -> list[Any]:
+def _key_of(source: Any) -> Any:
+    """The key a dict or sequence item accessor reads, from the child's typed source."""
+    from torch._dynamo.source import (
+        AttrSource,
+        DefaultsSource,
+        DictGetItemSource,
+        GetItemSource,
+    )
+
+    if isinstance(source, (DictGetItemSource, GetItemSource)):
+        if getattr(source, "index_is_slice", False):
+            raise NoLightGuards("a slice")
+        key = source.index
+    elif isinstance(source, AttrSource):  # an attribute read from the object's __dict__
+        key = source.member
+    elif isinstance(source, DefaultsSource):
+        key = source.idx_key
+    else:
+        raise NoLightGuards(f"an item read by a {type(source).__name__}")
+    if type(key) not in (str, int):
+        raise NoLightGuards(f"a key of type {type(key).__name__}")
+    return key
+
+
+def _step(accessor: Any, source: Any) -> list[Any]:
     """One accessor of the tree as a step from a value to its child: ``["local",
     name]``, ``["item", key]``, ``["attr", name]`` (``getattr``), ``["oattr", name]``
     (``object.__getattribute__``) or ``["vars"]``."""
-    text = accessor.repr()
-    if text in _BARE_STEPS:
-        return list(_BARE_STEPS[text])
-    m = re.fullmatch(r"(\w+)\((.*)\)", text, re.S)
-    if m is None:
-        raise _NoLightGuards(text)
-    kind, arg = m.groups()
-    if kind == "FrameLocalsGuardAccessor":
-        km = re.match(r"key=('(?:[^'\\]|\\.)*')", arg)
-        if km is None:
-            raise _NoLightGuards(text)
-        return ["local", ast.literal_eval(km.group(1))]
+    from torch._dynamo.source import GenericAttrSource, LocalSource
+
+    kind = type(accessor).__name__
+    if kind in _BARE_STEPS:
+        return list(_BARE_STEPS[kind])
+    if kind == "GetAttrGuardAccessor":
+        return ["attr", str(accessor.get_attr_name())]
+    if source is None:
+        raise NoLightGuards(f"{kind} to a node without a known source")
+    if kind == "FrameLocalsGuardAccessor" and type(source) is LocalSource:
+        return ["local", source.local_name]
+    if kind == "GenericGetAttrGuardAccessor" and type(source) is GenericAttrSource:
+        return ["oattr", source.member]
     if kind in ("DictGetItemGuardAccessor", "GetItemGuardAccessor"):
-        key = ast.literal_eval(arg)
-        if type(key) not in (str, int):
-            raise _NoLightGuards(text)
-        return ["item", key]
+        return ["item", _key_of(source)]
     if kind in ("TupleGetItemGuardAccessor", "ListGetItemGuardAccessor"):
-        return ["item", int(arg)]
-    if kind in ("GetAttrGuardAccessor", "GenericGetAttrGuardAccessor"):
-        if not re.fullmatch(r"\w+", arg):
-            raise _NoLightGuards(text)
-        return ["attr" if kind == "GetAttrGuardAccessor" else "oattr", arg]
-    raise _NoLightGuards(text)
-
-
-_MISSING = object()
+        key = _key_of(source)
+        if type(key) is not int:
+            raise NoLightGuards(f"{kind} with a {type(key).__name__} index")
+        return ["item", key]
+    raise NoLightGuards(f"{kind} to a {type(source).__name__}")
 
 
 def _apply_step(step: list[Any], value: Any) -> Any:
@@ -253,88 +135,210 @@ def _apply_step(step: list[Any], value: Any) -> Any:
     return value[step[1]]  # "local" or "item"
 
 
-def _light_node(manager: Any, value: Any) -> dict[str, Any]:
-    has_value = value is not _MISSING
-    node: dict[str, Any] = {
-        "source": manager.get_source(),
-        "leaves": [_light_leaf(leaf, value, has_value) for leaf in manager.get_leaf_guards()],
-        "children": [],
-    }
-    kind = type(manager).__name__
-    if kind == "DictGuardManager":
+# --- the tree ---
+
+
+class _Reader:
+    """Reads one guard tree, with the typed guards and the live values of a capture."""
+
+    def __init__(self, reading: GuardReading) -> None:
+        from torch._dynamo.source import AttrSource, ChainedSource, NNModuleSource
+
+        self.guards = list(reading.guards)
+        self.check_fn = reading.check_fn
+        self.output_graph = reading.output_graph
+        self.local_scope = reading.local_scope
+        self.sources: dict[str, Any] = {}
+        self.by_source: dict[str, list[Any]] = {}
+        # Pairs of sources that must be one object: from DUPLICATE_INPUT guards (a
+        # leaf on both, or one epilogue lambda if Dynamo's config says so) and from
+        # AOTAutograd's guards (always leaves).
+        self.same_object: list[tuple[str, str]] = []
+        self.same_object_aot: list[tuple[str, str]] = []
+        for guard in self.guards:
+            source = guard.originating_source
+            kind = guard_kind(guard)
+            if isinstance(source, NNModuleSource):  # the module itself: one node
+                source = source.base
+            if source is not None:
+                self.by_source.setdefault(source.name, []).append(guard)
+            if kind == "DUPLICATE_INPUT":
+                other = guard.create_fn.keywords["source_b"]
+                self.same_object.append((other.name, source.name))
+                self._add_source(other, ChainedSource, NNModuleSource)
+            attr = (getattr(guard.create_fn, "keywords", None) or {}).get("attr")
+            if kind == "HASATTR" and isinstance(attr, str) and source is not None:
+                # An attribute that exists: Dynamo reads it with an accessor (which
+                # fails where it is missing) on a source of its own.
+                self._add_source(AttrSource(source, attr), ChainedSource, NNModuleSource)
+            self._add_source(source, ChainedSource, NNModuleSource)
+        for expr in getattr(reading.output_graph, "aotautograd_guards", ()):
+            a, b = getattr(expr, "input_source_a", None), getattr(expr, "input_source_b", None)
+            if a is None or b is None:
+                raise NoLightGuards(f"an AOTAutograd guard {type(expr).__name__}")
+            self.same_object_aot.append((a.name, b.name))
+
+    def same_object_in_epilogue(self) -> bool:
+        from torch._dynamo import config
+
+        return bool(self.same_object) and bool(
+            getattr(config, "use_lamba_guard_for_object_aliasing", False)
+        )
+
+    def same_object_leaves(self) -> list[tuple[str, str]]:
+        pairs = self.same_object_aot + ([] if self.same_object_in_epilogue() else self.same_object)
+        unique: dict[frozenset[str], tuple[str, str]] = {}
+        for pair in pairs:
+            unique.setdefault(frozenset(pair), pair)
+        return list(unique.values())
+
+    def _add_source(self, source: Any, chained: type, module: type) -> None:
+        while source is not None:
+            if not isinstance(source, module):  # NNModuleSource: its base's name
+                self.sources.setdefault(source.name, source)
+            source = source.base if isinstance(source, chained) else None
+
+    def node(self, manager: Any, value: Any, guards: list[Any] | None = None) -> dict[str, Any]:
+        """The spec of one node; ``guards``: those whose leaves sit on it, if not
+        the guards on its own source."""
+        name = str(manager.get_source())
+        kind = type(manager).__name__
+        if guards is None:
+            guards = self.by_source.get(name, [])
+            if kind == "RootGuardManager":  # and the guards on the process's state
+                guards = guards + self.by_source.get("", [])
+        node = LeafNode(name, self.sources.get(name), value, guards, kind == "RootGuardManager")
+        counts: dict[str, int] = {}
+        for leaf in manager.get_leaf_guards():
+            counts[type(leaf).__name__] = counts.get(type(leaf).__name__, 0) + 1
+        leaves: list[list[Any]] = []
+        if counts.get("DICT_CONTAINS", 0) + counts.get("SET_CONTAINS", 0):
+            n = counts.pop("DICT_CONTAINS", 0) + counts.pop("SET_CONTAINS", 0)
+            found = read_contains(node, n, self)
+            if len(found) != n:
+                raise NoLightGuards(f"{name}: {n} contains leaves, {len(found)} guards")
+            leaves.extend(found)
+        for leaf_kind, n in counts.items():
+            read = LEAF_READERS.get(leaf_kind)
+            if read is None:
+                raise NoLightGuards(f"{name}: a {leaf_kind} guard")
+            leaves.extend(read(node, n, self))
+        spec: dict[str, Any] = {"source": name, "leaves": leaves, "children": []}
+        if kind == "DictGuardManager":
+            spec["dict"] = self._dict(manager, node)
+        elif kind not in ("GuardManager", "RootGuardManager"):
+            raise NoLightGuards(kind)
+        for accessor, child in zip(manager.get_accessors(), manager.get_child_managers()):
+            child_name = str(child.get_source())
+            try:
+                step = _step(accessor, self.sources.get(child_name))
+            except NoLightGuards as exc:
+                raise NoLightGuards(f"{child_name}: {exc}") from None
+            try:
+                child_value = _apply_step(step, value) if value is not MISSING else MISSING
+            except (KeyError, AttributeError, TypeError, IndexError):
+                child_value = MISSING
+            # A module's ``__dict__`` node holds the leaves of its module's
+            # NOT_PRESENT_IN_GENERIC_DICT guards.
+            sub = self.node(
+                child,
+                child_value,
+                [g for g in guards if guard_kind(g) == "NOT_PRESENT_IN_GENERIC_DICT"]
+                if step == ["vars"]
+                else None,
+            )
+            if step[0] in ("attr", "oattr") and not (
+                sub["leaves"] or sub["children"] or "dict" in sub
+            ):
+                # Nothing is checked below the attribute (torch 2.11 reads a container's
+                # ``__iter__`` this way, which a stand-in module does not have); Dynamo's
+                # manager, rebuilt from the saved guards, does not check it either.
+                continue
+            spec["children"].append([step, sub])
+        return spec
+
+    def _dict(self, manager: Any, node: LeafNode) -> dict[str, Any]:
+        value = node.need_value()
         # A config that is a dict may be its stand-in: its type is a config type, not
         # saved (the values read from it are).
-        config = has_value and isinstance(value, dict) and is_config(value)
-        if not has_value and not manager.get_key_value_managers() and _is_frame_local(node):
-            # ``**kwargs`` read as empty: Dynamo guards each key of a frame-local dict it
-            # iterates, so a dict guard with none guards an empty dict.
-            value, has_value = {}, True
+        config = isinstance(value, dict) and is_config(value)
         # A module's hook dict (non-empty under parallelize_module) is an OrderedDict.
-        ordered = has_value and type(value) is collections.OrderedDict
-        if not has_value or (type(value) is not dict and not config and not ordered):
-            raise _NoLightGuards(f"dict guard on {node['source']} without its saved value")
+        ordered = type(value) is collections.OrderedDict
+        if type(value) is not dict and not config and not ordered:
+            raise NoLightGuards(f"dict guard on {node.name}: a {type(value).__name__}")
         entries = manager.get_key_value_managers()
         if len(entries) != len(value):
-            raise _NoLightGuards(f"dict guard on {node['source']} covers part of the dict")
+            raise NoLightGuards(f"dict guard on {node.name} covers part of the dict")
         keys, values = list(value), list(value.values())
-        node["dict"] = {
+        return {
             **({"config": True} if config else {}),
             **({"ordered": True} if ordered else {}),
             "size": len(value),
             "entries": [
                 [
                     int(i),
-                    _light_node(k, keys[i]) if k is not None else None,
-                    _light_node(v, values[i]) if v is not None else None,
+                    self.node(k, keys[i]) if k is not None else None,
+                    self.node(v, values[i]) if v is not None else None,
                 ]
                 for i, (k, v) in sorted(entries.items())
             ],
         }
-    elif kind not in ("GuardManager", "RootGuardManager"):
-        raise _NoLightGuards(kind)
-    for accessor, child in zip(manager.get_accessors(), manager.get_child_managers()):
-        step = _light_step(accessor)
-        try:
-            child_value = _apply_step(step, value) if has_value else _MISSING
-        except (KeyError, AttributeError, TypeError, IndexError):
-            child_value = _MISSING
-        sub = _light_node(child, child_value)
-        if step[0] in ("attr", "oattr") and not (sub["leaves"] or sub["children"] or "dict" in sub):
-            # Nothing is checked below the attribute (torch 2.11 reads a container's
-            # ``__iter__`` this way, which a stand-in module does not have); Dynamo's
-            # manager, rebuilt from the saved guards, does not check it either.
-            continue
-        node["children"].append([step, sub])
-    return node
+
+    def shape_guards(self, root: Any) -> list[str]:
+        """Dynamo's shape guards (its Python code), checked against the light grammar,
+        and the epilogue of the tree checked to hold nothing else."""
+        parts = self.check_fn.shape_code_parts
+        exprs = list(parts.python_code_parts.exprs) if parts is not None else []
+        for expr in exprs:
+            try:
+                tree = ast.parse(expr, mode="eval")
+            except SyntaxError as exc:
+                raise NoLightGuards(f"shape guard {expr!r}") from exc
+            if not shape_expr_ok(tree):
+                raise NoLightGuards(f"shape guard {expr!r}")
+        # The epilogue holds the shape guards' lambda and (torch 2.13) one lambda
+        # for the objects that must be the same: ``b is a``, in Dynamo's source
+        # names (Python code Dynamo evaluates, as the shape guards are).
+        epilogue = [type(g).__name__ for g in root.get_epilogue_lambda_guards()]
+        allowed = (1 if exprs else 0) + (1 if self.same_object_in_epilogue() else 0)
+        if self.same_object_in_epilogue():
+            aliasing = [f"{b} is {a}" for b, a in self.same_object]
+            if not all(shape_expr_ok(ast.parse(e, mode="eval")) for e in aliasing):
+                raise NoLightGuards(f"object aliasing {aliasing}")
+            exprs = exprs + aliasing
+        if any(kind != "LAMBDA_GUARD" for kind in epilogue) or len(epilogue) > allowed:
+            raise NoLightGuards(f"epilogue guards {epilogue}")
+        return exprs
 
 
-def _class_of_id(dotted: str, text: str) -> tuple[str, str] | None:
-    """``(module, qualname)`` of the class a TYPE_MATCH guard on an input expects:
-    the class named ``dotted`` in an imported module whose id is the guard's (an
-    input's class is imported in the capturing process, and in any process that
-    passes such an input)."""
-    m = re.search(r"___check_type_id\(.*, (\d+)\)", text)
-    if m is None:
-        return None
-    parts = dotted.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        module, qualname = ".".join(parts[:i]), ".".join(parts[i:])
-        cls = named_class(module, qualname)
-        if isinstance(cls, type) and id(cls) == int(m.group(1)) and "<locals>" not in qualname:
-            return module, qualname
-    return None
-
-
-def light_guard_spec(guard_manager: Any, bound_self: Any) -> dict[str, Any] | None:
+def light_guard_spec(reading: GuardReading) -> dict[str, Any] | None:
     """Dynamo's guard tree as plain data the light check runs, or None if it cannot."""
     try:
-        root = guard_manager.root
-        shape_guards = _shape_guards(root)
-        f_locals = {"self": bound_self} if bound_self is not None else {}
-        spec = _light_node(root, f_locals)
+        reader = _Reader(reading)
+        root = reading.check_fn.guard_manager.root
+        shape_guards = reader.shape_guards(root)
+        spec = reader.node(root, dict(reading.local_scope))
         if shape_guards:
             spec["shape_guards"] = shape_guards  # absent: no dynamic shapes (older files)
         return spec
-    except Exception as exc:  # _NoLightGuards, or a code part we could not parse
-        logging.getLogger("torch_precompile").debug("no light guards: %s", exc)
+    except Exception as exc:  # NoLightGuards, or a guard whose value cannot be read
+        log.debug("no light guards: %s: %s", type(exc).__name__, exc, exc_info=True)
         return None
+
+
+# The spec of each guard manager built at precompile, until it is saved (a
+# manager rebuilt from a file has none: its light guards are the file's).
+_SPECS: weakref.WeakKeyDictionary[Any, dict[str, Any] | None] = weakref.WeakKeyDictionary()
+
+
+def remember_light_guards(guard_manager: Any, spec: dict[str, Any] | None) -> None:
+    _SPECS[guard_manager] = spec
+
+
+def light_guards_of(guard_manager: Any) -> dict[str, Any] | None:
+    """The light-guard spec read when ``guard_manager`` was built, or the one it was
+    loaded with (a lean load's tiered manager); None if neither."""
+    spec = _SPECS.get(guard_manager)
+    if spec is None:
+        spec = getattr(getattr(guard_manager, "light", None), "spec", None)
+    return spec

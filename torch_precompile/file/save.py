@@ -71,7 +71,7 @@ def save(
     refusals: list[str | None] = []
     slow: list[Any] = []
     for i, variant in enumerate(variants):
-        fast, refusal = _fast_sections(variant, bound)
+        fast, refusal = _fast_sections(variant)
         refusals.append(refusal)
         if fast is None:
             slow.append(variant)
@@ -185,7 +185,7 @@ def _warn_if_standin_falls_short(
 
 
 def _fast_sections(
-    artifact: PrecompiledArtifact, bound: Any
+    artifact: PrecompiledArtifact,
 ) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
     """The ``fastload`` section and kernels that let a CPU or CUDA artifact (inference
     or training, or one variant of a bundle, bound to the bundle's model) load without
@@ -197,7 +197,7 @@ def _fast_sections(
     try:
         # Kernels this process loaded from a file are read back, not rebuilt.
         with _compat.reusing_shipped_kernels():
-            return _compat.cpu_fast_sections(artifact.compiled_function, bound)
+            return _compat.cpu_fast_sections(artifact.compiled_function)
     except Exception as exc:  # never fail a save over the optional fast path
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
         return None, f"{type(exc).__name__}: {exc}"

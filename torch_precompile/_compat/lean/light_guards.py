@@ -38,6 +38,7 @@ class LightGuards:
     """
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec  # what a re-save writes again
         self._alias_groups: list[list[str]] = []  # distinct, non-overlapping tensors
         self._same_groups: list[list[str]] = []  # one object (OBJECT_ALIASING)
         self._collect_alias_groups(spec)
@@ -306,7 +307,8 @@ class LightGuards:
                     bool(requires_grad),
                     tuple(None if n is None else int(n) for n in size),
                     tuple(None if n is None else int(n) for n in stride),
-                    _dispatch_key_set_raw(keys_text),
+                    # The raw bits (an older file: the key set's repr).
+                    keys_text if type(keys_text) is int else _dispatch_key_set_raw(keys_text),
                     None if device is None else int(device),
                 )
             )

@@ -206,7 +206,7 @@ class MeshCheck:
 
 class DTensorSpecCheck:
     """Dynamo's DTensor spec guard (``_check_equals(saved, skip_shapes=True)``) against
-    the spec recorded at save (``dtensor_guard_spec.dtensor_spec_leaf``): the mesh,
+    the spec recorded at save (``dtensor_guard_spec``'s DTENSOR_SPEC_MATCH reader): the mesh,
     placements, shard order and dtype. The last spec found equal is remembered."""
 
     def __init__(self, saved: dict[str, Any]) -> None:

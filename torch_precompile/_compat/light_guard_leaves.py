@@ -1,0 +1,313 @@
+"""Light guards, at precompile: one reader per kind of Dynamo's C++ leaf guards.
+
+Each reader turns the leaves of one type on one node of Dynamo's guard tree
+into light-guard leaves (plain data :mod:`.lean.light_guards` checks). It is
+given the node (its typed source, live value and the kept guards whose leaves
+sit on it), how many leaves of its type the node holds, and the tree reader
+(Dynamo's CheckFunctionManager and the capture's output graph). The expected
+values come from the live value and the guards' arguments, never from a
+guard's debug text; a reader refuses (``NoLightGuards``) what it cannot
+express as strictly as Dynamo. A new kind is one more ``@leaf_reader``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .lean import LIGHT_TYPES, named_class
+
+MISSING = object()
+_TYPE_NAMES = {cls: name for name, cls in LIGHT_TYPES.items()}
+# Tensor attributes Dynamo's dimension-marking guard reads (a superset of any
+# supported torch's list: an attribute named here but not read by Dynamo only
+# makes the light check stricter).
+_DIM_MARKING_ATTRS = (
+    "_dynamo_dynamic_indices",
+    "_dynamo_weak_dynamic_indices",
+    "_dynamo_unbacked_indices",
+    "_dynamo_strict_unbacked_indices",
+    "_dynamo_static_indices",
+    "_dynamo_shape_ids",
+    "_dynamo_unbacked_bounds",
+)
+
+
+class NoLightGuards(Exception):
+    """A guard the light check cannot express."""
+
+
+@dataclasses.dataclass
+class LeafNode:
+    """One node of Dynamo's guard tree being read: its source, live value and guards."""
+
+    name: str
+    source: Any  # a Dynamo Source, or None for a node no source names (``__dict__``)
+    value: Any  # MISSING when it could not be read
+    guards: list[Any]  # the kept guards whose leaves sit on this node
+    is_root: bool = False
+
+    def guard_kwargs(self, *kinds: str) -> list[tuple[str, dict[str, Any]]]:
+        """(kind, keyword arguments) of this node's guards of the given builder kinds."""
+        found = []
+        for guard in self.guards:
+            kind = guard_kind(guard)
+            if kind in kinds:
+                found.append((kind, dict(getattr(guard.create_fn, "keywords", None) or {})))
+        return found
+
+    def need_value(self) -> Any:
+        if self.value is MISSING:
+            raise NoLightGuards(f"no live value for {self.name}")
+        return self.value
+
+
+def guard_kind(guard: Any) -> str:
+    """The GuardBuilder method a guard runs (``TENSOR_MATCH``), from its ``create_fn``."""
+    fn = guard.create_fn
+    fn = getattr(fn, "func", fn)  # functools.partial(GuardBuilder.X, key=...)
+    return str(getattr(fn, "__name__", ""))
+
+
+# --- leaves: one reader per C++ leaf type, given the node and how many there are ---
+
+_LeafReader = Callable[[LeafNode, int, Any], list[list[Any]]]
+LEAF_READERS: dict[str, _LeafReader] = {}
+
+
+def leaf_reader(*kinds: str) -> Callable[[_LeafReader], _LeafReader]:
+    """Register the reader of C++ leaf guards of the given types."""
+
+    def register(fn: _LeafReader) -> _LeafReader:
+        for kind in kinds:
+            LEAF_READERS[kind] = fn
+        return fn
+
+    return register
+
+
+def _one(n: int, kind: str, node: LeafNode) -> None:
+    if n != 1:
+        raise NoLightGuards(f"{n} {kind} leaves on {node.name}")
+
+
+@leaf_reader("TYPE_MATCH")
+def _type_match(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
+    cls = type(node.need_value())
+    if cls in _TYPE_NAMES:
+        return [["type", _TYPE_NAMES[cls]]]
+    # Another class: checked by identity with the class of that name, which the
+    # object's own module (imported, since the object exists) defines.
+    if "<locals>" in cls.__qualname__ or named_class(cls.__module__, cls.__qualname__) is not cls:
+        raise NoLightGuards(f"{node.name}: class {cls.__qualname__} cannot be found by its name")
+    return [["class", cls.__module__, cls.__qualname__]]
+
+
+def _literal(value: Any) -> bool:
+    """Whether ``value`` is a constant the light check can hold and compare by ``==``."""
+    if type(value) in (int, bool, str, bytes, type(None), torch.device):
+        return True
+    if type(value) is float:
+        return value == value  # NaN: Dynamo guards it otherwise
+    if type(value) in (tuple, list, frozenset, set):
+        return all(_literal(v) for v in value)
+    return False
+
+
+def _placement(value: Any) -> bool:
+    """A DTensor placement (``Shard(dim=-1)``, a ParallelStyle's layout read by its
+    hook): held as it is, compared by type and ``==`` at load."""
+    return type(value).__module__ == "torch.distributed.tensor.placement_types"
+
+
+@leaf_reader("EQUALS_MATCH")
+def _equals(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
+    value = node.need_value()
+    if not (_literal(value) or _placement(value)):
+        raise NoLightGuards(f"{node.name}: equality with a {type(value).__name__}")
+    return [["equals", value]]
+
+
+@leaf_reader("NONE_MATCH", "TRUE_MATCH", "FALSE_MATCH")
+def _is_constant(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
+    value = node.need_value()
+    if type(value) not in (type(None), bool):
+        raise NoLightGuards(f"{node.name}: identity with a {type(value).__name__}")
+    return [["is", value]]
+
+
+@leaf_reader("LENGTH_CHECK", "DICT_LENGTH")
+def _length(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
+    return [["len", len(node.need_value())]]
+
+
+@leaf_reader("TENSOR_MATCH")
+def _tensor(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
+    _one(n, "TENSOR_MATCH", node)
+    value = node.need_value()
+    if type(value) not in (torch.Tensor, torch.nn.Parameter):
+        raise NoLightGuards(f"{node.name}: a {type(value).__name__}")
+    sizes_strides = reader.output_graph.input_source_to_sizes_strides
+    found = [g for g in node.guards if guard_kind(g) == "TENSOR_MATCH"]
+    metadata = sizes_strides.get(found[0].originating_source) if found else None
+    if metadata is None:
+        raise NoLightGuards(f"{node.name}: no recorded sizes and strides")
+    # None: a dynamic dimension (its range is a shape guard).
+    size, stride = (_concrete(metadata["size"]), _concrete(metadata["stride"]))
+    if value.device.type == "cpu":
+        device = None
+    elif value.device.type == "cuda":
+        device = value.device.index
+    else:
+        raise NoLightGuards(f"{node.name}: device {value.device}")
+    # The keys Dynamo's TensorCheck records: the tensor's, under this thread's state.
+    keys = (
+        torch._C._dispatch_keys(value) | torch._C._dispatch_tls_local_include_set()
+    ) - torch._C._dispatch_tls_local_exclude_set()
+    cls = "Parameter" if type(value) is torch.nn.Parameter else "Tensor"
+    dtype = str(value.dtype).removeprefix("torch.")
+    leaf = ["tensor", cls, keys.raw_repr(), dtype, value.requires_grad, size, stride]
+    return [[*leaf, device] if device is not None else leaf]
+
+
+def _concrete(dims: Sequence[Any]) -> list[int | None]:
+    out: list[int | None] = []
+    for dim in dims:
+        if isinstance(dim, torch.SymInt):
+            dim = dim.node.maybe_as_int()
+        if dim is not None and type(dim) is not int:
+            raise NoLightGuards(f"a dimension of type {type(dim).__name__}")
+        out.append(dim)
+    return out
+
+
+@leaf_reader("DIMENSION_DYNAMIC_MARKING_GUARD")
+def _dim_marking(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
+    _one(n, "DIMENSION_DYNAMIC_MARKING_GUARD", node)
+    value = node.need_value()
+    present = [a for a in _DIM_MARKING_ATTRS if hasattr(value, a)]
+    if set(present) - {"_dynamo_dynamic_indices"}:
+        raise NoLightGuards(f"{node.name}: marked {present}")
+    absent = [a for a in _DIM_MARKING_ATTRS if a not in present]
+    if not present:
+        return [["no_dynamic_marking", absent]]
+    # A dimension marked dynamic at capture: later marks may only be a subset.
+    dynamic = sorted(int(d) for d in value._dynamo_dynamic_indices)
+    return [["no_dynamic_marking", absent, dynamic]]
+
+
+@leaf_reader("NO_HASATTR")
+def _no_hasattr(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
+    value = node.need_value()
+    attrs = sorted(
+        {
+            kw["attr"]
+            for _, kw in node.guard_kwargs("HASATTR")
+            if isinstance(kw.get("attr"), str) and not hasattr(value, kw["attr"])
+        }
+    )
+    leaves: list[list[Any]] = [["no_attr", a] for a in attrs]
+    if n > len(attrs) and node.guard_kwargs("TENSOR_MATCH"):
+        # torch 2.11 writes a tensor's dimension-marking check as one leaf per
+        # attribute: all of them are checked absent (a superset: stricter).
+        marked = [a for a in _DIM_MARKING_ATTRS if hasattr(value, a)]
+        if marked:
+            raise NoLightGuards(f"{node.name}: marked {marked}")
+        if n > len(attrs) + len(_DIM_MARKING_ATTRS):
+            raise NoLightGuards(f"{node.name}: {n} NO_HASATTR leaves")
+        return [*leaves, ["no_dynamic_marking", list(_DIM_MARKING_ATTRS)]]
+    if len(attrs) != n:
+        raise NoLightGuards(f"{node.name}: {n} NO_HASATTR leaves, {len(attrs)} guards")
+    return leaves
+
+
+@leaf_reader("DICT_CONTAINS", "SET_CONTAINS")
+def read_contains(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
+    value = node.need_value()
+    kinds = ("DICT_CONTAINS", "DICT_NOT_CONTAINS", "SET_CONTAINS", "SET_NOT_CONTAINS")
+    keys = {}
+    for kind, kw in node.guard_kwargs(*kinds, "NOT_PRESENT_IN_GENERIC_DICT"):
+        key = kw.get("attr" if kind == "NOT_PRESENT_IN_GENERIC_DICT" else "key", MISSING)
+        if not _literal(key) or isinstance(key, (list, set)):
+            raise NoLightGuards(f"{node.name}: {kind} on a {type(key).__name__}")
+        keys[key] = key in value  # Dynamo's guard passed on the live value
+    # Leaves of both types are counted together here and in the caller.
+    return [["contains", key, present] for key, present in keys.items()]
+
+
+@leaf_reader("NO_TENSOR_ALIASING")
+def _no_aliasing(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
+    sources = list(reader.check_fn.guard_manager.no_tensor_aliasing_sources)
+    if node.name not in sources:
+        raise NoLightGuards(f"{node.name}: an aliasing guard on an unlisted tensor")
+    return [["no_aliasing", sources]]
+
+
+@leaf_reader("OBJECT_ALIASING")
+def _object_aliasing(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
+    pairs = [p for p in reader.same_object_leaves() if node.name in p]
+    if len(pairs) != n:
+        raise NoLightGuards(f"{node.name}: {n} OBJECT_ALIASING leaves, {len(pairs)} guards")
+    return [["same_object", list(p)] for p in pairs]
+
+
+@leaf_reader("GLOBAL_STATE")
+def _global_state(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
+    _one(n, "GLOBAL_STATE", node)
+    state = reader.check_fn.global_state
+    if state is None:
+        raise NoLightGuards("a global state guard without its state")
+    return [["global_state", state.__getstate__()]]
+
+
+@leaf_reader("TORCH_FUNCTION_MODE_STACK")
+def _tf_stack(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
+    if reader.output_graph.torch_function_mode_stack:
+        raise NoLightGuards("torch function modes were active at capture")
+    return [["no_torch_function_mode"]]
+
+
+@leaf_reader("DEFAULT_DEVICE")
+def _default_device(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
+    if reader.output_graph.current_device is not None:
+        raise NoLightGuards("a default device was set at capture")
+    return [["no_default_device"]]
+
+
+# Dynamo's lambda leaves say nothing of themselves: each is read from the guard
+# that made it, by that guard's builder (``create_fn``), one reader per builder.
+_LambdaReader = Callable[[LeafNode, Any, Any], list[list[Any]]]
+LAMBDA_READERS: dict[str, _LambdaReader] = {}
+
+
+def lambda_reader(*kinds: str) -> Callable[[_LambdaReader], _LambdaReader]:
+    """Register the reader of the lambda leaf a guard of the given builder kinds makes."""
+
+    def register(fn: _LambdaReader) -> _LambdaReader:
+        for kind in kinds:
+            LAMBDA_READERS[kind] = fn
+        return fn
+
+    return register
+
+
+@leaf_reader("LAMBDA_GUARD")
+def _lambda(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
+    made = [g for g in node.guards if guard_kind(g) in LAMBDA_READERS]
+    if len(made) != n:
+        raise NoLightGuards(f"{node.name}: {n} lambda leaves, {len(made)} known guards")
+    return [leaf for g in made for leaf in LAMBDA_READERS[guard_kind(g)](node, g, reader)]
+
+
+@lambda_reader("AUTOGRAD_SAVED_TENSORS_HOOKS")
+def _saved_tensors_hooks(node: LeafNode, guard: Any, reader: Any) -> list[list[Any]]:
+    # Dynamo compares the hooks' ids with the capture's; the light check expects
+    # no hooks at all (stricter), so the capture must have had none.
+    if not node.is_root:
+        raise NoLightGuards(f"a saved tensors hooks guard on {node.name}")
+    if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
+        raise NoLightGuards("saved tensors hooks were active at capture")
+    return [["no_saved_tensor_hooks"]]

@@ -201,7 +201,7 @@ if isinstance(out, (tuple, list)):
 diff = (out - io["ref"]).abs().max().item()
 extra = {}
 if case == "ours":
-    extra["fast_path"] = type(fn.compiled_function).__name__ == "FastCompiledFunction"
+    extra["fast_path"] = type(fn.compiled_function).__name__ == "LeanCompiledFunction"
 print(json.dumps({"first_done": first_done, "first_call_s": first_call, "max_diff": diff,
                   "steady_s": steady(fn, args), **extra}))
 '''

@@ -353,7 +353,7 @@ with torch.no_grad():
     t = mark("first_call", t)
     first = t - T0
     heavy = [m for m in HEAVY if m in sys.modules]
-    lean = method == "ours" and type(art.compiled_function).__name__ == "FastCompiledFunction"
+    lean = method == "ours" and type(art.compiled_function).__name__ == "LeanCompiledFunction"
     for _ in range(10):
         fn()
     torch.cuda.synchronize()

@@ -69,7 +69,7 @@ if PROFILE:
     prof = cProfile.Profile()
     prof.enable()
 path, builder, training, mode = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
-LEAN_FILE = os.environ.get("CUDA_FLOW_LEAN_FILE") == "1"  # the file has a fast-load section
+LEAN_FILE = os.environ.get("CUDA_FLOW_LEAN_FILE") == "1"  # the file has a lean section
 calls = {"triton.compile": 0}
 if not LEAN_FILE:  # the full path: count Triton compiles (a lean load never imports Triton)
     import triton
@@ -103,7 +103,7 @@ model = model.cuda()
 args = tuple(a.cuda() for a in args)
 res = {"import_torch_s": T_TORCH, "import_package_s": T_PKG, "load_s": t_load,
        "lean_file": LEAN_FILE,
-       "lean_load": type(art.compiled_function).__name__ == "FastCompiledFunction"}
+       "lean_load": type(art.compiled_function).__name__ == "LeanCompiledFunction"}
 
 def fresh_input(a):
     # A new input like a: token ids, a cache position (KV cache), or values.
@@ -145,7 +145,7 @@ res["heavy_modules_after_first_call"] = [m for m in HEAVY if m in sys.modules]
 res["log"] = LOG[:10]
 res["first_heavy_imports"] = dict(FIRST_IMPORT)
 _gm = getattr(getattr(art.compiled_function, "_artifacts", None), "guard_manager", None)
-res["light_guards"] = getattr(_gm, "light", None) is not None
+res["light_guards"] = getattr(_gm, "lean_guards", None) is not None
 if PROFILE:
     prof.disable()
     import io, pstats

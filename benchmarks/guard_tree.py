@@ -1,8 +1,8 @@
-"""Print the parts of Dynamo's guard tree that the light (Dynamo-free) guards cannot express.
+"""Print the parts of Dynamo's guard tree that the lean (Dynamo-free) guards cannot express.
 
 A diagnostic for the lean load: compiles one model through ``Precompile.compile``
 and walks the compiled function's guard manager, printing, for each node the
-light-guard translation refuses, its source, accessor and leaf code parts.
+lean-guard translation refuses, its source, accessor and leaf code parts.
 
 Usage::
 
@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from torch_precompile import Precompile  # noqa: E402
-from torch_precompile._compat import light_guard_spec as spec_mod  # noqa: E402
+from torch_precompile._compat import lean_guard_spec as spec_mod  # noqa: E402
 
 
 def build(name: str, device: str) -> tuple[torch.nn.Module, tuple, dict]:
@@ -93,8 +93,8 @@ def main() -> None:
         out.append(f"epilogue {type(g).__name__}: {g.verbose_code_parts()}")
     walk(root, 0, args.all, out)
     print("\n".join(out))
-    spec = spec_mod.light_guard_spec(manager, model)
-    print("light guards:", "yes" if spec is not None else "no")
+    spec = spec_mod.lean_guard_spec(manager, model)
+    print("lean guards:", "yes" if spec is not None else "no")
 
 
 if __name__ == "__main__":

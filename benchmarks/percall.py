@@ -74,7 +74,7 @@ CHILD = textwrap.dedent(
     if cuda:  # mode="reduce-overhead": CUDA graphs (ours: recorded after a lean load)
         fns["torch.compile reduce-overhead"] = torch.compile(model, mode="reduce-overhead")
         fns["ours reduce-overhead"] = Precompile.load(f"{{work}}/{{name}}.ro.pt")
-    lean = {{k: type(getattr(f, "compiled_function", None)).__name__ == "FastCompiledFunction"
+    lean = {{k: type(getattr(f, "compiled_function", None)).__name__ == "LeanCompiledFunction"
              for k, f in fns.items()}}
     with torch.no_grad():
         ref = model(*args, **kwargs)

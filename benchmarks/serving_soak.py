@@ -76,7 +76,7 @@ SERVER = textwrap.dedent(
     start = time.perf_counter()
     art = Precompile.load(artifact)
     load_s = time.perf_counter() - start
-    fast = type(art.compiled_function).__name__ == "FastCompiledFunction"
+    fast = type(art.compiled_function).__name__ == "LeanCompiledFunction"
 
     def serve(req):
         # -> (outcome, detail): "ok", "wrong" or "error:<Type>"

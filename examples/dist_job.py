@@ -95,12 +95,12 @@ def _heavy() -> set[str]:
 
 def _lean(artifact: Any) -> bool:
     """Whether ``artifact`` was loaded by the lean path (no Dynamo, AOTAutograd, Inductor)."""
-    return type(artifact.compiled_function).__name__ == "FastCompiledFunction"
+    return type(artifact.compiled_function).__name__ == "LeanCompiledFunction"
 
 
 def _dynamo_guards(artifact: Any) -> bool:
-    """Whether Dynamo's guard manager was built for ``artifact`` (the light guards
-    could not decide a call); a lean load's light guards decide alone."""
+    """Whether Dynamo's guard manager was built for ``artifact`` (the lean guards
+    could not decide a call); a lean load's lean guards decide alone."""
     manager = artifact.compiled_function._artifacts.guard_manager
     return getattr(manager, "_full", True) is not None
 
@@ -270,13 +270,13 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
 
 
 def _light_guard_checks(out: Path, mesh: Any, world: int) -> dict[str, bool] | None:
-    """The lean load's light guards of the MLP on live models: the same layout
+    """The lean load's lean guards of the MLP on live models: the same layout
     (accepted, twice: the second time from what the first remembered), and the
     same placements on a mesh with other dimension names (refused: Dynamo's
-    DTensor and mesh guards compare the names). None: the MLP has no light guards
+    DTensor and mesh guards compare the names). None: the MLP has no lean guards
     (torch 2.11 reads them differently)."""
     manager = Precompile.load(out / "mlp.pt").compiled_function._artifacts.guard_manager
-    light = getattr(manager, "light", None)
+    light = getattr(manager, "lean_guards", None)
     if light is None:  # the lean path with Dynamo's guard manager, or the full path
         return None
     x = example_input("mlp", DEVICE)

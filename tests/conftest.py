@@ -104,7 +104,7 @@ def no_compiler_env(root: Path) -> dict[str, str]:
     cache.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
     env.pop("TORCH_PRECOMPILE_SHIPPED_KERNELS", None)
-    env.pop("TORCH_PRECOMPILE_FAST_LOAD", None)
+    env.pop("TORCH_PRECOMPILE_LEAN", None)
     env.update(
         PATH=str(bin_dir),
         CC="/bin/false",

@@ -5,7 +5,7 @@ fresh-process tests run a script with ``CC``/``CXX`` pointing at ``/bin/false``,
 a ``PATH`` holding only
 ``python`` (so no ``gcc``/``g++``/``cc``/``c++`` can be found) and an empty
 ``TORCHINDUCTOR_CACHE_DIR``; the script compares with eager and exits non-zero
-on any mismatch. PyTorch's full path (``TORCH_PRECOMPILE_FAST_LOAD=0``) runs in
+on any mismatch. PyTorch's full path (``TORCH_PRECOMPILE_LEAN=0``) runs in
 that environment too, with the shipped kernels; with them turned off
 (``TORCH_PRECOMPILE_SHIPPED_KERNELS=0``) it fails: the control.
 """
@@ -93,7 +93,7 @@ def test_load_needs_no_compiler(saved: dict[str, Path]) -> None:
             out2 = art(io["other"])
         torch.testing.assert_close(out, io["expected"], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(out2, io["expected_other"], rtol=1e-4, atol=1e-4)
-        assert type(art.compiled_function).__name__ == "FastCompiledFunction"
+        assert type(art.compiled_function).__name__ == "LeanCompiledFunction"
         compile_stack = (
             "torch._inductor.codecache", "torch._inductor.compile_fx",
             "torch._inductor.async_compile", "torch._inductor.select_algorithm",
@@ -101,7 +101,7 @@ def test_load_needs_no_compiler(saved: dict[str, Path]) -> None:
         )
         heavy = [m for m in compile_stack if m in sys.modules]
         assert not heavy, heavy
-        # The light guards checked both calls; Dynamo was never imported.
+        # The lean guards checked both calls; Dynamo was never imported.
         assert "torch._dynamo" not in sys.modules
         try:
             with torch.no_grad():
@@ -120,11 +120,11 @@ def test_load_needs_no_compiler(saved: dict[str, Path]) -> None:
 
 
 def test_full_path_loads_the_shipped_kernels(saved: dict[str, Path], tmp_path: Path) -> None:
-    """Without the fast path, PyTorch's own deserialization runs with the shipped kernels;
+    """Without the lean path, PyTorch's own deserialization runs with the shipped kernels;
     saving that artifact again (still no compiler) ships the same kernels and fast path."""
     root = saved["root"]
     env = no_compiler_env(root)
-    env["TORCH_PRECOMPILE_FAST_LOAD"] = "0"
+    env["TORCH_PRECOMPILE_LEAN"] = "0"
     again = tmp_path / "again.pt"
     body = f"""
         import torch
@@ -150,7 +150,7 @@ def test_without_shipped_kernels_load_needs_the_compiler(saved: dict[str, Path])
     """The control experiment: PyTorch's own path, in the same environment, tries to compile."""
     root = saved["root"]
     env = no_compiler_env(root)
-    env["TORCH_PRECOMPILE_FAST_LOAD"] = "0"
+    env["TORCH_PRECOMPILE_LEAN"] = "0"
     env["TORCH_PRECOMPILE_SHIPPED_KERNELS"] = "0"
     body = f"""
         import torch
@@ -174,7 +174,7 @@ def test_fast_loaded_artifact_saves_again(saved: dict[str, Path], tmp_path: Path
         from torch_precompile import Precompile
         io = torch.load({str(saved["io"])!r})
         art = Precompile.load({str(saved["artifact"])!r})
-        assert type(art.compiled_function).__name__ == "FastCompiledFunction"
+        assert type(art.compiled_function).__name__ == "LeanCompiledFunction"
         Precompile.save({str(copy)!r}, art)
         again = Precompile.load({str(copy)!r})
         with torch.no_grad():
@@ -233,7 +233,7 @@ def _perturbations() -> dict[str, Any]:
 def test_light_guards_never_pass_what_dynamo_rejects(
     saved: dict[str, Path], tensor_check: str
 ) -> None:
-    """The light check is a sufficient condition: light passes => Dynamo's guards pass.
+    """The lean check is a sufficient condition: light passes => Dynamo's guards pass.
 
     Tensors are checked by PyTorch's C++ ``TensorGuards`` and, where that
     fails, in Python; both must reject every perturbation on their own.
@@ -243,7 +243,7 @@ def test_light_guards_never_pass_what_dynamo_rejects(
 
     def load() -> Any:
         loaded = Precompile.load(saved["artifact"])
-        light = loaded._runtime.guard_manager.light
+        light = loaded._runtime.guard_manager.lean_guards
         assert light is not None and light._tensor_guards is not None
         if tensor_check == "python":
             light._tensor_guards = None  # the Python check alone
@@ -253,7 +253,7 @@ def test_light_guards_never_pass_what_dynamo_rejects(
     tiered = art._runtime.guard_manager
     with torch.no_grad():
         f_locals = {"self": art.module, "ids": ids}
-        assert tiered.light.check(f_locals) and tiered.full.check(f_locals)
+        assert tiered.lean_guards.check(f_locals) and tiered.full.check(f_locals)
         for name, (mutate_model, new_ids) in _perturbations().items():
             fresh = load()
             if mutate_model is not None:
@@ -261,7 +261,7 @@ def test_light_guards_never_pass_what_dynamo_rejects(
             x = new_ids(ids) if new_ids is not None else ids
             f_locals = {"self": fresh.module, "ids": x}
             guards = fresh._runtime.guard_manager
-            light, full = guards.light.check(f_locals), guards.full.check(f_locals)
+            light, full = guards.lean_guards.check(f_locals), guards.full.check(f_locals)
             assert not light, name
             assert not full, f"{name}: Dynamo's guards accept it (test premise)"
             with pytest.raises(GuardError):
@@ -270,7 +270,7 @@ def test_light_guards_never_pass_what_dynamo_rejects(
         torch.set_num_threads(1 if threads > 1 else 2)
         try:
             f_locals = {"self": art.module, "ids": ids}
-            assert not tiered.light.check(f_locals)
+            assert not tiered.lean_guards.check(f_locals)
             assert not tiered.full.check(f_locals)
         finally:
             torch.set_num_threads(threads)
@@ -286,7 +286,7 @@ def test_light_guards_on_python_scalar_arguments(tmp_path: Path) -> None:
     Precompile.save(tmp_path / "scalar.pt", artifact)
     loaded = Precompile.load(tmp_path / "scalar.pt")
     guards = loaded._runtime.guard_manager
-    assert guards.light is not None
+    assert guards.lean_guards is not None
     variants = [
         (x, 0.7, n, flag),
         (x, alpha, 4, flag),
@@ -300,10 +300,10 @@ def test_light_guards_on_python_scalar_arguments(tmp_path: Path) -> None:
     with torch.no_grad():
         torch.testing.assert_close(loaded(x, alpha, n, flag), expected)
         f_locals = {"x": x, "alpha": alpha, "n": n, "flag": flag}
-        assert guards.light.check(f_locals)
+        assert guards.lean_guards.check(f_locals)
         for args in variants:
             f_locals = dict(zip(("x", "alpha", "n", "flag"), args))
-            assert not guards.light.check(f_locals), args
+            assert not guards.lean_guards.check(f_locals), args
             assert not guards.full.check(f_locals), args
             with pytest.raises(GuardError):
                 loaded(*args)
@@ -373,26 +373,26 @@ def test_kernel_directories_unused_for_two_weeks_are_pruned(
 
 
 def test_calls_under_inference_mode(saved: dict[str, Path]) -> None:
-    """Under ``torch.inference_mode()`` the light check decides as Dynamo does: normal
+    """Under ``torch.inference_mode()`` the lean check decides as Dynamo does: normal
     tensors pass (no Dynamo import needed), inference tensors are refused with a hint."""
     io = torch.load(saved["io"])
     (ids,) = io["args"]
     art = Precompile.load(saved["artifact"])
     guards = art._runtime.guard_manager
-    assert guards.light is not None
+    assert guards.lean_guards is not None
     with torch.inference_mode():
         f_locals = {"self": art.module, "ids": ids}
-        assert guards.light.check(f_locals)
+        assert guards.lean_guards.check(f_locals)
         # Dynamo's own manager, rebuilt here under inference mode: torch 2.13 recomputes
         # the expected dispatch keys under the building thread's state and accepts;
         # 2.14 keeps the capture's keys and refuses (torch.compile would recompile).
-        # The light check accepts on both: the inference graph computes the same values.
+        # The lean check accepts on both: the inference graph computes the same values.
         assert guards.full.check(f_locals) == (torch.__version__ < "2.14")
         torch.testing.assert_close(art(ids), io["expected"], rtol=1e-4, atol=1e-4)
         made_here = ids.clone()
         assert made_here.is_inference()
         f_locals = {"self": art.module, "ids": made_here}
-        assert not guards.light.check(f_locals)
+        assert not guards.lean_guards.check(f_locals)
         assert not guards.full.check(f_locals)
         with pytest.raises(GuardError, match=r"inference tensor .* capture under"):
             art(made_here)
@@ -400,7 +400,7 @@ def test_calls_under_inference_mode(saved: dict[str, Path]) -> None:
 
 def test_artifact_captured_under_inference_mode(tmp_path: Path) -> None:
     """A capture under ``torch.inference_mode()`` serves inference tensors there, on the
-    light check; a call with normal tensors outside says where it was captured."""
+    lean check; a call with normal tensors outside says where it was captured."""
     model, (x,), _ = build_tiny_mlp()
     with torch.inference_mode():
         x_inf = x.clone()
@@ -409,22 +409,22 @@ def test_artifact_captured_under_inference_mode(tmp_path: Path) -> None:
     Precompile.save(tmp_path / "inference_mode.pt", artifact)
     loaded = Precompile.load(tmp_path / "inference_mode.pt")
     guards = loaded._runtime.guard_manager
-    assert guards.light is not None
+    assert guards.lean_guards is not None
     with torch.inference_mode():
         x_here = x.clone()
-        assert guards.light.check({"self": loaded.module, "x": x_here})
-        # Dynamo's manager, built here as the fast path builds it on need, agrees.
+        assert guards.lean_guards.check({"self": loaded.module, "x": x_here})
+        # Dynamo's manager, built here as the lean path builds it on need, agrees.
         assert guards.full.check({"self": loaded.module, "x": x_here})
         torch.testing.assert_close(loaded(x_here), expected)
     with torch.no_grad(), pytest.raises(GuardError, match=r"captured? .*inference_mode"):
         loaded(x)
 
-    # Bundled with a no_grad capture, fast-loaded: each kind of call finds its variant.
+    # Bundled with a no_grad capture, lean-loaded: each kind of call finds its variant.
     with torch.no_grad():
         plain = Precompile.compile(model, x)
     Precompile.save(tmp_path / "both.pt", Precompile.precompile([plain, artifact]))
     both = Precompile.load(tmp_path / "both.pt")
-    assert all(type(v.compiled_function).__name__ == "FastCompiledFunction" for v in both.variants)
+    assert all(type(v.compiled_function).__name__ == "LeanCompiledFunction" for v in both.variants)
     with torch.no_grad():
         torch.testing.assert_close(both(x), expected)
     with torch.inference_mode():

@@ -153,7 +153,7 @@ _FRESH = textwrap.dedent(
 
     model, (ids,), _ = build_transformer()
     art = Precompile.load(sys.argv[1])
-    lean = type(art.compiled_function).__name__ == "FastCompiledFunction"
+    lean = type(art.compiled_function).__name__ == "LeanCompiledFunction"
     steps = None
     with torch.no_grad():
         if lean:
@@ -192,7 +192,7 @@ def test_reduce_overhead_is_recorded_in_the_file(reduce_overhead_file: str) -> N
 
 
 def test_reduce_overhead_full_path_steps_generations(reduce_overhead_file: str) -> None:
-    result = script_json(_FRESH, reduce_overhead_file, TORCH_PRECOMPILE_FAST_LOAD="0")
+    result = script_json(_FRESH, reduce_overhead_file, TORCH_PRECOMPILE_LEAN="0")
     assert result["lean"] is False
     # One new CUDA-graph generation per call, as torch.compile's frame entry does.
     assert result["generation_steps"] == 3

@@ -216,7 +216,7 @@ def test_triton_kernels_run_after_a_lean_load_as_eager(tmp_path: Path, mode: str
     Precompile.save(path, art, dyn.bytecode, compiled.guards)
     torch.save({"inputs": inputs, "w": w, "expected": expected}, tmp_path / "io.pt")
     result = script_json(_FRESH, path, tmp_path / "io.pt")
-    assert result["lean"] == "FastCompiledFunction", result
+    assert result["lean"] == "LeanCompiledFunction", result
     assert result["imported"] == [], result
     if mode == "reduce-overhead":
         # Call 1 warms up, call 2 records (one graph, or one per Inductor partition)
@@ -264,7 +264,7 @@ _FRESH_CACHE = textwrap.dedent(
 @needs_cuda
 def test_reduce_overhead_with_a_static_cache_returned_loads_lean(tmp_path: Path) -> None:
     """``mode="reduce-overhead"`` on a step that writes a static cache in place and
-    returns it: the fast path after a fresh load (no compiler), CUDA graphs recorded,
+    returns it: the lean path after a fresh load (no compiler), CUDA graphs recorded,
     the returned cache is the caller's tensor, and each step equals eager's."""
     torch.manual_seed(0)
     model = _StaticCacheStep().cuda().eval()
@@ -283,7 +283,7 @@ def test_reduce_overhead_with_a_static_cache_returned_loads_lean(tmp_path: Path)
     torch.save({"xs": xs, "cache": cache, "summaries": summaries, "final": eager_cache},
                tmp_path / "io.pt")  # fmt: skip
     result = script_json(_FRESH_CACHE, path, tmp_path / "io.pt")
-    assert result["lean"] == "FastCompiledFunction", result
+    assert result["lean"] == "LeanCompiledFunction", result
     assert result["stats"]["recorded"] >= 1, result
     assert result["cache_diff"] < 1e-4, result
     for same, diff in result["results"]:

@@ -168,7 +168,7 @@ def test_fresh_job_compiles_nothing(jobs: dict[str, Any], world: int) -> None:
 def test_dtensor_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
     # Issue 27: every rank's inference artifacts (MLP, slice, block, Llama) load through
     # the lean path, standalone and with model=: the DTensor parameters' local shards
-    # feed the shipped kernels, the light guards decide every call (Dynamo's guard
+    # feed the shipped kernels, the lean guards decide every call (Dynamo's guard
     # manager is never built), and the load and first call import none of the
     # compiler stack beyond what creating one DTensor imports in any job (torch
     # itself imports sympy, torch._dynamo and AOTAutograd's runtime wrappers then).
@@ -180,7 +180,7 @@ def test_dtensor_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
         assert res["heavy_added_by_load"] == [] and res["heavy_added_by_bound_load"] == []
         assert "torch._inductor.compile_fx" not in res["heavy_before_load"]
         assert "torch._inductor.output_code" not in res["heavy_before_load"]
-    for res in jobs[f"load{world}"]:  # the light guards decide, both ways
+    for res in jobs[f"load{world}"]:  # the lean guards decide, both ways
         assert res["light_guards"] == {
             "accepts_same_layout": True,
             "accepts_again": True,

@@ -162,7 +162,7 @@ def test_dynamic_true_loads_on_the_fast_path(
     path = tmp_path / "mlp_dynamic_true.pt2"
     Precompile.save(path, artifact)
     loaded = Precompile.load(path)
-    assert type(loaded.compiled_function).__name__ == "FastCompiledFunction"
+    assert type(loaded.compiled_function).__name__ == "LeanCompiledFunction"
     for batch in (2, 3, 100):
         x = torch.randn(batch, 32)
         with torch.no_grad():
@@ -179,8 +179,8 @@ def test_fresh_process_serves_all_sizes_without_compiling(
 
     The process has no C++ compiler at all (``no_compiler_env``: ``CC``/``CXX``
     are /bin/false, ``PATH`` holds only python, the Inductor cache is empty), so
-    loading must use the kernels shipped in the file, on the fast path and on
-    PyTorch's full path (``TORCH_PRECOMPILE_FAST_LOAD=0``). Also counted: C++
+    loading must use the kernels shipped in the file, on the lean path and on
+    PyTorch's full path (``TORCH_PRECOMPILE_LEAN=0``). Also counted: C++
     builds (Inductor's CppBuilder) at load and while serving, Dynamo's counters.
     """
     path = gpt_dynamic[2]
@@ -243,14 +243,14 @@ def test_fresh_process_serves_all_sizes_without_compiling(
     )
     env = no_compiler_env(tmp_path)
     if load_path == "full":
-        env["TORCH_PRECOMPILE_FAST_LOAD"] = "0"
+        env["TORCH_PRECOMPILE_LEAN"] = "0"
     proc = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     print(json.dumps({k: v for k, v in res.items() if not k.startswith("counters")}))
-    want = {"fast": "FastCompiledFunction", "full": "AOTCompiledFunction"}[load_path]
+    want = {"fast": "LeanCompiledFunction", "full": "AOTCompiledFunction"}[load_path]
     assert res["loaded_as"] == want
     assert res["calls"] == 8 * len(SEQS)
     assert res["builds_at_load"] == 0 and res["builds_serving"] == 0
@@ -282,7 +282,7 @@ def test_without_shipped_kernels_the_dynamic_load_needs_a_compiler(
     """The control: the same file without its shipped kernels, in the same environment."""
     meta, sections = container.read_artifact(gpt_dynamic[2])
     for name in [n for n in sections if n.startswith("kernel/")] + ["fastload"]:
-        del sections[name]  # the fast path needs the kernels too
+        del sections[name]  # the lean path needs the kernels too
     stripped = tmp_path / "no_kernels.pt2"
     container.write_artifact(stripped, meta, sections)
     script = tmp_path / "load.py"

@@ -149,7 +149,7 @@ def test_a_version_1_header_becomes_this_versions() -> None:
         guards=(GUARD,),
         timings={"dynamo": 1.0},
         external_refs={},
-        fast_load_refusal="training artifact: random ops",
+        lean_refusal="training artifact: random ops",
     )
     assert (header.kind, header.created, header.sizes) == (
         "module",

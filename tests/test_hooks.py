@@ -1,6 +1,6 @@
 """Module hooks are refused with a GuardError naming the module and the hook, never ignored.
 
-In process, after a fast load and after a load through PyTorch's full path,
+In process, after a lean load and after a load through PyTorch's full path,
 bound to the live model (``load(model=m)``) or to the stand-in: a forward
 hook, forward pre-hook or backward hook on a submodule or on the model, and
 a global module hook, each raise ``GuardError``; once removed, the artifact
@@ -125,8 +125,8 @@ from torch_precompile import GuardError, Precompile
 model, (ids,), _ = build_transformer()
 bind = sys.argv[2] == "model"
 art = Precompile.load(sys.argv[1], model=model if bind else None)
-fast = type(art.compiled_function).__name__ == "FastCompiledFunction"
-assert fast == (os.environ.get("TORCH_PRECOMPILE_FAST_LOAD") != "0"), fast
+fast = type(art.compiled_function).__name__ == "LeanCompiledFunction"
+assert fast == (os.environ.get("TORCH_PRECOMPILE_LEAN") != "0"), fast
 m = model if bind else art.module
 with torch.no_grad():
     expected = model(ids)
@@ -162,5 +162,5 @@ def test_hooks_refused_after_load(
     built: Any, fast: bool, bind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, _, _, path = built
-    monkeypatch.setenv("TORCH_PRECOMPILE_FAST_LOAD", "1" if fast else "0")
+    monkeypatch.setenv("TORCH_PRECOMPILE_LEAN", "1" if fast else "0")
     assert run_script(_FRESH, str(path), bind).stdout.strip().endswith("ok")

@@ -91,8 +91,8 @@ from torch_precompile import Precompile
 
 model, (ids,), _ = build_transformer()
 art = Precompile.load(sys.argv[1], model=model if sys.argv[2] == "model" else None)
-fast = type(art.compiled_function).__name__ == "FastCompiledFunction"
-assert fast == (os.environ["TORCH_PRECOMPILE_FAST_LOAD"] == "1"), fast
+fast = type(art.compiled_function).__name__ == "LeanCompiledFunction"
+assert fast == (os.environ["TORCH_PRECOMPILE_LEAN"] == "1"), fast
 with torch.no_grad():
     for bad in (1000, -1, 10**9, -10**9):
         ids_bad = ids.clone()
@@ -112,7 +112,7 @@ print("ok")
 def test_out_of_range_after_load(
     transformer: Any, fast: str, bind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TORCH_PRECOMPILE_FAST_LOAD", fast)
+    monkeypatch.setenv("TORCH_PRECOMPILE_LEAN", fast)
     proc = run_script(_FRESH_TRANSFORMER, str(transformer[3]), bind)
     assert proc.stdout.strip().endswith("ok")
 
@@ -155,12 +155,12 @@ print("ok")
 
 
 # HF GPT-2 loads through PyTorch's full path either way (its graph returns aliases of
-# inputs); both settings are run so that a future fast load of it is covered.
+# inputs); both settings are run so that a future lean load of it is covered.
 @pytest.mark.parametrize("fast", ["1", "0"], ids=["FAST_LOAD=1", "FAST_LOAD=0"])
 def test_gpt2_out_of_range_after_load(
     gpt2: Any, fast: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("TORCH_PRECOMPILE_FAST_LOAD", fast)
+    monkeypatch.setenv("TORCH_PRECOMPILE_LEAN", fast)
     tests_dir = str(Path(__file__).resolve().parent)
     proc = run_script(_FRESH_GPT2, str(gpt2[3]), tests_dir)
     assert proc.stdout.strip().endswith("ok")

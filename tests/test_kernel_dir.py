@@ -2,7 +2,7 @@
 
 The session's transformer artifact (``staged`` in conftest) is reused. Threads
 and processes load it at once into an empty kernel directory and must all take
-the fast path. Faults are real where the test can make them (a ``noexec``, a
+the lean path. Faults are real where the test can make them (a ``noexec``, a
 tiny or a read-only tmpfs mounted here, skipped only when mounting is not
 permitted; a directory owned by another uid; a path under a regular file), and
 also injected with a fake raising the same ``OSError`` so that each behaviour
@@ -73,7 +73,7 @@ LOADER = """
             diff = (out - io["expected"]).abs().max().item()
             with lock:
                 report["loads"] += 1
-                report["fast"] += type(art.compiled_function).__name__ == "FastCompiledFunction"
+                report["fast"] += type(art.compiled_function).__name__ == "LeanCompiledFunction"
                 report["max_diff"] = max(report["max_diff"], diff)
         except BaseException as exc:
             with lock:
@@ -114,7 +114,7 @@ def test_threads_load_one_file_into_an_empty_kernel_dir(
     saved: dict[str, Path], tmp_path: Path
 ) -> None:
     """8 threads load one file at once, 4 rounds, each into a new empty kernel directory:
-    every load takes the fast path (no fallback warning), gives eager's answer, and no
+    every load takes the lean path (no fallback warning), gives eager's answer, and no
     temporary file is left behind."""
     dirs = [tmp_path / f"kernels{r}" for r in range(4)]
     env = no_compiler_env(tmp_path)
@@ -137,7 +137,7 @@ def test_processes_and_threads_load_into_one_empty_kernel_dir(
     saved: dict[str, Path], tmp_path: Path
 ) -> None:
     """Three processes of four threads each load one file at once into one empty kernel
-    directory: all take the fast path with eager's answers, no temporary file remains."""
+    directory: all take the lean path with eager's answers, no temporary file remains."""
     kernels = tmp_path / "kernels"
     env = no_compiler_env(tmp_path)
     env["TORCH_PRECOMPILE_KERNEL_DIR"] = str(kernels)
@@ -213,7 +213,7 @@ def test_noexec_tmpdir_is_a_typed_error_and_the_env_var_fixes_it(
     with _tmpfs(tmp_path / "noexec", "noexec,size=16m,mode=1777") as mnt:
         start = time.perf_counter()
         proc = _load_in_fresh_process(
-            saved, tmp_path, TMPDIR=str(mnt), TORCH_PRECOMPILE_FAST_LOAD=fast_load
+            saved, tmp_path, TMPDIR=str(mnt), TORCH_PRECOMPILE_LEAN=fast_load
         )
         _typed_failure(proc, mnt, "noexec")
         assert time.perf_counter() - start < 60
@@ -221,7 +221,7 @@ def test_noexec_tmpdir_is_a_typed_error_and_the_env_var_fixes_it(
             saved,
             tmp_path,
             TMPDIR=str(mnt),
-            TORCH_PRECOMPILE_FAST_LOAD=fast_load,
+            TORCH_PRECOMPILE_LEAN=fast_load,
             TORCH_PRECOMPILE_KERNEL_DIR=str(tmp_path / "kernels"),
         )
         report = _report(proc)
@@ -426,9 +426,9 @@ def test_shipped_kernels_off_skips_the_fast_path(
     with open_artifact(saved["artifact"]) as reader:
         sections = file_load._Sections(reader)
         kernels = file_load._kernels(reader.info.format_version, sections)
-        assert file_load._load_fast(sections, kernels, str(saved["artifact"]), None) is not None
+        assert file_load._load_lean(sections, kernels, str(saved["artifact"]), None) is not None
         monkeypatch.setenv("TORCH_PRECOMPILE_SHIPPED_KERNELS", "0")
-        assert file_load._load_fast(sections, kernels, str(saved["artifact"]), None) is None
+        assert file_load._load_lean(sections, kernels, str(saved["artifact"]), None) is None
 
 
 def test_prune_touches_only_kernel_directories(

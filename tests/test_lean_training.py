@@ -142,7 +142,7 @@ CASES = {"transformer": ("build_transformer", "ids"), "mlp": ("build_tiny_mlp", 
 def test_lean_training_load(files: dict[str, Path], name: str, how: str, tmp_path: Path) -> None:
     path = files[name]
     _, sections = container.read_artifact(path)
-    assert "fastload" in sections, "a plain CPU training artifact saves a fast-load section"
+    assert "fastload" in sections, "a plain CPU training artifact saves a lean section"
     builder, kind = CASES[name]
     proc = run_script(CHECK, str(path), builder, how, kind, env=no_compiler_env(tmp_path))
     assert "OK" in proc.stdout

@@ -2,7 +2,7 @@
 
 Each model is tiny and random-init (nothing is downloaded), compiled once per
 module, saved, and loaded in one fresh process per library, standalone and
-with ``model=`` a rebuilt model (the builders seed torch), on the fast path
+with ``model=`` a rebuilt model (the builders seed torch), on the lean path
 and on PyPI torch's full path; outputs are compared with eager's.
 """
 
@@ -60,7 +60,7 @@ results = {}
 for name, case in json.loads(sys.argv[1]).items():
     args, want = torch.load(case["ref"], weights_only=False)
     for fast in ("1", "0"):
-        os.environ["TORCH_PRECOMPILE_FAST_LOAD"] = fast
+        os.environ["TORCH_PRECOMPILE_LEAN"] = fast
         for how in ("standalone", "model"):
             key = f"{name} {how} fast={fast}"
             try:

@@ -1,9 +1,9 @@
 """Two attributes that hold one object (a config shared by a model and its submodule).
 
 Dynamo guards that they stay one object: torch 2.13 with an ``is`` check of
-its own, 2.14 with an ``OBJECT_ALIASING`` guard. The light guards of a lean
+its own, 2.14 with an ``OBJECT_ALIASING`` guard. The lean guards of a lean
 load translate both, so a model whose attributes no longer share the object is
-refused by the light check as by Dynamo's, with a ``GuardError``, without
+refused by the lean check as by Dynamo's, with a ``GuardError``, without
 falling back from the lean path.
 """
 
@@ -53,19 +53,19 @@ def test_shared_object_guard_is_checked_lean_as_dynamo_does(tmp_path: Path) -> N
     Precompile.save(path, art)
     loaded = Precompile.load(path, model=model)
     guards = loaded._runtime.guard_manager
-    assert type(loaded.compiled_function).__name__ == "FastCompiledFunction"
-    assert guards.light is not None
-    # torch 2.14's form of the guard, translated (not a refusal of the light path).
-    assert bool(guards.light._same_groups) == (torch.__version__ >= "2.14")
+    assert type(loaded.compiled_function).__name__ == "LeanCompiledFunction"
+    assert guards.lean_guards is not None
+    # torch 2.14's form of the guard, translated (not a refusal of the lean path).
+    assert bool(guards.lean_guards._same_groups) == (torch.__version__ >= "2.14")
     f_locals = {"self": model, "x": x}
     with torch.no_grad():  # as captured (grad mode is guarded)
-        assert guards.light.check(f_locals) and guards.full.check(f_locals)
+        assert guards.lean_guards.check(f_locals) and guards.full.check(f_locals)
         torch.testing.assert_close(loaded(x), model(x))
 
         model.inner.settings = copy.copy(model.settings)  # equal values, not one object
-        assert not guards.light.check(f_locals) and not guards.full.check(f_locals)
+        assert not guards.lean_guards.check(f_locals) and not guards.full.check(f_locals)
         with pytest.raises(GuardError):
             loaded(x)
         model.inner.settings = model.settings  # one object again: accepted
-        assert guards.light.check(f_locals)
+        assert guards.lean_guards.check(f_locals)
         torch.testing.assert_close(loaded(x), model(x))

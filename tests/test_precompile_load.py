@@ -206,12 +206,12 @@ def _as_version_1(src: Path, dst: Path) -> None:
 
 def test_a_version_1_file_still_loads(staged, tmp_path) -> None:
     """A file of the previous format version (flat header, nested kernels section) loads
-    as it did, by the fast path, and saving it again writes the current version."""
+    as it did, by the lean path, and saving it again writes the current version."""
     old = tmp_path / "v1.pt"
     _as_version_1(staged.path, old)
     assert inspect_header(str(old))["format_version"] == 1
     loaded = Precompile.load(old)
-    assert type(loaded.compiled_function).__name__ == "FastCompiledFunction"  # its kernels read
+    assert type(loaded.compiled_function).__name__ == "LeanCompiledFunction"  # its kernels read
     assert str(loaded.guards) == str(staged.artifact.guards)
     with torch.no_grad():
         torch.testing.assert_close(loaded(staged.example), staged.expected)

@@ -216,7 +216,7 @@ def test_decoders_load_lean_without_their_library_or_dynamo(
     """GPT-2 and Llama load and run in a fresh process without a compiler, and neither
     their modeling or configuration modules (which import most of ``transformers``,
     Dynamo among it) nor Dynamo, Inductor's compiler or sympy are imported: the
-    artifact carries its kernels, light guards and a stand-in of the config."""
+    artifact carries its kernels, lean guards and a stand-in of the config."""
     cases = {}
     for name in ("gpt2", "llama_gqa"):
         args = MODELS[name][1]
@@ -228,7 +228,7 @@ def test_decoders_load_lean_without_their_library_or_dynamo(
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["imported"] == [], out["imported"]
     for name in cases:
-        assert out[name]["path"] == "FastCompiledFunction", out[name]
+        assert out[name]["path"] == "LeanCompiledFunction", out[name]
         assert out[name]["diff"] < 1e-4, out[name]
 
 

@@ -177,7 +177,7 @@ def test_fresh_process_bundle(
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["n"] == 3
     # Every variant takes the lean load: inference (static, dynamic) and plain training.
-    assert res["loaded_as"] == ["FastCompiledFunction"] * 3
+    assert res["loaded_as"] == ["LeanCompiledFunction"] * 3
     assert res["ran"] == [0, 1, 1, 2]
     assert res["grads"] > 0
     assert (

@@ -334,6 +334,6 @@ def test_fresh_process_load_matches_eager(
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(ZOO) | {f"{n}:dynamic" for n in DYNAMIC} <= set(results)
-    # A closure takes the fast path too: its cells travel by value in the file.
-    assert results["closure"]["loaded_as"] == "FastCompiledFunction", results["closure"]
+    # A closure takes the lean path too: its cells travel by value in the file.
+    assert results["closure"]["loaded_as"] == "LeanCompiledFunction", results["closure"]
     assert "input 'ids'" in results["gpt_guard_error"] and "(3, 16)" in results["gpt_guard_error"]

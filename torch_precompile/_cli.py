@@ -281,7 +281,7 @@ def _load_paths(data: dict[str, Any], typed: Header) -> list[str]:
         if "fastload" + (f".{i}" if i else "") in names:
             how = "lean (shipped kernels; no Dynamo, Inductor, AOTAutograd or Triton compiler)"
         else:
-            why = variant.fast_load_refusal or "no fast-load section"
+            why = variant.lean_refusal or "no lean section"
             how = f"PyTorch's full path ({why})"
         lines.append(f"{label:10s} {how}")
     return lines

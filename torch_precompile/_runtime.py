@@ -269,7 +269,7 @@ class Runtime:
         checks pass (the arguments bound once, the guards run once); else
         ``(False, None)`` and nothing ran. Never builds PyTorch's guard manager,
         which imports Dynamo."""
-        light = getattr(self.guard_manager, "light", None)
+        light = getattr(self.guard_manager, "lean_guards", None)
         if light is None:
             return False, None
         with self.grad_mode(args, kwargs) as refusal:

@@ -19,9 +19,9 @@ One module per concern, in pipeline order:
   cache patched to load them instead of compiling; found again at save);
 - ``fastload``: at save, what an artifact needs to load without the compiler
   stack (read from PyTorch's compiled function);
-- ``light_guard_spec``: Dynamo's guard tree read at precompile into a plain
+- ``lean_guard_spec``: Dynamo's guard tree read at precompile into a plain
   spec, from its typed sources, guards and the capture's live values (never
-  its debug text); ``light_guard_leaves``: one reader per kind of leaf guard;
+  its debug text); ``lean_guard_leaves``: one reader per kind of leaf guard;
 - ``distributed``: DTensor meshes and ``compile_on_one_rank``;
 - ``hooks``: the module hook dicts a call checks;
 - ``contract``: every private PyTorch name the modules above use, in one list,
@@ -29,7 +29,7 @@ One module per concern, in pipeline order:
 
 Beside them, ``lean/`` is the lean runtime: what runs a saved artifact at load
 without Dynamo, AOTAutograd or Inductor (the wrapper and kernels, AOTAutograd's
-runtime wrappers, CUDA graphs, the light guards). Its ``__init__`` is its one
+runtime wrappers, CUDA graphs, the lean guards). Its ``__init__`` is its one
 interface and says where the boundary lies: the modules above read PyTorch's
 compiled objects (save, and PyTorch's full path); ``lean/`` runs without them.
 """
@@ -47,7 +47,6 @@ from .capture import (
     shape_env_var_ranges,
     wants_size_oblivious,
 )
-from .fastload import cpu_fast_sections, cpu_kernel_binaries, cpu_kernels
 from .functions import (
     begin_cudagraph_step,
     compiled_function_bytecode,
@@ -84,9 +83,10 @@ from .joint import (
 )
 from .kernels import (
     reusing_shipped_kernels,
-    shipped_cpu_kernels,
+    shipped_cpp_kernels,
     shipped_kernels_enabled,
 )
+from .lean_sections import cpp_kernel_binaries, cpp_kernels, lean_sections
 
 __all__ = [
     "UNSERIALIZABLE_GUARD_KINDS",
@@ -106,9 +106,8 @@ __all__ = [
     "compiled_function_uses_cudagraphs",
     "compiled_graph_callable",
     "concrete_zeros_like",
-    "cpu_fast_sections",
-    "cpu_kernel_binaries",
-    "cpu_kernels",
+    "cpp_kernel_binaries",
+    "cpp_kernels",
     "deserialize_compiled_function",
     "export_joint",
     "external_global_refs",
@@ -122,6 +121,7 @@ __all__ = [
     "joint_needs_autograd",
     "joint_placeholder_count",
     "lean",
+    "lean_sections",
     "linear_in_sizes",
     "make_compiled_function",
     "mark_dynamic",
@@ -134,7 +134,7 @@ __all__ = [
     "shape_env_symbol_all_sources",
     "shape_env_symbol_sources",
     "shape_env_var_ranges",
-    "shipped_cpu_kernels",
+    "shipped_cpp_kernels",
     "shipped_kernels_enabled",
     "size_hint",
     "stubbed_compiled_graph",

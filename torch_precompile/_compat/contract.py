@@ -57,7 +57,7 @@ _DYN, _FT, _IND = "torch._dynamo", "torch._functorch", "torch._inductor"
 _SCHEMAS = f"{_FT}._aot_autograd.schemas"
 
 CONTRACT: tuple[PrivateName, ...] = (
-    # --- torch._C (the light guards, the lean runtime, Inductor's wrapper) ---
+    # --- torch._C (the lean guards, the lean runtime, Inductor's wrapper) ---
     _n("torch._C:DispatchKey.Undefined"),
     _n("torch._C:DispatchKeySet", "raw_repr"),
     _n("torch._C:_DisableAutocast"),
@@ -147,7 +147,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_DYN}.package:load_guard_manager"),
     _n(f"{_DYN}.package:load_guards_state"),
     _n(f"{_DYN}.source:ChainedSource", "base"),
-    # The light guards' reading of Dynamo's typed sources and guards state
+    # The lean guards' reading of Dynamo's typed sources and guards state
     _n(f"{_DYN}.source:AttrSource", "member"),
     _n(f"{_DYN}.source:DefaultsSource", "idx_key"),
     _n(f"{_DYN}.source:DictGetItemSource", "index"),

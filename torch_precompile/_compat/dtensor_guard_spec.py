@@ -1,4 +1,4 @@
-"""Light guards for tensor parallelism, at save: Dynamo's DTensor and DeviceMesh
+"""Lean guards for tensor parallelism, at save: Dynamo's DTensor and DeviceMesh
 guards as plain data.
 
 Dynamo guards each DTensor it reads with a lambda (``DTENSOR_SPEC_MATCH``:
@@ -6,11 +6,11 @@ Dynamo guards each DTensor it reads with a lambda (``DTENSOR_SPEC_MATCH``:
 order and dtype), a DeviceMesh held by a parallelisation hook with a lambda
 over its ``guard_fn`` (``OPAQUE_OBJ_GUARD_FN_MATCH``: what mesh equality
 compares) and a type check (``FAKE_SCRIPT_TYPE_MATCH``), and a ParallelStyle's
-layouts with equalities to placements (``== Shard(dim=-1)``). The light
+layouts with equalities to placements (``== Shard(dim=-1)``). The lean
 guards cannot read a lambda back, but the saved model's values are at hand at
 save: the same comparisons are recorded as data, and
 :class:`.lean.subclasses.DTensorSpecCheck` and :class:`.lean.subclasses.MeshCheck`
-run them at load. Each reader joins ``light_guard_leaves``' registries by the
+run them at load. Each reader joins ``lean_guard_leaves``' registries by the
 guard's builder (lambdas) or the leaf's type, never by its text.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .light_guard_leaves import LeafNode, NoLightGuards, lambda_reader, leaf_reader
+from .lean_guard_leaves import LeafNode, NoLeanGuards, lambda_reader, leaf_reader
 
 _MESH = "torch.distributed.device_mesh.DeviceMesh"
 
@@ -43,7 +43,7 @@ def mesh_descriptor(mesh: Any) -> list[Any]:
 def _dtensor_spec(node: LeafNode, guard: Any, reader: Any) -> list[list[Any]]:
     value = node.need_value()  # the saved model's DTensorSpec
     if type(value).__name__ != "DTensorSpec":
-        raise NoLightGuards(f"{node.name}: a DTensor spec guard on a {type(value).__name__}")
+        raise NoLeanGuards(f"{node.name}: a DTensor spec guard on a {type(value).__name__}")
     meta = value.tensor_meta
     return [
         [
@@ -62,7 +62,7 @@ def _dtensor_spec(node: LeafNode, guard: Any, reader: Any) -> list[list[Any]]:
 def _mesh_guard_fn(node: LeafNode, guard: Any, reader: Any) -> list[list[Any]]:
     value = node.need_value()
     if _qualified(value) != _MESH:  # another opaque object: its guard_fn is unknown
-        raise NoLightGuards(f"{node.name}: an opaque {_qualified(value)}")
+        raise NoLeanGuards(f"{node.name}: an opaque {_qualified(value)}")
     return [["mesh", mesh_descriptor(value)]]
 
 
@@ -70,6 +70,6 @@ def _mesh_guard_fn(node: LeafNode, guard: Any, reader: Any) -> list[list[Any]]:
 def _mesh_type(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     value = node.need_value()
     if n != 1 or _qualified(value) != _MESH:
-        raise NoLightGuards(f"{node.name}: a script-object type check on {_qualified(value)}")
+        raise NoLeanGuards(f"{node.name}: a script-object type check on {_qualified(value)}")
     cls = type(value)
     return [["class", cls.__module__, cls.__qualname__]]

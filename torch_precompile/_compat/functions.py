@@ -15,7 +15,7 @@ import torch
 
 from .capture import Capture
 from .distributed import full_path_meshes
-from .lean import FastCompiledFunction, hook_guards_enabled
+from .lean import LeanCompiledFunction, hook_guards_enabled
 from .pickling import functions_pickled_by_value
 
 
@@ -83,8 +83,8 @@ def make_compiled_function(
 
 def serialize_compiled_function(fn: Any) -> bytes:
     """PyTorch's own AOTCompiledFunction serialization (unfindable functions by value)."""
-    if isinstance(fn, FastCompiledFunction):
-        return fn.serialized  # loaded by the fast path: the bytes it was loaded from
+    if isinstance(fn, LeanCompiledFunction):
+        return fn.serialized  # loaded by the lean path: the bytes it was loaded from
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
     with functions_pickled_by_value():

@@ -12,7 +12,7 @@ import torch
 from .._config_standin import dict_base, is_config, reduce_dict_config
 from .capture import Capture
 from .lean import hook_guards_enabled
-from .light_guard_spec import GuardReading, light_guard_spec, remember_light_guards
+from .lean_guard_spec import GuardReading, lean_guard_spec, remember_lean_guards
 from .pickling import findable_by_name, function_by_value, reducer_override_patched
 
 
@@ -189,8 +189,8 @@ def build_guard_manager(
             capture.traced_fn.__code__, hooks=hooks, save=True, strict_error=True
         )
         # Read under the state the tree was built in (a tensor's dispatch keys).
-        spec = light_guard_spec(GuardReading(kept, check_fn, output_graph, capture.local_scope))
-        remember_light_guards(check_fn.guard_manager, spec)
+        spec = lean_guard_spec(GuardReading(kept, check_fn, output_graph, capture.local_scope))
+        remember_lean_guards(check_fn.guard_manager, spec)
     if check_fn.guards_state is None:
         raise RuntimeError("Dynamo produced no serializable guard state")
     return check_fn.guard_manager, check_fn.guards_state

@@ -17,7 +17,7 @@ import torch
 from .lean import KernelLoader, kernel_dir, kernel_key
 
 # ------------------------------------- shipped CPU kernels on PyTorch's full path
-# Artifacts that do not take the fast path (dynamic shapes, training, closures,
+# Artifacts that do not take the lean path (dynamic shapes, training, closures,
 # variants) load through PyTorch's deserialization, which re-creates Inductor's
 # wrapper modules; each wrapper asks ``CppPythonBindingsCodeCache`` for its C++
 # kernels, which compiles them on a cache miss. The artifact's kernel sections
@@ -111,11 +111,11 @@ def _pybindings_from(lookup: Callable[[str, list[str], str], Any]) -> Iterator[N
 
 
 @contextlib.contextmanager
-def shipped_cpu_kernels(kernels: Mapping[str, bytes | memoryview] | None) -> Iterator[None]:
+def shipped_cpp_kernels(kernels: Mapping[str, bytes | memoryview] | None) -> Iterator[None]:
     """While active, Inductor loads the shipped kernels instead of compiling them.
 
     A kernel whose key is in ``kernels`` is written to the artifact's private
-    directory and imported as the fast path does; any other kernel compiles as
+    directory and imported as the lean path does; any other kernel compiles as
     before. A shipped kernel that cannot be written or loaded raises
     :class:`KernelDirectoryError` rather than compiling it. PyTorch loads both
     the forward and the backward wrapper while deserializing, so the patch

@@ -166,5 +166,5 @@ def loads_code(data: bytes) -> types.CodeType:
     # A pickle (protocol 2 or later) starts with 0x80; marshal's code objects do not.
     code = pickle.loads(data) if data[:1] == b"\x80" else marshal.loads(data)
     if not isinstance(code, types.CodeType):
-        raise ValueError("the fast-load section does not hold a code object")
+        raise ValueError("the lean section does not hold a code object")
     return code

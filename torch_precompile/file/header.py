@@ -55,7 +55,7 @@ class VariantRecord:
     # Globals the compiled code reads, ``{name: [module, qualified name]}``, imported
     # at load; None only in version-1 files written before they were recorded.
     external_refs: dict[str, list[str]] | None
-    fast_load_refusal: str | None = None  # why no ``fastload`` section (None: there is one)
+    lean_refusal: str | None = None  # why no ``fastload`` section (None: there is one)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,7 +65,7 @@ class VariantRecord:
             "guards": list(self.guards),
             "timings": self.timings,
             "external_refs": self.external_refs,
-            "fast_load_refusal": self.fast_load_refusal,
+            "fast_load_refusal": self.lean_refusal,
         }
 
     @classmethod
@@ -84,7 +84,7 @@ class VariantRecord:
             guards=_guards(data.get("guards"), f"{where}.guards"),
             timings=_numbers(data.get("timings"), f"{where}.timings", float),
             external_refs=refs,
-            fast_load_refusal=_typed(data, "fast_load_refusal", (str, type(None)), where),
+            lean_refusal=_typed(data, "fast_load_refusal", (str, type(None)), where),
         )
 
 

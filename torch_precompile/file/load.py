@@ -203,7 +203,7 @@ def _load_variant(
         f_globals = _compat.import_global_refs(record.external_refs) or None
     else:  # version-1 files written before external_refs: the model's whole module
         f_globals = _module_globals(header, path)
-    compiled_function = _load_fast(sections, kernels, path, f_globals, i)
+    compiled_function = _load_lean(sections, kernels, path, f_globals, i)
     if compiled_function is None:
         if section_name("fastload", i) not in sections:
             which = f"variant {i} loads" if header.bundle else "loading"
@@ -211,9 +211,9 @@ def _load_variant(
                 "%s: %s through PyTorch's full path (Dynamo, AOTAutograd, Inductor): %s",
                 path,
                 which,
-                record.fast_load_refusal or "the file has no fast-load section",
+                record.lean_refusal or "the file has no lean section",
             )
-        with _compat.shipped_cpu_kernels(kernels), _trace.phase("full path"):
+        with _compat.shipped_cpp_kernels(kernels), _trace.phase("full path"):
             compiled_function = _compat.deserialize_compiled_function(
                 sections[compiled],
                 f_globals,
@@ -242,25 +242,26 @@ def _load_variant(
     )
 
 
-def _load_fast(
+def _load_lean(
     sections: _Sections,
     kernels: Kernels,
     path: str,
     module_globals: dict[str, Any] | None,
     variant: int = 0,
 ) -> Any:
-    """The fast path of :mod:`._compat.lean` for one variant, or None to load
+    """The lean path of :mod:`._compat.lean` for one variant, or None to load
     through PyTorch's full path."""
     fastload = section_name("fastload", variant)
     if fastload not in sections or not kernels:
         return None
-    if os.environ.get("TORCH_PRECOMPILE_FAST_LOAD", "1") == "0":
+    # TORCH_PRECOMPILE_LEAN=0: the full path (TORCH_PRECOMPILE_FAST_LOAD, its old name, too)
+    if os.environ.get("TORCH_PRECOMPILE_LEAN", os.environ.get("TORCH_PRECOMPILE_FAST_LOAD")) == "0":
         return None
     if not _compat.shipped_kernels_enabled():
         return None  # the user asked to compile the kernels: only the full path does
     suffix = section_name("", variant)
     try:
-        return _compat.lean.load_fast_compiled_function(
+        return _compat.lean.load_lean_compiled_function(
             sections[fastload],
             kernels,
             sections.reader_of(section_name("compiled", variant)),  # read to re-save only
@@ -272,7 +273,7 @@ def _load_fast(
         raise
     except Exception as exc:
         log.warning(
-            "%s: fast load failed, loading through PyTorch (%s: %s)", path, type(exc).__name__, exc
+            "%s: lean load failed, loading through PyTorch (%s: %s)", path, type(exc).__name__, exc
         )
         return None
 

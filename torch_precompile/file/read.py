@@ -123,7 +123,7 @@ class ArtifactReader:
     mapped ends the process (SIGBUS); ``Precompile.save`` renames a new file,
     never writes in place. After :meth:`settle` the mapping is gone but the
     file stays open (until the reader is collected): a section asked for then
-    (``compiled``, to save a fast-loaded artifact again) is read from the
+    (``compiled``, to save a lean-loaded artifact again) is read from the
     bytes loaded, even if the path was removed or replaced since, and checked.
     """
 

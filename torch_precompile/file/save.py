@@ -2,7 +2,7 @@
 
 Sections written (docs/FORMAT.md): ``compiled`` (``compiled.<i>`` for variant
 ``i`` of a bundle), ``skeleton`` and ``weights`` for a module (``self`` for
-another bound object), ``fastload`` / ``fastload.<i>`` where the fast path
+another bound object), ``fastload`` / ``fastload.<i>`` where the lean path
 applies, and one ``kernel/<key>`` section per shipped C++ kernel. The header is
 a :class:`~.header.Header`.
 """
@@ -65,13 +65,13 @@ def save(
         kind = "object"
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
 
-    # Each variant the fast path handles gets its "fastload" section and brings its
+    # Each variant the lean path handles gets its "fastload" section and brings its
     # kernels; the others' kernels are looked up for PyTorch's full path.
     kernels: dict[str, bytes | memoryview] = {}
     refusals: list[str | None] = []
     slow: list[Any] = []
     for i, variant in enumerate(variants):
-        fast, refusal = _fast_sections(variant)
+        fast, refusal = _lean_sections(variant)
         refusals.append(refusal)
         if fast is None:
             slow.append(variant)
@@ -142,7 +142,7 @@ def _check_save_arguments(
         )
 
 
-def _record(variant: PrecompiledArtifact, fast_load_refusal: str | None) -> VariantRecord:
+def _record(variant: PrecompiledArtifact, lean_refusal: str | None) -> VariantRecord:
     return VariantRecord(
         training=variant.training,
         grad_enabled=variant._runtime.grad_enabled,
@@ -150,7 +150,7 @@ def _record(variant: PrecompiledArtifact, fast_load_refusal: str | None) -> Vari
         guards=tuple(variant.guards.to_json()),
         timings=variant.timings,
         external_refs=_compat.external_global_refs(variant.compiled_function),
-        fast_load_refusal=fast_load_refusal,
+        lean_refusal=lean_refusal,
     )
 
 
@@ -184,7 +184,7 @@ def _warn_if_standin_falls_short(
         )
 
 
-def _fast_sections(
+def _lean_sections(
     artifact: PrecompiledArtifact,
 ) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
     """The ``fastload`` section and kernels that let a CPU or CUDA artifact (inference
@@ -197,8 +197,8 @@ def _fast_sections(
     try:
         # Kernels this process loaded from a file are read back, not rebuilt.
         with _compat.reusing_shipped_kernels():
-            return _compat.cpu_fast_sections(artifact.compiled_function)
-    except Exception as exc:  # never fail a save over the optional fast path
+            return _compat.lean_sections(artifact.compiled_function)
+    except Exception as exc:  # never fail a save over the optional lean path
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
         return None, f"{type(exc).__name__}: {exc}"
 
@@ -210,7 +210,7 @@ def _full_path_kernels(variants: Sequence[PrecompiledArtifact]) -> Mapping[str, 
     if not variants:
         return {}
     try:
-        return _compat.cpu_kernels([v.compiled_function for v in variants])
+        return _compat.cpp_kernels([v.compiled_function for v in variants])
     except Exception as exc:  # never fail a save over shipped kernels
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
         return {}

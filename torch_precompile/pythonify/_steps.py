@@ -139,7 +139,7 @@ def _emit_guards(e: Emitter, step: CheckGuards, names: Names) -> None:
 
 def tree_source(step: CheckGuards) -> str | None:
     """The guard tree's plain-Python source (a lean load's translation), or None."""
-    light = getattr(step.guard_manager, "light", None)
+    light = getattr(step.guard_manager, "lean_guards", None)
     return getattr(light, "source", None)
 
 
@@ -162,7 +162,7 @@ def emit_guard_tree(e: Emitter, step: CheckGuards) -> None:
     )
     e("globals().update(PARTS.tree.namespace)")
     for line in source.rstrip().splitlines():
-        e(line.replace("def light_check(L, seen, T):", "def _guard_tree(L, seen, T):"))
+        e(line.replace("def lean_check(L, seen, T):", "def _guard_tree(L, seen, T):"))
 
 
 def _emit_entries(e: Emitter, title: str, entries: list[Guard], names: Names, where: str) -> None:

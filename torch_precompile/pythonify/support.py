@@ -60,8 +60,8 @@ class Parts:
 
     @property
     def tree(self) -> Any:
-        """The guard tree as plain Python (a lean load's light guards), or None."""
-        return getattr(self._guard_manager, "light", None)
+        """The guard tree as plain Python (a lean load's lean guards), or None."""
+        return getattr(self._guard_manager, "lean_guards", None)
 
     def tree_digest(self) -> str | None:
         """A short digest of the guard tree's source (a generated module checks it)."""

@@ -14,11 +14,11 @@ between them:
   launcher (``triton_kernels``), AOTAutograd's runtime wrappers (``runtime``
   for inference, ``autograd`` for training), CUDA graph recording for
   ``mode="reduce-overhead"`` (``cudagraphs``), Dynamo's guard tree as a
-  plain-Python check (``light_guards``, ``light_types``), and the loader that
+  plain-Python check (``guards``, ``guard_types``), and the loader that
   assembles them (``load``). Nothing here imports ``torch._dynamo``,
   ``torch._inductor``, AOTAutograd or sympy at module level; inside a
   function, only the save-time functions below do, and Dynamo's own guard
-  manager (built from its saved state) when the light check cannot decide.
+  manager (built from its saved state) when the lean check cannot decide.
 
 It stays under ``_compat/`` because it still touches private ``torch`` names
 (``torch._C._dynamo.guards``, the static CUDA launcher, listed in
@@ -32,7 +32,7 @@ that decides from PyTorch's compiled objects whether the runtime can run an
 artifact and writes that spec (``inference_refusal``, ``autograd_refusal``,
 ``cudagraph_spec``, ``triton_sections``, ``wrapper_refusal``): what the
 runtime handles is written once, beside the code that handles it. Those
-functions are called only by the save-time adapters (``_compat/fastload.py``).
+functions are called only by the save-time adapters (``_compat/lean_sections.py``).
 
 This ``__init__`` is the one interface: the rest of the package and the
 save-time adapters use the names below, never the modules inside.
@@ -43,10 +43,10 @@ function and globals).
 
 from .autograd import AUTOGRAD_SPEC_VERSION, AutogradSpec, autograd_refusal
 from .cudagraphs import cudagraph_spec
+from .guard_types import LEAN_TYPES, frame_local, named_class, shape_expr_ok
+from .guards import hook_guards_enabled
 from .kernels import KernelLoader, kernel_dir, kernel_key
-from .light_guards import hook_guards_enabled
-from .light_types import LIGHT_TYPES, frame_local, named_class, shape_expr_ok
-from .load import FASTLOAD_VERSION, FastCompiledFunction, load_fast_compiled_function
+from .load import LEAN_SECTION_VERSION, LeanCompiledFunction, load_lean_compiled_function
 from .runtime import RUNTIME_SPEC_VERSION, InferenceSpec, inference_refusal
 from .subclasses import (
     SUBCLASS_SPEC_VERSION,
@@ -60,14 +60,14 @@ from .wrapper import recorded_calls, recorded_kernels, wrapper_refusal
 
 __all__ = [
     "AUTOGRAD_SPEC_VERSION",
-    "FASTLOAD_VERSION",
-    "LIGHT_TYPES",
+    "LEAN_SECTION_VERSION",
+    "LEAN_TYPES",
     "RUNTIME_SPEC_VERSION",
     "SUBCLASS_SPEC_VERSION",
     "AutogradSpec",
-    "FastCompiledFunction",
     "InferenceSpec",
     "KernelLoader",
+    "LeanCompiledFunction",
     "SubclassSpec",
     "autograd_refusal",
     "bound_mesh",
@@ -78,7 +78,7 @@ __all__ = [
     "inference_refusal",
     "kernel_dir",
     "kernel_key",
-    "load_fast_compiled_function",
+    "load_lean_compiled_function",
     "named_class",
     "recorded_calls",
     "recorded_kernels",

@@ -1,4 +1,4 @@
-"""Training artifacts on the fast path: an ``autograd.Function`` around Inductor's
+"""Training artifacts on the lean path: an ``autograd.Function`` around Inductor's
 compiled forward and backward, without AOTAutograd.
 
 At save, :func:`autograd_spec` reads from AOTAutograd's cache entry the little

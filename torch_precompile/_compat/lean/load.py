@@ -1,6 +1,6 @@
-"""Fast (lean) load: shipped kernels, no compiler, no Inductor, no Dynamo, no Triton.
+"""Lean load: shipped kernels, no compiler, no Inductor, no Dynamo, no Triton.
 
-Runs what ``_compat/fastload.py`` wrote at save (:func:`cpu_fast_sections`): the
+Runs what ``_compat/lean_sections.py`` wrote at save (:func:`lean_sections`): the
 shipped kernels (one section each) and the ``fastload`` section (Inductor's wrapper,
 Dynamo's bytecode, its globals, the signature and the guard state).
 
@@ -9,7 +9,7 @@ and executes the wrapper with light stand-ins for the few Inductor names it
 imports (:mod:`.wrapper`). No C++ compiler runs, ``TORCHINDUCTOR_CACHE_DIR`` is
 not read, and neither ``torch._inductor``'s compiler nor AOTAutograd is
 imported. Guards are checked by a plain-Python translation of Dynamo's guard
-tree (:mod:`.light_guards`); Dynamo's own guard manager (which imports
+tree (:mod:`.guards`); Dynamo's own guard manager (which imports
 ``torch._dynamo``) is built only when that check fails or the tree could not be
 translated. The saved code was checked at save time to be one of the cases
 this runner handles: inference (:mod:`.runtime`: input mutations kept in
@@ -40,16 +40,16 @@ from . import cudagraphs as lean_cudagraphs
 from . import runtime as lean_runtime
 from . import subclasses as lean_subclasses
 from . import wrapper
-from .light_guards import LightGuards, TieredGuardManager, load_dynamo_guard_manager
+from .guards import LeanGuardManager, LeanGuards, load_dynamo_guard_manager
 
 log = logging.getLogger("torch_precompile")
 
-FASTLOAD_VERSION = 1
+LEAN_SECTION_VERSION = 1
 
 
 @dataclasses.dataclass
-class FastCompiledFunction:
-    """A compiled function loaded by the fast path (see the module docstring).
+class LeanCompiledFunction:
+    """A compiled function loaded by the lean path (see the module docstring).
 
     Shaped like PyTorch's ``AOTCompiledFunction`` where the runtime reads it
     (``_artifacts.guard_manager``, ``.signature``, ``.runtime_env``,
@@ -62,7 +62,7 @@ class FastCompiledFunction:
     _artifacts: Any
     fn: Callable[..., Any]
     read_serialized: Callable[[], bytes]
-    fastload: bytes
+    lean_section: bytes  # the ``fastload`` section it was loaded from
     kernels: Mapping[str, bytes | memoryview]
     _extra_globals: dict[str, Any] | None = None  # the globals imported at load
 
@@ -80,13 +80,13 @@ class FastCompiledFunction:
         return self.fn(*args, **kwargs)
 
 
-def load_fast_compiled_function(
+def load_lean_compiled_function(
     fastload: bytes,
     kernels: Mapping[str, bytes | memoryview],
     read_serialized: Callable[[], bytes],
     filename: str,
     module_globals: dict[str, Any] | None = None,
-) -> FastCompiledFunction:
+) -> LeanCompiledFunction:
     """Rebuild a compiled function from its shipped kernels (no compiler, no Triton).
 
     ``read_serialized`` returns PyTorch's serialization of the function; it is
@@ -94,8 +94,8 @@ def load_fast_compiled_function(
 
     with _trace.phase("unpickle"):
         spec = pickle.loads(fastload)
-    if spec.get("version") != FASTLOAD_VERSION or spec.get("torch") != torch.__version__:
-        raise ValueError("the fast-load section was written by another version")
+    if spec.get("version") != LEAN_SECTION_VERSION or spec.get("torch") != torch.__version__:
+        raise ValueError("the lean section was written by another version")
     with _trace.phase("kernels"):
         graph_call = _graph_call(spec, kernels, filename)
     with _trace.phase("bytecode and its globals (imports their modules)"):
@@ -121,7 +121,7 @@ def load_fast_compiled_function(
         device_type=spec.get("device_type", "cpu"),
         original_code=original_code,
     )
-    return FastCompiledFunction(artifacts, fn, read_serialized, fastload, kernels, module_globals)
+    return LeanCompiledFunction(artifacts, fn, read_serialized, fastload, kernels, module_globals)
 
 
 def _graph_call(
@@ -145,7 +145,7 @@ def _graph_call(
     backward = spec.get("backward")
     if backward is not None:
         if backward.get("version") != lean_autograd.AUTOGRAD_SPEC_VERSION:
-            raise ValueError("the fast-load backward was written by another version")
+            raise ValueError("the lean backward was written by another version")
         bw_call = wrapper.build_graph_call(
             backward["wrapper"],
             spec["extern_kernels"],
@@ -173,15 +173,15 @@ def _graph_call(
     return graph_call
 
 
-def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> TieredGuardManager:
-    """The light guards, and Dynamo's guard manager built when they cannot decide."""
+def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> LeanGuardManager:
+    """The lean guards, and Dynamo's guard manager built when they cannot decide."""
     light = None
     if spec.get("light_guards") is not None:
         try:
-            light = LightGuards(spec["light_guards"])
+            light = LeanGuards(spec["light_guards"])
         except Exception as exc:
-            log.debug("light guards unavailable: %s", exc)
-    guard_manager = TieredGuardManager(
+            log.debug("lean guards unavailable: %s", exc)
+    guard_manager = LeanGuardManager(
         light,
         functools.partial(
             # Built on first need, in the load's context (dict configs as stand-ins).
@@ -205,7 +205,7 @@ def _subclass_spec(spec: dict[str, Any]) -> lean_subclasses.SubclassSpec | None:
         return None
     found = dict(found)
     if found.pop("version") != lean_subclasses.SUBCLASS_SPEC_VERSION:
-        raise ValueError("the fast-load subclass spec was written by another version")
+        raise ValueError("the lean subclass spec was written by another version")
     return lean_subclasses.SubclassSpec(**found)  # pickled as dataclasses.asdict wrote it
 
 
@@ -213,5 +213,5 @@ def _inference_spec(spec: dict[str, Any]) -> lean_runtime.InferenceSpec:
     """The inference runtime spec of a fastload section (absent: a file that had none)."""
     found = dict(spec.get("inference") or {"version": lean_runtime.RUNTIME_SPEC_VERSION})
     if found.pop("version") != lean_runtime.RUNTIME_SPEC_VERSION:
-        raise ValueError("the fast-load runtime spec was written by another version")
+        raise ValueError("the lean runtime spec was written by another version")
     return lean_runtime.InferenceSpec(**found)  # pickled as dataclasses.asdict wrote it

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .light_types import named_class
+from .guard_types import named_class
 
 SUBCLASS_SPEC_VERSION = 1
 

@@ -225,7 +225,7 @@ def build_graph_call(
 
 
 def wrapper_refusal(source: str) -> str | None:
-    """Why Inductor's wrapper cannot run with the fast path's stand-ins (None if it can)."""
+    """Why Inductor's wrapper cannot run with the lean path's stand-ins (None if it can)."""
 
     bad = wrapper_inductor_imports(source)
     if bad:

@@ -1,8 +1,8 @@
-"""Fast (lean) load, at save: what an artifact needs to run without the compiler.
+"""Lean load, at save: what an artifact needs to run without the compiler.
 
 Reads PyTorch's compiled function (AOTAutograd's cache entry, Inductor's
 compiled graphs, Dynamo's runtime environment and guards) and writes the
-sections that :mod:`.lean` (``load_fast_compiled_function``) runs at load.
+sections that :mod:`.lean` (``load_lean_compiled_function``) runs at load.
 
 An artifact saved in the process that compiled it carries two extra sections:
 
@@ -34,12 +34,12 @@ from .joint import compiled_function_uses_cudagraphs
 from .kernels import SHIPPED_KERNELS, compiled_graph_sources, kernel_file_without_compiling
 from .lean import (
     AUTOGRAD_SPEC_VERSION,
-    FASTLOAD_VERSION,
+    LEAN_SECTION_VERSION,
     RUNTIME_SPEC_VERSION,
     SUBCLASS_SPEC_VERSION,
     AutogradSpec,
-    FastCompiledFunction,
     InferenceSpec,
+    LeanCompiledFunction,
     SubclassSpec,
     autograd_refusal,
     cudagraph_spec,
@@ -51,7 +51,7 @@ from .lean import (
     triton_sections,
     wrapper_refusal,
 )
-from .light_guard_spec import light_guards_of
+from .lean_guard_spec import lean_guards_of
 from .pickling import dumps_lean
 
 log = logging.getLogger("torch_precompile")
@@ -70,8 +70,8 @@ class _LeanPlan:
     subclasses: SubclassSpec | None = None  # tensor subclass (DTensor) inputs or outputs
 
 
-def _fast_load_refusal(fn: Any) -> tuple[str | None, _LeanPlan | None]:
-    """Why ``fn`` cannot take the fast path (None if it can), and how it runs if it can."""
+def _lean_refusal(fn: Any) -> tuple[str | None, _LeanPlan | None]:
+    """Why ``fn`` cannot take the lean path (None if it can), and how it runs if it can."""
     artifacts = fn._artifacts
     if artifacts.device_type not in LEAN_DEVICES:
         return f"device {artifacts.device_type}", None
@@ -119,13 +119,13 @@ def _graph_refusal(graph: Any, subclasses: SubclassSpec | None = None) -> str | 
     return wrapper_refusal(graph.source_code)
 
 
-def cpu_kernel_binaries(fn: Any) -> tuple[bytes, Mapping[str, bytes | memoryview]] | None:
+def cpp_kernel_binaries(fn: Any) -> tuple[bytes, Mapping[str, bytes | memoryview]] | None:
     """The ``fastload`` section and the kernels of a CPU artifact, or None."""
-    sections, _ = cpu_fast_sections(fn)
+    sections, _ = lean_sections(fn)
     return sections
 
 
-def cpu_fast_sections(
+def lean_sections(
     fn: Any,
 ) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
     """The ``fastload`` section and the kernels (``{key: shared object}``) of a CPU
@@ -137,16 +137,16 @@ def cpu_fast_sections(
     shared object is read back.
     """
 
-    if isinstance(fn, FastCompiledFunction):
-        return (fn.fastload, fn.kernels), None
+    if isinstance(fn, LeanCompiledFunction):
+        return (fn.lean_section, fn.kernels), None
     if not hasattr(fn, "_artifacts"):
         return None, "not a compiled function PyTorch can serialize"
     try:
-        reason, plan = _fast_load_refusal(fn)
+        reason, plan = _lean_refusal(fn)
     except Exception as exc:  # an unexpected PyTorch structure: keep the full path
         reason, plan = f"{type(exc).__name__}: {exc}", None
     if reason is not None or plan is None:
-        log.debug("no fast load: %s", reason)
+        log.debug("no lean load: %s", reason)
         return None, reason
     from torch._inductor import select_algorithm
     from torch._inductor.codecache import CppPythonBindingsCodeCache
@@ -202,7 +202,7 @@ def cpu_fast_sections(
     except Exception as exc:
         return None, f"the closure or globals cannot be pickled ({type(exc).__name__}: {exc})"
     spec = {
-        "version": FASTLOAD_VERSION,
+        "version": LEAN_SECTION_VERSION,
         "torch": torch.__version__,
         "wrapper": sources[0],
         "extern_kernels": extern_names,
@@ -221,7 +221,7 @@ def cpu_fast_sections(
         "signature": signature,
         "original_code": dumps_lean(fn._artifacts.original_code),
         "guards_state": fn._artifacts.guards_state,
-        "light_guards": light_guards_of(fn._artifacts.guard_manager),
+        "light_guards": lean_guards_of(fn._artifacts.guard_manager),
         "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
         "device_type": fn._artifacts.device_type,
         "triton": triton_specs,  # key -> launch spec of each Triton kernel (cubin in kernels)
@@ -250,7 +250,7 @@ def cpu_fast_sections(
     return (pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), binaries), None
 
 
-def cpu_kernels(fns: Sequence[Any]) -> dict[str, bytes]:
+def cpp_kernels(fns: Sequence[Any]) -> dict[str, bytes]:
     """The shipped kernels of CPU compiled functions (all variants, forward and backward).
 
     Each C++ kernel of each wrapper is looked for among the shipped kernels
@@ -260,7 +260,7 @@ def cpu_kernels(fns: Sequence[Any]) -> dict[str, bytes]:
     binaries: dict[str, bytes] = {}
     missing = 0
     for fn in fns:
-        if isinstance(fn, FastCompiledFunction):
+        if isinstance(fn, LeanCompiledFunction):
             binaries.update((k, bytes(v)) for k, v in fn.kernels.items())
             continue
         try:

@@ -1,12 +1,12 @@
-"""The light guards are read from Dynamo's typed guard objects, never from its debug text.
+"""The lean guards are read from Dynamo's typed guard objects, never from its debug text.
 
-At precompile, Dynamo's guard tree is read into the light-guard spec from the
+At precompile, Dynamo's guard tree is read into the lean-guard spec from the
 types of its managers, accessors and leaves, the typed sources and guards, and
 the capture's live values. Here the leaf guards' ``verbose_code_parts`` and the
 accessors' ``repr`` (Dynamo's debug text) raise while the spec is read: a real
-Hugging Face model still gets light guards, and a fresh process serves its
+Hugging Face model still gets lean guards, and a fresh process serves its
 calls with them, equal to eager, without building Dynamo's guard manager. A
-leaf guard of a kind the reader does not know means no light guards: the file
+leaf guard of a kind the reader does not know means no lean guards: the file
 loads through Dynamo's guard manager, which decides, and the output is right.
 """
 
@@ -24,7 +24,7 @@ from conftest import script_json
 from examples.models import build_tiny_mlp
 from torch_precompile import Precompile
 from torch_precompile._compat import guard_manager as guard_manager_module
-from torch_precompile._compat import light_guard_leaves
+from torch_precompile._compat import lean_guard_leaves
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 
@@ -35,12 +35,12 @@ VOCAB = 1000
 def _reading_spied(reads: list[Any], debug_text_calls: list[str]) -> Iterator[None]:
     """Record each spec read at precompile; while it is read, Dynamo's debug text raises."""
     guards = torch._C._dynamo.guards
-    read = guard_manager_module.light_guard_spec
+    read = guard_manager_module.lean_guard_spec
 
     def no_debug_text(name: str) -> Any:
         def raising(*args: Any, **kwargs: Any) -> Any:
             debug_text_calls.append(name)
-            raise RuntimeError(f"{name} read while reading the light guards")
+            raise RuntimeError(f"{name} read while reading the lean guards")
 
         return raising
 
@@ -55,11 +55,11 @@ def _reading_spied(reads: list[Any], debug_text_calls: list[str]) -> Iterator[No
         reads.append(spec)
         return spec
 
-    guard_manager_module.light_guard_spec = spied
+    guard_manager_module.lean_guard_spec = spied
     try:
         yield
     finally:
-        guard_manager_module.light_guard_spec = read
+        guard_manager_module.lean_guard_spec = read
 
 
 @pytest.fixture(scope="module")
@@ -132,11 +132,11 @@ def test_hf_model_served_by_light_guards_in_a_fresh_process(gpt2_file: dict[str,
 
 @contextlib.contextmanager
 def _leaf_kind_unknown(kind: str) -> Iterator[None]:
-    saved = light_guard_leaves.LEAF_READERS.pop(kind)
+    saved = lean_guard_leaves.LEAF_READERS.pop(kind)
     try:
         yield
     finally:
-        light_guard_leaves.LEAF_READERS[kind] = saved
+        lean_guard_leaves.LEAF_READERS[kind] = saved
 
 
 FULL = r"""
@@ -151,7 +151,7 @@ with torch.no_grad():
     expected = build_tiny_mlp()[0](x)
 print(json.dumps({
     "max_diff": (out - expected).abs().max().item(),
-    "light": art._runtime.guard_manager.light is not None,
+    "light": art._runtime.guard_manager.lean_guards is not None,
     "full_built": art._runtime.guard_manager._full is not None,
 }))
 """

@@ -1,12 +1,12 @@
-"""Light guards, at precompile: one reader per kind of Dynamo's C++ leaf guards.
+"""Lean guards, at precompile: one reader per kind of Dynamo's C++ leaf guards.
 
 Each reader turns the leaves of one type on one node of Dynamo's guard tree
-into light-guard leaves (plain data :mod:`.lean.light_guards` checks). It is
+into lean-guard leaves (plain data :mod:`.lean.guards` checks). It is
 given the node (its typed source, live value and the kept guards whose leaves
 sit on it), how many leaves of its type the node holds, and the tree reader
 (Dynamo's CheckFunctionManager and the capture's output graph). The expected
 values come from the live value and the guards' arguments, never from a
-guard's debug text; a reader refuses (``NoLightGuards``) what it cannot
+guard's debug text; a reader refuses (``NoLeanGuards``) what it cannot
 express as strictly as Dynamo. A new kind is one more ``@leaf_reader``.
 """
 
@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from .lean import LIGHT_TYPES, named_class
+from .lean import LEAN_TYPES, named_class
 
 MISSING = object()
-_TYPE_NAMES = {cls: name for name, cls in LIGHT_TYPES.items()}
+_TYPE_NAMES = {cls: name for name, cls in LEAN_TYPES.items()}
 # Tensor attributes Dynamo's dimension-marking guard reads (a superset of any
 # supported torch's list: an attribute named here but not read by Dynamo only
-# makes the light check stricter).
+# makes the lean check stricter).
 _DIM_MARKING_ATTRS = (
     "_dynamo_dynamic_indices",
     "_dynamo_weak_dynamic_indices",
@@ -36,8 +36,8 @@ _DIM_MARKING_ATTRS = (
 )
 
 
-class NoLightGuards(Exception):
-    """A guard the light check cannot express."""
+class NoLeanGuards(Exception):
+    """A guard the lean check cannot express."""
 
 
 @dataclasses.dataclass
@@ -61,7 +61,7 @@ class LeafNode:
 
     def need_value(self) -> Any:
         if self.value is MISSING:
-            raise NoLightGuards(f"no live value for {self.name}")
+            raise NoLeanGuards(f"no live value for {self.name}")
         return self.value
 
 
@@ -91,7 +91,7 @@ def leaf_reader(*kinds: str) -> Callable[[_LeafReader], _LeafReader]:
 
 def _one(n: int, kind: str, node: LeafNode) -> None:
     if n != 1:
-        raise NoLightGuards(f"{n} {kind} leaves on {node.name}")
+        raise NoLeanGuards(f"{n} {kind} leaves on {node.name}")
 
 
 @leaf_reader("TYPE_MATCH")
@@ -102,12 +102,12 @@ def _type_match(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
     # Another class: checked by identity with the class of that name, which the
     # object's own module (imported, since the object exists) defines.
     if "<locals>" in cls.__qualname__ or named_class(cls.__module__, cls.__qualname__) is not cls:
-        raise NoLightGuards(f"{node.name}: class {cls.__qualname__} cannot be found by its name")
+        raise NoLeanGuards(f"{node.name}: class {cls.__qualname__} cannot be found by its name")
     return [["class", cls.__module__, cls.__qualname__]]
 
 
 def _literal(value: Any) -> bool:
-    """Whether ``value`` is a constant the light check can hold and compare by ``==``."""
+    """Whether ``value`` is a constant the lean check can hold and compare by ``==``."""
     if type(value) in (int, bool, str, bytes, type(None), torch.device):
         return True
     if type(value) is float:
@@ -127,7 +127,7 @@ def _placement(value: Any) -> bool:
 def _equals(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
     value = node.need_value()
     if not (_literal(value) or _placement(value)):
-        raise NoLightGuards(f"{node.name}: equality with a {type(value).__name__}")
+        raise NoLeanGuards(f"{node.name}: equality with a {type(value).__name__}")
     return [["equals", value]]
 
 
@@ -135,7 +135,7 @@ def _equals(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
 def _is_constant(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
     value = node.need_value()
     if type(value) not in (type(None), bool):
-        raise NoLightGuards(f"{node.name}: identity with a {type(value).__name__}")
+        raise NoLeanGuards(f"{node.name}: identity with a {type(value).__name__}")
     return [["is", value]]
 
 
@@ -149,12 +149,12 @@ def _tensor(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     _one(n, "TENSOR_MATCH", node)
     value = node.need_value()
     if type(value) not in (torch.Tensor, torch.nn.Parameter):
-        raise NoLightGuards(f"{node.name}: a {type(value).__name__}")
+        raise NoLeanGuards(f"{node.name}: a {type(value).__name__}")
     sizes_strides = reader.output_graph.input_source_to_sizes_strides
     found = [g for g in node.guards if guard_kind(g) == "TENSOR_MATCH"]
     metadata = sizes_strides.get(found[0].originating_source) if found else None
     if metadata is None:
-        raise NoLightGuards(f"{node.name}: no recorded sizes and strides")
+        raise NoLeanGuards(f"{node.name}: no recorded sizes and strides")
     # None: a dynamic dimension (its range is a shape guard).
     size, stride = (_concrete(metadata["size"]), _concrete(metadata["stride"]))
     if value.device.type == "cpu":
@@ -162,7 +162,7 @@ def _tensor(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     elif value.device.type == "cuda":
         device = value.device.index
     else:
-        raise NoLightGuards(f"{node.name}: device {value.device}")
+        raise NoLeanGuards(f"{node.name}: device {value.device}")
     # The keys Dynamo's TensorCheck records: the tensor's, under this thread's state.
     keys = (
         torch._C._dispatch_keys(value) | torch._C._dispatch_tls_local_include_set()
@@ -179,7 +179,7 @@ def _concrete(dims: Sequence[Any]) -> list[int | None]:
         if isinstance(dim, torch.SymInt):
             dim = dim.node.maybe_as_int()
         if dim is not None and type(dim) is not int:
-            raise NoLightGuards(f"a dimension of type {type(dim).__name__}")
+            raise NoLeanGuards(f"a dimension of type {type(dim).__name__}")
         out.append(dim)
     return out
 
@@ -190,7 +190,7 @@ def _dim_marking(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
     value = node.need_value()
     present = [a for a in _DIM_MARKING_ATTRS if hasattr(value, a)]
     if set(present) - {"_dynamo_dynamic_indices"}:
-        raise NoLightGuards(f"{node.name}: marked {present}")
+        raise NoLeanGuards(f"{node.name}: marked {present}")
     absent = [a for a in _DIM_MARKING_ATTRS if a not in present]
     if not present:
         return [["no_dynamic_marking", absent]]
@@ -215,12 +215,12 @@ def _no_hasattr(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
         # attribute: all of them are checked absent (a superset: stricter).
         marked = [a for a in _DIM_MARKING_ATTRS if hasattr(value, a)]
         if marked:
-            raise NoLightGuards(f"{node.name}: marked {marked}")
+            raise NoLeanGuards(f"{node.name}: marked {marked}")
         if n > len(attrs) + len(_DIM_MARKING_ATTRS):
-            raise NoLightGuards(f"{node.name}: {n} NO_HASATTR leaves")
+            raise NoLeanGuards(f"{node.name}: {n} NO_HASATTR leaves")
         return [*leaves, ["no_dynamic_marking", list(_DIM_MARKING_ATTRS)]]
     if len(attrs) != n:
-        raise NoLightGuards(f"{node.name}: {n} NO_HASATTR leaves, {len(attrs)} guards")
+        raise NoLeanGuards(f"{node.name}: {n} NO_HASATTR leaves, {len(attrs)} guards")
     return leaves
 
 
@@ -232,7 +232,7 @@ def read_contains(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
     for kind, kw in node.guard_kwargs(*kinds, "NOT_PRESENT_IN_GENERIC_DICT"):
         key = kw.get("attr" if kind == "NOT_PRESENT_IN_GENERIC_DICT" else "key", MISSING)
         if not _literal(key) or isinstance(key, (list, set)):
-            raise NoLightGuards(f"{node.name}: {kind} on a {type(key).__name__}")
+            raise NoLeanGuards(f"{node.name}: {kind} on a {type(key).__name__}")
         keys[key] = key in value  # Dynamo's guard passed on the live value
     # Leaves of both types are counted together here and in the caller.
     return [["contains", key, present] for key, present in keys.items()]
@@ -242,7 +242,7 @@ def read_contains(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
 def _no_aliasing(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     sources = list(reader.check_fn.guard_manager.no_tensor_aliasing_sources)
     if node.name not in sources:
-        raise NoLightGuards(f"{node.name}: an aliasing guard on an unlisted tensor")
+        raise NoLeanGuards(f"{node.name}: an aliasing guard on an unlisted tensor")
     return [["no_aliasing", sources]]
 
 
@@ -250,7 +250,7 @@ def _no_aliasing(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
 def _object_aliasing(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     pairs = [p for p in reader.same_object_leaves() if node.name in p]
     if len(pairs) != n:
-        raise NoLightGuards(f"{node.name}: {n} OBJECT_ALIASING leaves, {len(pairs)} guards")
+        raise NoLeanGuards(f"{node.name}: {n} OBJECT_ALIASING leaves, {len(pairs)} guards")
     return [["same_object", list(p)] for p in pairs]
 
 
@@ -259,21 +259,21 @@ def _global_state(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     _one(n, "GLOBAL_STATE", node)
     state = reader.check_fn.global_state
     if state is None:
-        raise NoLightGuards("a global state guard without its state")
+        raise NoLeanGuards("a global state guard without its state")
     return [["global_state", state.__getstate__()]]
 
 
 @leaf_reader("TORCH_FUNCTION_MODE_STACK")
 def _tf_stack(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     if reader.output_graph.torch_function_mode_stack:
-        raise NoLightGuards("torch function modes were active at capture")
+        raise NoLeanGuards("torch function modes were active at capture")
     return [["no_torch_function_mode"]]
 
 
 @leaf_reader("DEFAULT_DEVICE")
 def _default_device(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     if reader.output_graph.current_device is not None:
-        raise NoLightGuards("a default device was set at capture")
+        raise NoLeanGuards("a default device was set at capture")
     return [["no_default_device"]]
 
 
@@ -298,16 +298,16 @@ def lambda_reader(*kinds: str) -> Callable[[_LambdaReader], _LambdaReader]:
 def _lambda(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     made = [g for g in node.guards if guard_kind(g) in LAMBDA_READERS]
     if len(made) != n:
-        raise NoLightGuards(f"{node.name}: {n} lambda leaves, {len(made)} known guards")
+        raise NoLeanGuards(f"{node.name}: {n} lambda leaves, {len(made)} known guards")
     return [leaf for g in made for leaf in LAMBDA_READERS[guard_kind(g)](node, g, reader)]
 
 
 @lambda_reader("AUTOGRAD_SAVED_TENSORS_HOOKS")
 def _saved_tensors_hooks(node: LeafNode, guard: Any, reader: Any) -> list[list[Any]]:
-    # Dynamo compares the hooks' ids with the capture's; the light check expects
+    # Dynamo compares the hooks' ids with the capture's; the lean check expects
     # no hooks at all (stricter), so the capture must have had none.
     if not node.is_root:
-        raise NoLightGuards(f"a saved tensors hooks guard on {node.name}")
+        raise NoLeanGuards(f"a saved tensors hooks guard on {node.name}")
     if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
-        raise NoLightGuards("saved tensors hooks were active at capture")
+        raise NoLeanGuards("saved tensors hooks were active at capture")
     return [["no_saved_tensor_hooks"]]

@@ -1,4 +1,4 @@
-"""Light guards' vocabulary, shared by save (the spec) and load (the check): the types a
+"""Lean guards' vocabulary, shared by save (the spec) and load (the check): the types a
 spec names, classes found by name, and the grammar of the shape guards it keeps."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from ..._config_standin import find
 
-LIGHT_TYPES: dict[str, type] = {
+LEAN_TYPES: dict[str, type] = {
     "dict": dict,
     "list": list,
     "tuple": tuple,
@@ -34,7 +34,7 @@ def named_class(module: str, qualname: str) -> Any:
 # Only this small grammar is accepted (sizes and strides of frame locals, their
 # plain attributes (ints Dynamo made symbolic), integers, arithmetic,
 # ``min``/``max``, comparisons, ``and``, and ``is`` between two attribute paths
-# from frame locals, for tied weights); anything else means no light guards.
+# from frame locals, for tied weights); anything else means no lean guards.
 _SHAPE_BINOPS = ("Add", "Sub", "Mult", "FloorDiv", "Mod")
 _SHAPE_CMPOPS = ("Eq", "NotEq", "Lt", "LtE", "Gt", "GtE")
 

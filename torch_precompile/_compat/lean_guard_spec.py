@@ -1,6 +1,6 @@
-"""Light guards, at precompile: Dynamo's guards read, by their types, into a plain spec.
+"""Lean guards, at precompile: Dynamo's guards read, by their types, into a plain spec.
 
-The spec (lists and dicts, saved in the file) is what :mod:`.lean.light_guards`
+The spec (lists and dicts, saved in the file) is what :mod:`.lean.guards`
 turns into a plain-Python check that runs without importing torch._dynamo; when
 that check fails, Dynamo's own guard manager is rebuilt and decides. It is read
 from typed objects only, never from Dynamo's debug text:
@@ -19,7 +19,7 @@ from typed objects only, never from Dynamo's debug text:
   its guards pass on them when it built them.
 
 It is at least as strict as Dynamo's check: a manager, accessor, source or leaf
-kind not known here, or a leaf that no kept guard accounts for, means no light
+kind not known here, or a leaf that no kept guard accounts for, means no lean
 guards (the full path decides every call).
 """
 
@@ -36,11 +36,11 @@ from typing import Any
 from .._config_standin import is_config
 from . import dtensor_guard_spec  # noqa: F401  (registers tensor parallelism's readers)
 from .lean import shape_expr_ok
-from .light_guard_leaves import (
+from .lean_guard_leaves import (
     LEAF_READERS,
     MISSING,
     LeafNode,
-    NoLightGuards,
+    NoLeanGuards,
     guard_kind,
     read_contains,
 )
@@ -50,7 +50,7 @@ log = logging.getLogger("torch_precompile")
 
 @dataclasses.dataclass(frozen=True)
 class GuardReading:
-    """What one capture's light guards are read from (all typed, all live).
+    """What one capture's lean guards are read from (all typed, all live).
 
     ``guards``: the Guard objects Dynamo built its tree from (after the filter);
     ``check_fn``: Dynamo's CheckFunctionManager; ``output_graph``: the capture's
@@ -84,16 +84,16 @@ def _key_of(source: Any) -> Any:
 
     if isinstance(source, (DictGetItemSource, GetItemSource)):
         if getattr(source, "index_is_slice", False):
-            raise NoLightGuards("a slice")
+            raise NoLeanGuards("a slice")
         key = source.index
     elif isinstance(source, AttrSource):  # an attribute read from the object's __dict__
         key = source.member
     elif isinstance(source, DefaultsSource):
         key = source.idx_key
     else:
-        raise NoLightGuards(f"an item read by a {type(source).__name__}")
+        raise NoLeanGuards(f"an item read by a {type(source).__name__}")
     if type(key) not in (str, int):
-        raise NoLightGuards(f"a key of type {type(key).__name__}")
+        raise NoLeanGuards(f"a key of type {type(key).__name__}")
     return key
 
 
@@ -109,7 +109,7 @@ def _step(accessor: Any, source: Any) -> list[Any]:
     if kind == "GetAttrGuardAccessor":
         return ["attr", str(accessor.get_attr_name())]
     if source is None:
-        raise NoLightGuards(f"{kind} to a node without a known source")
+        raise NoLeanGuards(f"{kind} to a node without a known source")
     if kind == "FrameLocalsGuardAccessor" and type(source) is LocalSource:
         return ["local", source.local_name]
     if kind == "GenericGetAttrGuardAccessor" and type(source) is GenericAttrSource:
@@ -119,9 +119,9 @@ def _step(accessor: Any, source: Any) -> list[Any]:
     if kind in ("TupleGetItemGuardAccessor", "ListGetItemGuardAccessor"):
         key = _key_of(source)
         if type(key) is not int:
-            raise NoLightGuards(f"{kind} with a {type(key).__name__} index")
+            raise NoLeanGuards(f"{kind} with a {type(key).__name__} index")
         return ["item", key]
-    raise NoLightGuards(f"{kind} to a {type(source).__name__}")
+    raise NoLeanGuards(f"{kind} to a {type(source).__name__}")
 
 
 def _apply_step(step: list[Any], value: Any) -> Any:
@@ -175,7 +175,7 @@ class _Reader:
         for expr in getattr(reading.output_graph, "aotautograd_guards", ()):
             a, b = getattr(expr, "input_source_a", None), getattr(expr, "input_source_b", None)
             if a is None or b is None:
-                raise NoLightGuards(f"an AOTAutograd guard {type(expr).__name__}")
+                raise NoLeanGuards(f"an AOTAutograd guard {type(expr).__name__}")
             self.same_object_aot.append((a.name, b.name))
 
     def same_object_in_epilogue(self) -> bool:
@@ -216,24 +216,24 @@ class _Reader:
             n = counts.pop("DICT_CONTAINS", 0) + counts.pop("SET_CONTAINS", 0)
             found = read_contains(node, n, self)
             if len(found) != n:
-                raise NoLightGuards(f"{name}: {n} contains leaves, {len(found)} guards")
+                raise NoLeanGuards(f"{name}: {n} contains leaves, {len(found)} guards")
             leaves.extend(found)
         for leaf_kind, n in counts.items():
             read = LEAF_READERS.get(leaf_kind)
             if read is None:
-                raise NoLightGuards(f"{name}: a {leaf_kind} guard")
+                raise NoLeanGuards(f"{name}: a {leaf_kind} guard")
             leaves.extend(read(node, n, self))
         spec: dict[str, Any] = {"source": name, "leaves": leaves, "children": []}
         if kind == "DictGuardManager":
             spec["dict"] = self._dict(manager, node)
         elif kind not in ("GuardManager", "RootGuardManager"):
-            raise NoLightGuards(kind)
+            raise NoLeanGuards(kind)
         for accessor, child in zip(manager.get_accessors(), manager.get_child_managers()):
             child_name = str(child.get_source())
             try:
                 step = _step(accessor, self.sources.get(child_name))
-            except NoLightGuards as exc:
-                raise NoLightGuards(f"{child_name}: {exc}") from None
+            except NoLeanGuards as exc:
+                raise NoLeanGuards(f"{child_name}: {exc}") from None
             try:
                 child_value = _apply_step(step, value) if value is not MISSING else MISSING
             except (KeyError, AttributeError, TypeError, IndexError):
@@ -265,10 +265,10 @@ class _Reader:
         # A module's hook dict (non-empty under parallelize_module) is an OrderedDict.
         ordered = type(value) is collections.OrderedDict
         if type(value) is not dict and not config and not ordered:
-            raise NoLightGuards(f"dict guard on {node.name}: a {type(value).__name__}")
+            raise NoLeanGuards(f"dict guard on {node.name}: a {type(value).__name__}")
         entries = manager.get_key_value_managers()
         if len(entries) != len(value):
-            raise NoLightGuards(f"dict guard on {node.name} covers part of the dict")
+            raise NoLeanGuards(f"dict guard on {node.name} covers part of the dict")
         keys, values = list(value), list(value.values())
         return {
             **({"config": True} if config else {}),
@@ -285,7 +285,7 @@ class _Reader:
         }
 
     def shape_guards(self, root: Any) -> list[str]:
-        """Dynamo's shape guards (its Python code), checked against the light grammar,
+        """Dynamo's shape guards (its Python code), checked against the lean grammar,
         and the epilogue of the tree checked to hold nothing else."""
         parts = self.check_fn.shape_code_parts
         exprs = list(parts.python_code_parts.exprs) if parts is not None else []
@@ -293,9 +293,9 @@ class _Reader:
             try:
                 tree = ast.parse(expr, mode="eval")
             except SyntaxError as exc:
-                raise NoLightGuards(f"shape guard {expr!r}") from exc
+                raise NoLeanGuards(f"shape guard {expr!r}") from exc
             if not shape_expr_ok(tree):
-                raise NoLightGuards(f"shape guard {expr!r}")
+                raise NoLeanGuards(f"shape guard {expr!r}")
         # The epilogue holds the shape guards' lambda and (torch 2.13) one lambda
         # for the objects that must be the same: ``b is a``, in Dynamo's source
         # names (Python code Dynamo evaluates, as the shape guards are).
@@ -304,15 +304,15 @@ class _Reader:
         if self.same_object_in_epilogue():
             aliasing = [f"{b} is {a}" for b, a in self.same_object]
             if not all(shape_expr_ok(ast.parse(e, mode="eval")) for e in aliasing):
-                raise NoLightGuards(f"object aliasing {aliasing}")
+                raise NoLeanGuards(f"object aliasing {aliasing}")
             exprs = exprs + aliasing
         if any(kind != "LAMBDA_GUARD" for kind in epilogue) or len(epilogue) > allowed:
-            raise NoLightGuards(f"epilogue guards {epilogue}")
+            raise NoLeanGuards(f"epilogue guards {epilogue}")
         return exprs
 
 
-def light_guard_spec(reading: GuardReading) -> dict[str, Any] | None:
-    """Dynamo's guard tree as plain data the light check runs, or None if it cannot."""
+def lean_guard_spec(reading: GuardReading) -> dict[str, Any] | None:
+    """Dynamo's guard tree as plain data the lean check runs, or None if it cannot."""
     try:
         reader = _Reader(reading)
         root = reading.check_fn.guard_manager.root
@@ -321,24 +321,24 @@ def light_guard_spec(reading: GuardReading) -> dict[str, Any] | None:
         if shape_guards:
             spec["shape_guards"] = shape_guards  # absent: no dynamic shapes (older files)
         return spec
-    except Exception as exc:  # NoLightGuards, or a guard whose value cannot be read
-        log.debug("no light guards: %s: %s", type(exc).__name__, exc, exc_info=True)
+    except Exception as exc:  # NoLeanGuards, or a guard whose value cannot be read
+        log.debug("no lean guards: %s: %s", type(exc).__name__, exc, exc_info=True)
         return None
 
 
 # The spec of each guard manager built at precompile, until it is saved (a
-# manager rebuilt from a file has none: its light guards are the file's).
+# manager rebuilt from a file has none: its lean guards are the file's).
 _SPECS: weakref.WeakKeyDictionary[Any, dict[str, Any] | None] = weakref.WeakKeyDictionary()
 
 
-def remember_light_guards(guard_manager: Any, spec: dict[str, Any] | None) -> None:
+def remember_lean_guards(guard_manager: Any, spec: dict[str, Any] | None) -> None:
     _SPECS[guard_manager] = spec
 
 
-def light_guards_of(guard_manager: Any) -> dict[str, Any] | None:
-    """The light-guard spec read when ``guard_manager`` was built, or the one it was
+def lean_guards_of(guard_manager: Any) -> dict[str, Any] | None:
+    """The lean-guard spec read when ``guard_manager`` was built, or the one it was
     loaded with (a lean load's tiered manager); None if neither."""
     spec = _SPECS.get(guard_manager)
     if spec is None:
-        spec = getattr(getattr(guard_manager, "light", None), "spec", None)
+        spec = getattr(getattr(guard_manager, "lean_guards", None), "spec", None)
     return spec

@@ -1,4 +1,4 @@
-"""Light guards, at load: the saved spec as a plain-Python check that needs no Dynamo."""
+"""Lean guards, at load: the saved spec as a plain-Python check that needs no Dynamo."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .light_types import LIGHT_TYPES, named_class, shape_expr_ok
+from .guard_types import LEAN_TYPES, named_class, shape_expr_ok
 from .subclasses import DTensorSpecCheck, MeshCheck
 
 # (python type, dtype, requires_grad, size, stride, dispatch keys, device): a size
@@ -29,8 +29,8 @@ def _same_dims(actual: Any, expected: tuple[int | None, ...]) -> bool:
     )
 
 
-class LightGuards:
-    """The light check: plain Python over ``torch`` and ``torch._C``, no ``torch._dynamo``.
+class LeanGuards:
+    """The lean check: plain Python over ``torch`` and ``torch._C``, no ``torch._dynamo``.
 
     The saved tree is turned once into one straight-line Python function (as
     Dynamo's own Python guards used to be), which walks the model and inputs
@@ -55,10 +55,10 @@ class LightGuards:
         self._emit_node(spec, "L", 1)
         for expr in spec.get("shape_guards", ()):
             if not shape_expr_ok(ast.parse(expr, mode="eval")):
-                raise ValueError(f"shape guard outside the light grammar: {expr!r}")
+                raise ValueError(f"shape guard outside the lean grammar: {expr!r}")
             self._fail_unless(expr)
         body = "\n".join(self._lines)
-        source = f"def light_check(L, seen, T):\n{body}\n    return True\n"
+        source = f"def lean_check(L, seen, T):\n{body}\n    return True\n"
         namespace: dict[str, Any] = {
             **self._consts,
             "tf_stack_len": torch._C._len_torch_function_stack,
@@ -70,8 +70,8 @@ class LightGuards:
 
         namespace["utils_device"] = _device
         self.namespace = dict(namespace)  # what ``source`` reads besides its arguments
-        exec(compile(source, "<torch_precompile light guards>", "exec"), namespace)
-        self._fn = namespace["light_check"]
+        exec(compile(source, "<torch_precompile lean guards>", "exec"), namespace)
+        self._fn = namespace["lean_check"]
         self.source = source
         # Dynamo compares a tensor's dispatch keys under the thread-local state of
         # the capture, not of the call. That state is found again by trying both
@@ -108,11 +108,11 @@ class LightGuards:
         ]
         numbered[-1] = numbered[-1].replace("return True", "return None")
         namespace = dict(self.namespace)
-        exec(compile("\n".join(numbered), "<light guards: why>", "exec"), namespace)
+        exec(compile("\n".join(numbered), "<lean guards: why>", "exec"), namespace)
         seen: dict[str, Any] = {}
         tensors: list[Any] = []
         try:
-            failed = namespace["light_check"](f_locals, seen, tensors)
+            failed = namespace["lean_check"](f_locals, seen, tensors)
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         if failed is not None:
@@ -330,7 +330,7 @@ class LightGuards:
         elif kind in ("no_aliasing", "same_object"):
             pass  # checked once every value is known
         elif kind == "type":
-            self._fail_unless(f"type({v}) is {self._const(LIGHT_TYPES[leaf[1]])}")
+            self._fail_unless(f"type({v}) is {self._const(LEAN_TYPES[leaf[1]])}")
         elif kind == "class":
             # The class of that name, looked up when checked: an instance of it
             # means its module is imported; nothing is imported here.
@@ -362,7 +362,7 @@ class LightGuards:
         elif kind == "mesh":
             self._fail_unless(f"{self._const(MeshCheck(leaf[1]))}.ok({v})")
         else:
-            raise ValueError(f"unknown light guard {kind!r}")
+            raise ValueError(f"unknown lean guard {kind!r}")
 
 
 def _overlapping(tensors: list[Any]) -> bool:
@@ -426,11 +426,11 @@ def hook_guards_enabled() -> contextlib.AbstractContextManager[None]:
     return dynamo_config.patch(skip_nnmodule_hook_guards=False)
 
 
-class TieredGuardManager:
-    """Light guards first; Dynamo's guard manager, built on first need, decides the rest."""
+class LeanGuardManager:
+    """Lean guards first; Dynamo's guard manager, built on first need, decides the rest."""
 
-    def __init__(self, light: LightGuards | None, build_full: Callable[[], Any]) -> None:
-        self.light = light
+    def __init__(self, light: LeanGuards | None, build_full: Callable[[], Any]) -> None:
+        self.lean_guards = light
         self._build_full = build_full
         self._full: Any = None
 
@@ -441,15 +441,15 @@ class TieredGuardManager:
         return self._full
 
     def check(self, f_locals: dict[str, Any]) -> bool:
-        if self.light is not None and self.light.check(f_locals):
+        if self.lean_guards is not None and self.lean_guards.check(f_locals):
             return True
-        if self.light is not None and self._full is None:
+        if self.lean_guards is not None and self._full is None:
             log = logging.getLogger("torch_precompile")
             if log.isEnabledFor(logging.INFO):
                 log.info(
-                    "the light guards refused a call (%s); Dynamo's guard manager decides "
+                    "the lean guards refused a call (%s); Dynamo's guard manager decides "
                     "(this imports torch._dynamo)",
-                    self.light.why_not(f_locals),
+                    self.lean_guards.why_not(f_locals),
                 )
         return bool(self.full.check(f_locals))
 

@@ -149,10 +149,11 @@ def test_a_flipped_byte_the_load_does_not_use_never_changes_an_answer(
     with pytest.raises(ArtifactCorruptedError, match="section 'compiled' fails its SHA-256"):
         Precompile.save(tmp_path / "again.pt", loaded)
     assert not os.path.exists(tmp_path / "again.pt")
-    monkeypatch.setenv("TORCH_PRECOMPILE_LEAN", "0")
-    with pytest.raises(ArtifactCorruptedError, match="section 'compiled' fails its SHA-256"):
-        Precompile.load(bad)
-    monkeypatch.delenv("TORCH_PRECOMPILE_LEAN")
+    for name in ("TORCH_PRECOMPILE_LEAN", "TORCH_PRECOMPILE_FAST_LOAD"):  # and its old name
+        monkeypatch.setenv(name, "0")  # the full path, which reads the corrupt section
+        with pytest.raises(ArtifactCorruptedError, match="section 'compiled' fails its SHA-256"):
+            Precompile.load(bad)
+        monkeypatch.delenv(name)
     kernel = min(n for n in _sections(staged.path) if n.startswith("kernel/"))
     flipped_kernel = Precompile.load(_flipped(staged.path, tmp_path / "kernel.pt", kernel))
     with torch.no_grad():

@@ -23,7 +23,7 @@ def _variant(training: bool = False, **changes) -> VariantRecord:
         "guards": (GUARD,),
         "timings": {"dynamo": 1.5, "inductor": 2.0},
         "external_refs": {"Out": ["app.models", "Out"]},
-        "fast_load_refusal": None if not training else "training artifact: random ops",
+        "lean_refusal": None if not training else "training artifact: random ops",
         **changes,
     }
     return VariantRecord(**fields)

@@ -419,6 +419,33 @@ def test_bad_headers_are_corrupted(tmp_path: Path) -> None:
                 read_meta(path)
 
 
+def test_headers_parse_with_the_cyclic_collector_paused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collection while a deeply nested header is parsed would run other objects'
+    finalizers (a dropped reader's file close) at the recursion limit, where they
+    fail as unraisable errors: the collector is paused while parsing, then back on,
+    also when the header is refused."""
+    import gc
+
+    from torch_precompile.file import layout
+
+    enabled_while_parsing = []
+
+    class _Json:
+        def loads(self, *args: object, **kwargs: object) -> object:
+            enabled_while_parsing.append(gc.isenabled())
+            return json.loads(*args, **kwargs)
+
+    monkeypatch.setattr(layout, "json", _Json())
+    good, deep = tmp_path / "good.tpc", tmp_path / "deep.tpc"
+    write_artifact(good, META, {"a": b"x"})
+    deep.write_bytes(_bad_files()["deep"])
+    assert read_meta(good) == META
+    _expect_corrupted(deep)
+    assert enabled_while_parsing == [False, False] and gc.isenabled()
+
+
 def test_newer_version(tmp_path: Path) -> None:
     path = tmp_path / "a.tpc"
     write_artifact(path, META, {"a": b"x"})

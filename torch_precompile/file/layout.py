@@ -21,7 +21,9 @@ knows nothing about torch and never unpickles: sections are opaque bytes here.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import io
+import json
 import os
 import re
 import stat
@@ -136,3 +138,40 @@ def _check_regular(path: str | os.PathLike[str], mode: int) -> None:
         f"{os.fspath(path)!r} is {what}, not a torch_precompile artifact: "
         "pass the path of an artifact file written by Precompile.save"
     )
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise ValueError("duplicate key in header JSON")
+    return result
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid in an artifact header")
+
+
+def parse_header(path: str, raw: memoryview) -> dict[str, Any]:
+    """The header's JSON, checked to be an object with ``meta`` and ``sections``."""
+    # No cyclic GC while parsing: a finalizer it ran at a deep header's recursion
+    # limit (another reader's file close) would fail there, as an unraisable error.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        header = json.loads(
+            bytes(raw).decode("utf-8"),
+            object_pairs_hook=_reject_duplicates,
+            parse_constant=_reject_constant,
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise corrupted(path, f"the header is not valid JSON ({type(e).__name__}: {e})") from None
+    finally:
+        if paused:
+            gc.enable()
+    if not isinstance(header, dict):
+        raise corrupted(path, f"the header is a JSON {type(header).__name__}, not an object")
+    if not isinstance(header.get("meta"), dict):
+        raise corrupted(path, "the header has no 'meta' object")
+    if not isinstance(header.get("sections"), list):
+        raise corrupted(path, "the header has no 'sections' list")
+    return header

@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import hmac
 import io
-import json
 import mmap
 import os
 import threading
@@ -43,6 +42,7 @@ from .layout import (
     fixed_size,
     looks_like_artifact,
     open_regular,
+    parse_header,
     trailer_size,
 )
 
@@ -447,7 +447,7 @@ def _info(
     header_end: int,
     payload_end: int,
 ) -> ArtifactInfo:
-    header = _parse_header(path, raw)
+    header = parse_header(path, raw)
     sections = _check_section_table(path, header["sections"], payload_end - header_end)
     return ArtifactInfo(
         format_version=version,
@@ -457,35 +457,6 @@ def _info(
         sections=sections,
         data_start=header_end,
     )
-
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        raise ValueError("duplicate key in header JSON")
-    return result
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid in an artifact header")
-
-
-def _parse_header(path: str, raw: memoryview) -> dict[str, Any]:
-    try:
-        header = json.loads(
-            bytes(raw).decode("utf-8"),
-            object_pairs_hook=_reject_duplicates,
-            parse_constant=_reject_constant,
-        )
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise corrupted(path, f"the header is not valid JSON ({type(e).__name__}: {e})") from None
-    if not isinstance(header, dict):
-        raise corrupted(path, f"the header is a JSON {type(header).__name__}, not an object")
-    if not isinstance(header.get("meta"), dict):
-        raise corrupted(path, "the header has no 'meta' object")
-    if not isinstance(header.get("sections"), list):
-        raise corrupted(path, "the header has no 'sections' list")
-    return header
 
 
 def _check_section_table(path: str, table: list[Any], data_len: int) -> tuple[dict[str, Any], ...]:

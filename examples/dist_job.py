@@ -25,30 +25,26 @@ own models around standalone loads, on its own mesh (no ``use_device_mesh``).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 T0 = time.perf_counter()
 
-if os.environ.get("TP_DEVICE") == "cuda" and "LOCAL_RANK" in os.environ:
-    # One GPU per rank, seen by the rank as cuda:0: a CUDA artifact runs on the
-    # device index it was compiled for (rank 0 compiles on its cuda:0).
-    _visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    _local = int(os.environ["LOCAL_RANK"])
-    os.environ["CUDA_VISIBLE_DEVICES"] = _visible[_local] if _visible[0] else str(_local)
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from examples import rank_job  # noqa: E402
+
+# TP_DEVICE=cuda: NCCL and a CUDA mesh (one GPU per rank), else gloo on the CPU.
+DEVICE = rank_job.one_gpu_per_rank()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from examples.tp_models import build, example_input, run  # noqa: E402
 from torch_precompile import (  # noqa: E402
@@ -74,8 +70,6 @@ HEAVY_MODULES = (
     "torch._inductor.compile_fx",
     "torch._inductor.output_code",
 )
-# TP_DEVICE=cuda: NCCL and a CUDA mesh (one GPU per rank), else gloo on the CPU.
-DEVICE = os.environ.get("TP_DEVICE", "cpu")
 
 
 def _local(t: Any) -> torch.Tensor:
@@ -359,36 +353,25 @@ def first_output_phase(out: Path, mesh: Any, how: str, name: str) -> dict[str, A
 
 def main() -> None:
     phase, out = sys.argv[1], Path(sys.argv[2])
-    torch.set_num_threads(1)  # Dynamo guards the thread count; N ranks share 2 cores
-    if DEVICE == "cuda":
-        torch.cuda.set_device(0)  # this rank's GPU (see CUDA_VISIBLE_DEVICES above)
-    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh(DEVICE, (world,))
-    if phase != "orders":
-        use_device_mesh(mesh)  # the eager references below build on this mesh too
-    try:
+
+    def body(mesh: Any, rank: int, world: int) -> tuple[str, dict[str, Any]]:
+        name = phase
         if phase == "orders":
             result = orders_phase(out, mesh)
-        elif phase == "build":
-            result = build_phase(out, mesh, rank)
-        elif phase == "compile_all":
-            result = compile_all_phase(mesh)
-        elif phase == "first":
-            result = first_output_phase(out, mesh, sys.argv[3], sys.argv[4])
-            phase = f"first-{sys.argv[3]}-{sys.argv[4]}"
         else:
-            result = load_phase(out, mesh, rank, world)
-    except Exception:
-        result = {"error": traceback.format_exc()}
-    result["total_s"] = time.perf_counter() - T0
-    (out / f"{phase}-{world}-rank{rank}.json").write_text(json.dumps(result, indent=1))
-    if "error" in result:
-        # Another rank may be waiting for this one in a collective: end the job
-        # (torchrun stops the other ranks) rather than leave it hanging.
-        os._exit(1)
-    dist.barrier()
-    dist.destroy_process_group()
+            use_device_mesh(mesh)  # the eager references below build on this mesh too
+            if phase == "build":
+                result = build_phase(out, mesh, rank)
+            elif phase == "compile_all":
+                result = compile_all_phase(mesh)
+            elif phase == "first":
+                result = first_output_phase(out, mesh, sys.argv[3], sys.argv[4])
+                name = f"first-{sys.argv[3]}-{sys.argv[4]}"
+            else:
+                result = load_phase(out, mesh, rank, world)
+        return name, {**result, "total_s": time.perf_counter() - T0}
+
+    rank_job.run(DEVICE, out, phase, body)
 
 
 if __name__ == "__main__":

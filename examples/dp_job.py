@@ -23,27 +23,23 @@ averaged over every rank's batch. Each rank writes ``DIR/<phase>-<world>-rank<r>
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
-
-if os.environ.get("TP_DEVICE") == "cuda" and "LOCAL_RANK" in os.environ:
-    # One GPU per rank, seen by the rank as cuda:0 (as examples/dist_job.py does).
-    _visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    _local = int(os.environ["LOCAL_RANK"])
-    os.environ["CUDA_VISIBLE_DEVICES"] = _visible[_local] if _visible[0] else str(_local)
-
-import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from examples import rank_job  # noqa: E402
+
+# TP_DEVICE=cuda: NCCL and one GPU per rank (float32 models), else gloo on the CPU.
+DEVICE = rank_job.one_gpu_per_rank()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 from examples.tp_models import LLAMA_VOCAB, build  # noqa: E402
 from torch_precompile import (  # noqa: E402
@@ -55,8 +51,6 @@ from torch_precompile import (  # noqa: E402
 
 MODELS = ("mlp", "llama")
 STEPS = 3
-# TP_DEVICE=cuda: NCCL and one GPU per rank (float32 models), else gloo on the CPU.
-DEVICE = os.environ.get("TP_DEVICE", "cpu")
 
 
 def make(name: str, mesh: Any) -> torch.nn.Module:
@@ -217,23 +211,13 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
 
 def main() -> None:
     phase, out = sys.argv[1], Path(sys.argv[2])
-    torch.set_num_threads(1)  # Dynamo guards the thread count; N ranks share 2 cores
-    if DEVICE == "cuda":
-        torch.cuda.set_device(0)  # this rank's GPU (see CUDA_VISIBLE_DEVICES above)
-    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh(DEVICE, (world,))
-    try:
-        result = (
-            build_phase(out, mesh, rank) if phase == "build" else load_phase(out, mesh, rank, world)
-        )
-    except Exception:
-        result = {"error": traceback.format_exc()}
-    (out / f"{phase}-{world}-rank{rank}.json").write_text(json.dumps(result, indent=1))
-    if "error" in result:
-        os._exit(1)  # another rank may wait in a collective: torchrun stops the job
-    dist.barrier()
-    dist.destroy_process_group()
+
+    def body(mesh: Any, rank: int, world: int) -> tuple[str, dict[str, Any]]:
+        if phase == "build":
+            return phase, build_phase(out, mesh, rank)
+        return phase, load_phase(out, mesh, rank, world)
+
+    rank_job.run(DEVICE, out, phase, body)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,25 @@ def script_json(source: str, *args: Any, **env: str) -> Any:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def torchrun(job: str, nproc: int, *args: str, env: dict[str, str] | None = None) -> None:
+    """Run ``examples/<job>.py`` as a real ``torchrun`` job of ``nproc`` ranks; fail
+    loudly on error."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={nproc}", str(ROOT / "examples" / f"{job}.py"), *args]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=400)
+    tail = f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"torchrun {job} {args} failed:\n{tail}"
+
+
+def rank_results(out: Path, phase: str, world: int) -> list[dict[str, Any]]:
+    """Each rank's result of a job's phase (``examples/rank_job.py``), none an error."""
+    ranks = [json.loads((out / f"{phase}-{world}-rank{r}.json").read_text()) for r in range(world)]
+    for r, res in enumerate(ranks):
+        assert "error" not in res, f"{phase} job, world {world}, rank {r}:\n{res['error']}"
+    return ranks
+
+
 def no_compiler_env(root: Path) -> dict[str, str]:
     """An environment in which no C++ compiler can run.
 

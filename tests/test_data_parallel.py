@@ -15,18 +15,12 @@ model trained eagerly.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import rank_results, torchrun
 
-ROOT = Path(__file__).resolve().parent.parent
-JOB = ROOT / "examples" / "dp_job.py"
 WORLDS = (2, 4)
 MODELS = ("mlp", "llama")
 TOL = {"mlp": 1e-7, "mlp_bound": 1e-7, "llama": 1e-5}  # losses, gradient shards, weights
@@ -34,22 +28,6 @@ TOL = {"mlp": 1e-7, "mlp_bound": 1e-7, "llama": 1e-5}  # losses, gradient shards
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch built without torch.distributed"
 )
-
-
-def _torchrun(nproc: int, *args: str, env: dict[str, str] | None = None) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={nproc}", str(JOB), *args]
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=400)
-    tail = f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-    assert proc.returncode == 0, f"torchrun {args} failed:\n{tail}"
-
-
-def _results(out: Path, phase: str, world: int) -> list[dict[str, Any]]:
-    ranks = [json.loads((out / f"{phase}-{world}-rank{r}.json").read_text()) for r in range(world)]
-    for r, res in enumerate(ranks):
-        assert "error" not in res, f"{phase} job, world {world}, rank {r}:\n{res['error']}"
-    return ranks
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +38,15 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for world in WORLDS:
         out = base / f"world{world}"
         out.mkdir()
-        _torchrun(world, "build", str(out))
+        torchrun("dp_job", world, "build", str(out))
         cache = base / f"inductor-cache-{world}"
         cache.mkdir()
         env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "CXX": "/bin/false"}
-        _torchrun(world, "load", str(out), env=env)
+        torchrun("dp_job", world, "load", str(out), env=env)
         results[world] = {
             "dir": out,
-            "build": _results(out, "build", world),
-            "load": _results(out, "load", world),
+            "build": rank_results(out, "build", world),
+            "load": rank_results(out, "load", world),
             "cache": sorted(p.name for p in cache.rglob("*") if p.is_file()),
         }
     return results

@@ -14,7 +14,6 @@ model run eagerly. The 4-rank load job also loads the 2-rank files. A 2-rank
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import subprocess
@@ -24,11 +23,11 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import rank_results, torchrun
 
 from torch_precompile import DistributedLayoutError, IncompatibleSystemError, PrecompileError
 
 ROOT = Path(__file__).resolve().parent.parent
-JOB = ROOT / "examples" / "dist_job.py"
 WORLDS = (2, 4)
 TOL = 1e-5
 # "slice": each rank cuts a rank-dependent slice; "dtout": the MLP returning a DTensor;
@@ -41,30 +40,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _torchrun(nproc: int, *args: str, env: dict[str, str] | None = None) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        str(JOB),
-        *args,
-    ]
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, (
-        f"torchrun {args} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-    )
-
-
-def _results(out: Path, phase: str, world: int) -> list[dict[str, Any]]:
-    ranks = [json.loads((out / f"{phase}-{world}-rank{r}.json").read_text()) for r in range(world)]
-    for r, res in enumerate(ranks):
-        assert "error" not in res, f"{phase} job, world {world}, rank {r}:\n{res['error']}"
-    return ranks
-
-
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Build and then load in fresh jobs, for 2 and 4 ranks; every rank's results."""
@@ -73,8 +48,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     results: dict[str, Any] = {"dirs": dirs}
     for world in WORLDS:
         dirs[world].mkdir()
-        _torchrun(world, "build", str(dirs[world]))
-        results[f"build{world}"] = _results(dirs[world], "build", world)
+        torchrun("dist_job", world, "build", str(dirs[world]))
+        results[f"build{world}"] = rank_results(dirs[world], "build", world)
     for world in WORLDS:
         cache = base / f"inductor-cache-{world}"
         cache.mkdir()
@@ -83,14 +58,14 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "TORCHINDUCTOR_CACHE_DIR": str(cache),  # empty: nothing cached to fall back on
             "CXX": "/bin/false",  # any C++ compile would fail
         }
-        _torchrun(world, "load", str(dirs[world]), *other, env=env)
-        results[f"load{world}"] = _results(dirs[world], "load", world)
+        torchrun("dist_job", world, "load", str(dirs[world]), *other, env=env)
+        results[f"load{world}"] = rank_results(dirs[world], "load", world)
         results[f"cache{world}"] = sorted(p.name for p in cache.rglob("*") if p.is_file())
     cache = base / "inductor-cache-orders"
     cache.mkdir()
     env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "CXX": "/bin/false"}
-    _torchrun(2, "orders", str(dirs[2]), env=env)
-    results["orders"] = _results(dirs[2], "orders", 2)
+    torchrun("dist_job", 2, "orders", str(dirs[2]), env=env)
+    results["orders"] = rank_results(dirs[2], "orders", 2)
     return results
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -74,19 +74,25 @@ def guard_kind(guard: Any) -> str:
 
 # --- leaves: one reader per C++ leaf type, given the node and how many there are ---
 
-_LeafReader = Callable[[LeafNode, int, Any], list[list[Any]]]
-LEAF_READERS: dict[str, _LeafReader] = {}
+_Reader = TypeVar("_Reader", bound=Callable[..., list[list[Any]]])
 
 
-def leaf_reader(*kinds: str) -> Callable[[_LeafReader], _LeafReader]:
-    """Register the reader of C++ leaf guards of the given types."""
+def _registrar(registry: dict[str, Any]) -> Callable[..., Callable[[_Reader], _Reader]]:
+    """A decorator factory: ``@register("KIND", ...)`` files a reader under each kind."""
 
-    def register(fn: _LeafReader) -> _LeafReader:
-        for kind in kinds:
-            LEAF_READERS[kind] = fn
-        return fn
+    def register(*kinds: str) -> Callable[[_Reader], _Reader]:
+        def add(fn: _Reader) -> _Reader:
+            registry.update(dict.fromkeys(kinds, fn))
+            return fn
+
+        return add
 
     return register
+
+
+_LeafReader = Callable[[LeafNode, int, Any], list[list[Any]]]
+LEAF_READERS: dict[str, _LeafReader] = {}
+leaf_reader = _registrar(LEAF_READERS)  # readers of C++ leaf guards, by the leaf's type
 
 
 def _one(n: int, kind: str, node: LeafNode) -> None:
@@ -281,17 +287,7 @@ def _default_device(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
 # that made it, by that guard's builder (``create_fn``), one reader per builder.
 _LambdaReader = Callable[[LeafNode, Any, Any], list[list[Any]]]
 LAMBDA_READERS: dict[str, _LambdaReader] = {}
-
-
-def lambda_reader(*kinds: str) -> Callable[[_LambdaReader], _LambdaReader]:
-    """Register the reader of the lambda leaf a guard of the given builder kinds makes."""
-
-    def register(fn: _LambdaReader) -> _LambdaReader:
-        for kind in kinds:
-            LAMBDA_READERS[kind] = fn
-        return fn
-
-    return register
+lambda_reader = _registrar(LAMBDA_READERS)  # readers of lambda leaves, by the guard's builder
 
 
 @leaf_reader("LAMBDA_GUARD")

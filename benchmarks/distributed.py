@@ -3,15 +3,15 @@
 For each world size (torchrun jobs of ``examples/dist_job.py``: on CPU with gloo, or
 with ``TP_DEVICE=cuda`` on one GPU per rank with NCCL):
 
-- *compile once* (empty Inductor cache): rank 0 alone compiles the tensor-parallel MLP and block
-  (``Precompile.compile``) and saves, every rank writes its shard: the job's
-  wall time and rank 0's compile seconds;
-- *compile per rank* (one empty Inductor cache shared by the job's ranks):
-  every rank compiles the same two programs, as a job without a shared
+- *compile once* (empty Inductor cache): rank 0 alone compiles the tensor-parallel MLP, block
+  and Hugging Face Llama (``Precompile.compile``) and saves, every rank writes its shard: the
+  job's wall time and rank 0's compile seconds;
+- *compile per rank* (one empty Inductor cache shared by the job's ranks; not run for one
+  rank): every rank compiles the same programs, as a job without a shared
   artifact does (all ranks share the machine's cores);
-- *first output*: a fresh job per case, from ``torchrun`` start to the end
-  (wall), and each rank's seconds from process start to its first output of
-  the block (the slowest rank): ``eager`` (build + ``parallelize_module``),
+- *first output*, of the block and of the Llama: a fresh job per case, from ``torchrun`` start
+  to the end (wall), and each rank's seconds from process start to its first output
+  (the slowest rank): ``eager`` (build + ``parallelize_module``),
   ``jit`` (that + ``torch.compile``, empty Inductor cache) and ``ours``
   (``Precompile.load`` of the saved files, empty Inductor cache, no C++
   compiler; whether the lean path served it on every rank, and the ratio to
@@ -21,7 +21,7 @@ with ``TP_DEVICE=cuda`` on one GPU per rank with NCCL):
 Usage (from the repository root)::
 
     python benchmarks/distributed.py --worlds 2 4 --runs 3
-    TP_DEVICE=cuda python benchmarks/distributed.py --worlds 2 --runs 3 --out results.json
+    TP_DEVICE=cuda python benchmarks/distributed.py --worlds 1 2 --runs 3 --out results.json
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "examples" / "dist_job.py"
 HOWS = ("eager", "jit", "ours")
+FIRST = ("block", "llama")  # the models whose first output is timed
+COMPILED = ("mlp", "block", "llama")  # the compile columns
 
 
 def torchrun(world: int, *args: str, env: dict[str, str] | None = None) -> float:
@@ -80,16 +82,31 @@ def measure(world: int, runs: int, tmp: Path) -> dict[str, Any]:
         "rank0_compile_s": build["compile_s"],
         "compiles": 1,
     }
-    cold = {"TORCHINDUCTOR_CACHE_DIR": str(tmp / f"cache-{world}-compile-all")}
-    wall = torchrun(world, "compile_all", str(out), env=cold)
-    per_rank = ranks(out, "compile_all", world)
-    row["compile_per_rank"] = {
-        "job_wall_s": wall,
-        "slowest_rank_compile_s": {
-            name: max(r["compile_s"][name] for r in per_rank) for name in ("mlp", "block")
-        },
-        "compiles": world,
+    if world > 1:  # one rank: compiling once is compiling per rank
+        cold = {"TORCHINDUCTOR_CACHE_DIR": str(tmp / f"cache-{world}-compile-all")}
+        wall = torchrun(world, "compile_all", str(out), env=cold)
+        per_rank = ranks(out, "compile_all", world)
+        row["compile_per_rank"] = {
+            "job_wall_s": wall,
+            "slowest_rank_compile_s": {
+                name: max(r["compile_s"][name] for r in per_rank) for name in COMPILED
+            },
+            "compiles": world,
+        }
+    for model in FIRST:
+        row[f"first_output_{model}"] = first_output(world, runs, tmp, out, model)
+    row["file_bytes"] = {
+        name: {
+            "code_file": (out / f"{name}.pt").stat().st_size,
+            "shard_rank0": (out / f"{name}.pt.rank0-of-{world}").stat().st_size,
+        }
+        for name in ("mlp", "block", "llama", "train")
     }
+    return row
+
+
+def first_output(world: int, runs: int, tmp: Path, out: Path, model: str) -> dict[str, Any]:
+    """Seconds to ``model``'s first output in fresh jobs, per case (medians of ``runs``)."""
     first: dict[str, Any] = {}
     # Interleaved (eager, jit, ours, eager, ...): a load change on the shared machine
     # falls on every case alike.
@@ -99,13 +116,13 @@ def measure(world: int, runs: int, tmp: Path) -> dict[str, Any]:
     heavy: dict[str, set[str]] = {how: set() for how in HOWS}
     for i in range(runs):
         for how in HOWS:
-            cache = tmp / f"cache-{world}-{how}-{i}"
+            cache = tmp / f"cache-{world}-{model}-{how}-{i}"
             cache.mkdir()
             env = {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
             if how == "ours":
                 env["CXX"] = "/bin/false"  # nothing may compile
-            walls[how].append(torchrun(world, "first", str(out), how, "block", env=env))
-            results = ranks(out, f"first-{how}-block", world)
+            walls[how].append(torchrun(world, "first", str(out), how, model, env=env))
+            results = ranks(out, f"first-{how}-{model}", world)
             firsts[how].append(max(r["first_output_s"] for r in results))
             for r in results:
                 heavy[how].update(r["heavy_imported"])
@@ -124,15 +141,7 @@ def measure(world: int, runs: int, tmp: Path) -> dict[str, Any]:
     first["ours"]["vs_eager"] = (
         first["ours"]["slowest_rank_first_output_s"] / first["eager"]["slowest_rank_first_output_s"]
     )
-    row["first_output_block"] = first
-    row["file_bytes"] = {
-        name: {
-            "code_file": (out / f"{name}.pt").stat().st_size,
-            "shard_rank0": (out / f"{name}.pt.rank0-of-{world}").stat().st_size,
-        }
-        for name in ("mlp", "block", "train")
-    }
-    return row
+    return first
 
 
 def _first(case: dict[str, Any]) -> str:
@@ -140,29 +149,37 @@ def _first(case: dict[str, Any]) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The README's markdown table of a results file."""
+    """The README's markdown table of a results file (one line per world size and model)."""
     lines = [
-        "| ranks | compile once (rank 0: MLP + block) | compile per rank (slowest rank) "
+        "| ranks | model | compile once (rank 0) | compile per rank (slowest rank) "
         "| first output, eager | first output, torch.compile | first output, ours (lean) "
-        "| ours / eager | code file / shard (block) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| ours / eager | code file / shard |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in result["rows"]:
         once = row["compile_once"]["rank0_compile_s"]
-        per = row["compile_per_rank"]["slowest_rank_compile_s"]
-        first = row["first_output_block"]
-        size = row["file_bytes"]["block"]
-        cells = [
-            str(row["world"]),
-            f"{once['mlp'] + once['block']:.1f} s, 1 compile",
-            f"{per['mlp'] + per['block']:.1f} s, {row['world']} compiles",
-            *(_first(first[h]) for h in HOWS[:2]),
-            _first(first["ours"])
-            + ("" if first["ours"].get("lean_on_every_rank") else ", not lean on every rank"),
-            f"{first['ours']['vs_eager']:.2f}x" if "vs_eager" in first["ours"] else "",
-            f"{size['code_file'] / 1024:.0f} KiB / {size['shard_rank0'] / 1024:.0f} KiB",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+        per = row.get("compile_per_rank", {}).get("slowest_rank_compile_s")
+        for model in FIRST:
+            first = row.get(f"first_output_{model}")
+            if first is None:  # a results file from before the Llama was measured
+                continue
+            # the block's line also counts the MLP (compiled with it, as before)
+            names = ("mlp", "block") if model == "block" else (model,)
+            size = row["file_bytes"][model]
+            ours = first["ours"]
+            cells = [
+                str(row["world"]),
+                "block (+ MLP compile)" if model == "block" else "HF Llama",
+                f"{sum(once[n] for n in names):.1f} s, 1 compile",
+                f"{sum(per[n] for n in names):.1f} s, {row['world']} compiles"
+                if per
+                else "(1 rank)",
+                *(_first(first[h]) for h in HOWS[:2]),
+                _first(ours) + ("" if ours.get("lean_on_every_rank") else ", not lean everywhere"),
+                f"{ours['vs_eager']:.2f}x" if "vs_eager" in ours else "",
+                f"{size['code_file'] / 1024:.0f} KiB / {size['shard_rank0'] / 1024:.0f} KiB",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -3,7 +3,8 @@
 #
 #   OUT=results-dir bash benchmarks/multi_gpu.sh tp      # build, fresh load, orders (2 ranks)
 #   OUT=results-dir bash benchmarks/multi_gpu.sh dp      # data-parallel training, build + fresh load
-#   OUT=results-dir bash benchmarks/multi_gpu.sh bench   # benchmarks/distributed.py, worlds $WORLDS (default 2)
+#   OUT=results-dir bash benchmarks/multi_gpu.sh bench   # benchmarks/distributed.py, worlds $WORLDS (default 2),
+#                                                        # $RUNS runs, within $BENCH_TIMEOUT s (default 540)
 #   OUT=results-dir bash benchmarks/multi_gpu.sh tp dp   # several steps, one archive ($OUT/results.tgz)
 #
 # Each step writes its JSON and logs under $OUT. NVLink multicast stays off.
@@ -46,9 +47,11 @@ elif [ "$step" = dp ]; then
   run dp_job 2 build "$dir"
   run dp_job 2 load "$dir" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" CXX=/bin/false
 elif [ "$step" = bench ]; then
-  $PY benchmarks/distributed.py --worlds ${WORLDS:-2} --runs "${RUNS:-2}" \
-    --out "$OUT/distributed_h100x2.json" >"$OUT/bench.log" 2>&1
-  echo "bench rc $?" >>"$OUT/steps.txt"
+  # Stops before the device's per-call limit, so that the archive below is still written
+  # (bench.log holds each world's row as it is measured).
+  timeout "${BENCH_TIMEOUT:-540}" $PY benchmarks/distributed.py --worlds ${WORLDS:-2} \
+    --runs "${RUNS:-2}" --out "$OUT/distributed_${TAG:-h100}.json" >"$OUT/bench.log" 2>&1
+  echo "bench worlds ${WORLDS:-2} rc $?" >>"$OUT/steps.txt"
 fi
 done
 cat "$OUT/steps.txt"

@@ -87,18 +87,6 @@ def _heavy() -> set[str]:
     return {m for m in HEAVY_MODULES if m in sys.modules}
 
 
-def _lean(artifact: Any) -> bool:
-    """Whether ``artifact`` was loaded by the lean path (no Dynamo, AOTAutograd, Inductor)."""
-    return type(artifact.compiled_function).__name__ == "LeanCompiledFunction"
-
-
-def _dynamo_guards(artifact: Any) -> bool:
-    """Whether Dynamo's guard manager was built for ``artifact`` (the lean guards
-    could not decide a call); a lean load's lean guards decide alone."""
-    manager = artifact.compiled_function._artifacts.guard_manager
-    return getattr(manager, "_full", True) is not None
-
-
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((_local(a).detach() - _local(b).detach()).abs().max())
 
@@ -179,20 +167,22 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
             outputs[name] = run(loaded[name], name, example_input(name, DEVICE))
     result["first_output_s"] = time.perf_counter() - T0
     result["heavy_added_by_load"] = sorted(_heavy() - set(result["heavy_before_load"]))
-    result["dynamo_guards_built"] = sorted(n for n in INFERENCE if _dynamo_guards(loaded[n]))
+    result["dynamo_guards_built"] = sorted(
+        n for n in INFERENCE if rank_job.dynamo_guards(loaded[n])
+    )
     result["diff"] = {}
     bound_lean = {}
     for name in INFERENCE:
         eager = build(name, mesh).eval()
         bound = Precompile.load(out / f"{name}.pt", model=eager)
-        bound_lean[name] = _lean(bound)
+        bound_lean[name] = rank_job.lean(bound)
         x = example_input(name, DEVICE)
         with torch.no_grad():
             expected = run(eager, name, x)
             result["diff"][name] = _max_diff(outputs[name], expected)
             bound_out = run(bound, name, x)
             result["diff"][name + "_bound"] = _max_diff(bound_out, expected)
-        if _dynamo_guards(bound):
+        if rank_job.dynamo_guards(bound):
             result["dynamo_guards_built"].append(name + "_bound")
         result["local_shape_" + name] = list(_local(outputs[name]).shape)
         result["output_layout_" + name] = [
@@ -202,7 +192,7 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         ]
     # Issue 27: the DTensor artifacts loaded (standalone and with model=) and ran
     # through the lean path, without the compiler stack.
-    result["lean"] = {name: _lean(loaded[name]) for name in INFERENCE}
+    result["lean"] = {name: rank_job.lean(loaded[name]) for name in INFERENCE}
     result["lean_bound"] = bound_lean
     result["heavy_added_by_bound_load"] = sorted(_heavy() - set(result["heavy_before_load"]))
     start = time.perf_counter()
@@ -210,12 +200,19 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     result["load_s"] += time.perf_counter() - start
     result["files_read"] = sorted(set(opened))
     opened.clear()
+    heavy = _heavy()
     standin_steps = {
         name: _train_step(
             loaded[name], loaded[name].named_parameters(), model, example_input(model, DEVICE)
         )
         for name, model in TRAIN.items()
     }
+    # Issue 27: the training artifacts, forward and backward, on the lean path too.
+    result["lean_train"] = {name: rank_job.lean(loaded[name]) for name in TRAIN}
+    result["dynamo_guards_built_train"] = sorted(
+        n for n in TRAIN if rank_job.dynamo_guards(loaded[n])
+    )
+    result["heavy_added_by_training"] = sorted(_heavy() - heavy)
     # Nothing compiled: Inductor's compile entry point was never imported.
     result["compiler_imported"] = sorted(
         m for m in ("torch._inductor.compile_fx", "torch._inductor.codecache") if m in sys.modules
@@ -229,6 +226,7 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
         loss_bound, grads_bound = _train_step(bound, live.named_parameters(), model, x)
         loss_standin, grads_standin = standin_steps[name]
         sharded = [k for k, p in live.named_parameters() if hasattr(p, "to_local")]
+        result["lean_train"][name + "_bound"] = rank_job.lean(bound)
         result[name] = {
             "loss_eager": loss_eager,
             "loss_standin": loss_standin,
@@ -341,7 +339,7 @@ def first_output_phase(out: Path, mesh: Any, how: str, name: str) -> dict[str, A
         if how == "ours":
             artifact = Precompile.load(out / f"{name}.pt")
             y = run(artifact, name, x)
-            result["lean"] = _lean(artifact)
+            result["lean"] = rank_job.lean(artifact)
         else:
             model = build(name, mesh).eval()
             y = run(torch.compile(model) if how == "jit" else model, name, x)

@@ -192,6 +192,12 @@ def load_phase(out: Path, mesh: Any, rank: int, world: int) -> dict[str, Any]:
     live = make("mlp", mesh)
     bound = Precompile.load(out / "mlp.pt", model=live)
     result["mlp_bound"] = train("mlp", bound, list(live.parameters()), make("mlp", mesh), rank)
+    # Issue 27: forward and backward ran on the lean path, the lean guards deciding.
+    result["lean"] = {name: rank_job.lean(loaded[name]) for name in MODELS}
+    result["lean"]["mlp_bound"] = rank_job.lean(bound)
+    result["dynamo_guards_built"] = sorted(
+        name for name in MODELS if rank_job.dynamo_guards(loaded[name])
+    )
     fresh = Precompile.load(out / "mlp.pt")  # the saved weights again
     result["mlp_reference_grad_diff"] = reference_grad_diff("mlp", fresh, world, rank)
     try:  # the plain (unsharded) model bound to the data-parallel artifact

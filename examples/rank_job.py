@@ -55,3 +55,15 @@ def run(device: str, out: Path, phase: str, body: Body) -> None:
         os._exit(1)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def lean(artifact: Any) -> bool:
+    """Whether ``artifact`` was loaded by the lean path (no Dynamo, AOTAutograd, Inductor)."""
+    return type(artifact.compiled_function).__name__ == "LeanCompiledFunction"
+
+
+def dynamo_guards(artifact: Any) -> bool:
+    """Whether Dynamo's guard manager was built for ``artifact`` (the lean guards
+    could not decide a call); a lean load's lean guards decide alone."""
+    manager = artifact.compiled_function._artifacts.guard_manager
+    return getattr(manager, "_full", True) is not None

@@ -103,6 +103,17 @@ def test_three_steps_match_eager(jobs: dict[str, Any], world: int, case: str) ->
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_training_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
+    # Issue 27: the sharded steps run forward and backward on the lean path (the
+    # Shard(0) DTensor parameters flattened to their local shards inside the lean
+    # autograd.Function, the reduce-scattered gradients rebuilt as DTensors), and
+    # the lean guards decide every call.
+    for res in jobs[world]["load"]:
+        assert res["lean"] == {"mlp": True, "llama": True, "mlp_bound": True}
+        assert res["dynamo_guards_built"] == []
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_gradients_are_averaged_over_ranks(jobs: dict[str, Any], world: int) -> None:
     # The loaded artifact's gradient, gathered, equals a plain model's gradient
     # averaged over every rank's batch: the reduce-scatter is in the graph.

@@ -163,6 +163,26 @@ def test_dtensor_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
         }
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_dtensor_training_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
+    # Issue 27: the TP training steps (MLP, Llama) run forward and backward on the
+    # lean path, standalone and with model=: DTensor parameters enter the lean
+    # autograd.Function, their local shards feed the compiled forward, and each
+    # gradient is rebuilt as a DTensor shard (test_tp_training_step_matches_eager
+    # compares them with eager's); the lean guards decide, and the steps import
+    # nothing of the compiler stack.
+    for res in jobs[f"load{world}"]:
+        assert res["lean_train"] == {
+            "train": True,
+            "llama_train": True,
+            "train_bound": True,
+            "llama_train_bound": True,
+        }
+        assert res["dynamo_guards_built_train"] == []
+        assert res["heavy_added_by_training"] == []
+        assert "torch._inductor.compile_fx" not in res["compiler_imported"]
+
+
 def test_any_order_of_steps(jobs: dict[str, Any]) -> None:
     # Issue 27: the job parallelises its own models on its own mesh around
     # standalone loads; no use_device_mesh.

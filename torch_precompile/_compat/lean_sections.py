@@ -91,13 +91,12 @@ def _lean_refusal(fn: Any) -> tuple[str | None, _LeanPlan | None]:
             return reason, None
         plan = _LeanPlan([entry.compiled_fw.result], inference=inference)
     if entry.maybe_subclass_meta is not None:
-        if plan.autograd is not None:
-            return "training artifact: tensor subclass (DTensor) inputs", None
         if plan.inference is not None and plan.inference.aliases:
             return "tensor subclass (DTensor) inputs and outputs aliasing inputs", None
-        reason, subclasses = subclass_refusal(entry, plan.graphs[0])
+        training = plan.autograd is not None
+        reason, subclasses = subclass_refusal(entry, plan.graphs, training)
         if reason is not None:
-            return reason, None
+            return ("training artifact: " if training else "") + reason, None
         plan = dataclasses.replace(plan, subclasses=subclasses)
     for graph in plan.graphs:
         reason = _graph_refusal(graph, plan.subclasses)

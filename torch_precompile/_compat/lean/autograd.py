@@ -7,9 +7,12 @@ its runtime (``_AOTDispatchAutogradFunctionFactory`` in
 graph: which forward outputs are the user's, which are tensors and sizes saved
 for backward, which outputs are viewed with ``_unsafe_view`` or do not need a
 gradient, which outputs' gradients the backward takes (and in what layout).
-Anything else (input mutations outside the graph, outputs aliasing inputs, RNG
-state, tensor subclasses, effect tokens, a lazily compiled backward) is refused
-with a reason, and the artifact loads through PyTorch's full path.
+Tensor subclass (DTensor) inputs are flattened around the compiled pair by
+``subclasses.py``, inside the ``autograd.Function`` as AOTAutograd does, so
+that gradients reach the DTensor parameters. Anything else (input mutations
+outside the graph, outputs aliasing inputs, RNG state, effect tokens, a lazily
+compiled backward) is refused with a reason, and the artifact loads through
+PyTorch's full path.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class AutogradSpec:
     # Inputs the forward writes (in the graph) whose writes autograd must see
     # (absent: a file written before input mutations ran lean).
     mutated_seen_by_autograd: tuple[int, ...] = ()
+    # Opaque objects (a DTensor's DeviceMesh) the backward reads (absent: none).
+    saved_opaque: slice = dataclasses.field(default_factory=lambda: slice(0, 0))
 
 
 def autograd_refusal(entry: Any) -> tuple[str | None, AutogradSpec | None]:
@@ -86,9 +91,6 @@ def autograd_refusal(entry: Any) -> tuple[str | None, AutogradSpec | None]:
         return "dynamic saved tensors", None
     if meta.indices_of_inputs_that_requires_grad_with_mutations_in_bw:
         return "the backward mutates an input", None
-    opaque = meta.opaque_objects_saved_for_backwards_slice
-    if opaque.stop is not None and opaque.stop != opaque.start:
-        return "opaque objects saved for backward", None
     for graph in (entry.compiled_fw.result, entry.compiled_bw.result):
         if _RNG_IN_WRAPPER.search(graph.source_code.split('\nif __name__ == "__main__":')[0]):
             return "random ops (e.g. dropout) in the compiled graph", None
@@ -130,6 +132,8 @@ def autograd_refusal(entry: Any) -> tuple[str | None, AutogradSpec | None]:
         mutated_seen_by_autograd=tuple(
             int(i) for i in meta.mutated_graph_handled_indices_seen_by_autograd
         ),
+        # torch 2.11 saves no opaque objects (and has no such slice).
+        saved_opaque=getattr(meta, "opaque_objects_saved_for_backwards_slice", slice(0, 0)),
     )
     return None, spec
 
@@ -152,9 +156,12 @@ def make_autograd_call(
     spec: AutogradSpec,
     forward: Callable[[list[Any]], Any],
     backward: Callable[[list[Any]], Any],
+    wrap_gradients: Callable[[Any], tuple[Any, ...]] = tuple,
 ) -> Callable[..., Any]:
     """``fn(*graph_inputs)`` returning the user's outputs, differentiable through
-    the compiled backward (Dynamo's calling convention for the graph)."""
+    the compiled backward (Dynamo's calling convention for the graph).
+    ``wrap_gradients``: the backward's outputs as the inputs' gradients (DTensor
+    gradients rebuilt from their local shards)."""
     # As AOTAutograd's cache entry decides at load: autocast on now means the
     # compiled graphs (which already hold its casts) run with it off.
     amp_off = torch._C._DisableAutocast if torch._C._is_any_autocast_enabled() else None
@@ -173,6 +180,7 @@ def make_autograd_call(
                 x.detach() if x._is_view() else x for x in fw_outs[spec.saved_no_vc_check]
             ]
             ctx.symints = fw_outs[spec.saved_symints]
+            ctx.opaque = fw_outs[spec.saved_opaque]
             raw = list(fw_outs[: spec.num_forward_returns])
             for i in spec.unsafe_view_outputs:
                 raw[i] = torch.ops.aten._unsafe_view(raw[i], raw[i].shape)
@@ -200,16 +208,16 @@ def make_autograd_call(
                 _coerce_tangent(grads[i], layout)
                 for i, layout in zip(spec.tangent_outputs, spec.tangent_layouts)
             ]
-            all_args = [*ctx.symints, *saved, *tangents]
+            all_args = [*ctx.symints, *saved, *ctx.opaque, *tangents]
             del saved, tangents
             ctx.maybe_clear_saved_tensors()
-            ctx.no_vc_check = None
+            ctx.no_vc_check = ctx.opaque = None
             if amp_off is not None:
                 with amp_off():
                     out = backward(all_args)
             else:
                 out = backward(all_args)
-            return tuple(out)
+            return wrap_gradients(out)
 
     bumped = tuple(spec.mutated_seen_by_autograd)
 

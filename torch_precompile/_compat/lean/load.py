@@ -131,6 +131,7 @@ def _graph_call(
     guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
     data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
     subclasses = _subclass_spec(spec)
+    meshes = lean_subclasses.mesh_constants(subclasses) if subclasses is not None else None
     graph_call = wrapper.build_graph_call(
         spec["wrapper"],
         spec["extern_kernels"],
@@ -140,7 +141,7 @@ def _graph_call(
         filename,
         spec.get("triton"),
         spec.get("mutated_inputs", ()),
-        lean_subclasses.mesh_constants(subclasses) if subclasses is not None else None,
+        meshes,
     )
     backward = spec.get("backward")
     if backward is not None:
@@ -154,11 +155,19 @@ def _graph_call(
             data_ptr,
             filename + " (backward)",
             spec.get("triton"),
+            (),
+            meshes,
         )
+        forward = graph_call.call_list
+        wrap_gradients: Callable[[Any], tuple[Any, ...]] = tuple
+        if subclasses is not None:  # DTensor inputs fed as their local shards
+            forward = lean_subclasses.flattening(subclasses, forward)
+            wrap_gradients = functools.partial(lean_subclasses.wrap_gradients, subclasses)
         graph_call = lean_autograd.make_autograd_call(
             lean_autograd.AutogradSpec(**backward["autograd"]),
-            graph_call.call_list,
+            forward,
             bw_call.call_list,
+            wrap_gradients,
         )
     else:
         call_list = graph_call.call_list
@@ -204,7 +213,7 @@ def _subclass_spec(spec: dict[str, Any]) -> lean_subclasses.SubclassSpec | None:
     if found is None:
         return None
     found = dict(found)
-    if found.pop("version") != lean_subclasses.SUBCLASS_SPEC_VERSION:
+    if found.pop("version") not in lean_subclasses.SUBCLASS_SPEC_VERSIONS_READ:
         raise ValueError("the lean subclass spec was written by another version")
     return lean_subclasses.SubclassSpec(**found)  # pickled as dataclasses.asdict wrote it
 

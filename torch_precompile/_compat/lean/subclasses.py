@@ -11,7 +11,10 @@ object) and rebuilds the subclass outputs from the graph's plain outputs
 ``torch/_functorch/_aot_autograd/subclass_utils.py`` do. This module does the
 same from a spec read off AOTAutograd's cache entry at save, for the case of
 tensor parallelism: one level of subclass (inner values are plain tensors or
-opaque objects), static outer sizes, an inference graph.
+opaque objects), static outer sizes. For training (inside the lean
+``autograd.Function``, as AOTAutograd's own does) the forward's activations
+after the user's outputs pass through, and each gradient of a DTensor input is
+rebuilt as a DTensor (``grad_input_metas``); tangents must be plain tensors.
 
 A graph traced under ``compile_on_one_rank`` also holds the DeviceMesh as a
 constant of Inductor's wrapper (``_opaque_obj0``): the loader binds it to this
@@ -30,7 +33,8 @@ from typing import Any
 
 from .guard_types import named_class
 
-SUBCLASS_SPEC_VERSION = 1
+SUBCLASS_SPEC_VERSION = 2  # 2: training (user_flat_outputs, grad_inputs)
+SUBCLASS_SPEC_VERSIONS_READ = (1, 2)
 
 # The DeviceMesh a distributed load binds to the compiled graph's mesh constants.
 _BOUND_MESH: contextvars.ContextVar[Any] = contextvars.ContextVar("bound_mesh", default=None)
@@ -60,22 +64,65 @@ class SubclassSpec:
     per user output, ``[index]`` (a plain output) or ``[start, module,
     qualname, attrs, meta (pickled), outer_size, outer_stride]``: a subclass
     rebuilt from the plain outputs from ``start`` on. ``mesh_constants``: the
-    wrapper's constants that are the DeviceMesh.
+    wrapper's constants that are the DeviceMesh (forward and backward).
+    Training: ``user_flat_outputs`` of the forward's plain outputs are the
+    user's (the rest are activations for the backward), and ``grad_inputs``
+    rebuilds the backward's plain gradients, one per graph input, as
+    ``outputs`` does.
     """
 
     inputs: tuple[tuple[str, ...] | None, ...] = ()
     outputs: tuple[tuple[Any, ...], ...] = ()
     mesh_constants: tuple[str, ...] = ()
+    user_flat_outputs: int | None = None
+    grad_inputs: tuple[tuple[Any, ...], ...] = ()
 
 
 def _static(values: Any) -> bool:
     return all(type(v) is int for v in values)
 
 
-def subclass_refusal(entry: Any, graph: Any) -> tuple[str | None, SubclassSpec | None]:
+def _rebuilt(metas: Any, opaque: type, what: str) -> tuple[str | None, tuple[tuple[Any, ...], ...]]:
+    """Per meta (AOTAutograd's ``PlainTensorMeta``/``SubclassCreationMeta`` of an output
+    or a gradient): ``(index,)`` or how the subclass is rebuilt (see SubclassSpec)."""
+    from torch._functorch._aot_autograd.schemas import PlainTensorMeta
+
+    rebuilt: list[tuple[Any, ...]] = []
+    for m in metas:
+        if isinstance(m, PlainTensorMeta):
+            rebuilt.append((int(m.unwrapped_idx),))
+            continue
+        cls = m.original_subclass_type
+        if cls is None or named_class(cls.__module__, cls.__qualname__) is not cls:
+            return f"a tensor subclass {what} whose class cannot be found by name", ()
+        if not (_static(m.outer_size) and _static(m.outer_stride)):
+            return f"a tensor subclass {what} with dynamic shapes", ()
+        if not all(isinstance(a, (PlainTensorMeta, opaque)) for a in m.attrs.values()):
+            return f"a nested tensor subclass {what}", ()
+        try:
+            flat_meta = pickle.dumps(m.meta, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            return f"a tensor subclass {what}'s metadata cannot be pickled ({exc})", ()
+        rebuilt.append(
+            (
+                int(m.flat_tensor_start_idx),
+                cls.__module__,
+                cls.__qualname__,
+                tuple(m.attrs),
+                flat_meta,
+                tuple(m.outer_size),
+                tuple(m.outer_stride),
+            )
+        )
+    return None, tuple(rebuilt)
+
+
+def subclass_refusal(
+    entry: Any, graphs: list[Any], training: bool = False
+) -> tuple[str | None, SubclassSpec | None]:
     """Why AOTAutograd's subclass handling of ``entry`` needs its own runtime (None
-    if this module's can run it), and the spec when it can. ``graph``: the
-    compiled forward (its constants)."""
+    if this module's can run it), and the spec when it can. ``graphs``: the
+    compiled forward (and backward), for their constants."""
     from torch._functorch._aot_autograd import schemas
     from torch._functorch._aot_autograd.schemas import PlainTensorMeta, SubclassCreationMeta
     from torch.distributed.device_mesh import DeviceMesh
@@ -94,40 +141,32 @@ def subclass_refusal(entry: Any, graph: Any) -> tuple[str | None, SubclassSpec |
         if not all(isinstance(a, (PlainTensorMeta, opaque)) for a in m.attrs.values()):
             return "a nested tensor subclass input", None
         inputs.append(tuple(m.attrs))
-    outputs: list[tuple[Any, ...]] = []
-    for m in meta.subclass_fw_graph_out_meta:
-        if isinstance(m, PlainTensorMeta):
-            outputs.append((int(m.unwrapped_idx),))
-            continue
-        cls = m.original_subclass_type
-        if cls is None or named_class(cls.__module__, cls.__qualname__) is not cls:
-            return "a tensor subclass output whose class cannot be found by name", None
-        if not (_static(m.outer_size) and _static(m.outer_stride)):
-            return "a tensor subclass output with dynamic shapes", None
-        if not all(isinstance(a, (PlainTensorMeta, opaque)) for a in m.attrs.values()):
-            return "a nested tensor subclass output", None
-        try:
-            flat_meta = pickle.dumps(m.meta, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
-            return f"a tensor subclass output's metadata cannot be pickled ({exc})", None
-        outputs.append(
-            (
-                int(m.flat_tensor_start_idx),
-                cls.__module__,
-                cls.__qualname__,
-                tuple(m.attrs),
-                flat_meta,
-                tuple(m.outer_size),
-                tuple(m.outer_stride),
-            )
+    out_metas = meta.subclass_fw_graph_out_meta
+    reason, outputs = _rebuilt(out_metas, opaque, "output")
+    if reason is not None:
+        return reason, None
+    extra: dict[str, Any] = {}
+    if training:
+        if any(isinstance(m, SubclassCreationMeta) for m in meta.subclass_tangent_meta):
+            return "a tensor subclass tangent (a DTensor output that needs a gradient)", None
+        grad_metas = entry.maybe_subclass_meta.grad_input_metas
+        if grad_metas is None:
+            return "no gradient layout for the tensor subclass inputs", None
+        reason, extra["grad_inputs"] = _rebuilt(grad_metas, opaque, "gradient")
+        if reason is not None:
+            return reason, None
+        extra["user_flat_outputs"] = sum(
+            1 if isinstance(m, PlainTensorMeta) else int(m.arg_count) for m in out_metas
         )
-    constants = dict(graph.torchbind_constants or {})
+    constants: dict[str, Any] = {}
+    for graph in graphs:
+        constants.update(graph.torchbind_constants or {})
     meshes = tuple(
         sorted(k for k, v in constants.items() if isinstance(getattr(v, "real_obj", v), DeviceMesh))
     )
     if set(constants) - set(meshes):
         return "constants in the compiled graph", None
-    return None, SubclassSpec(tuple(inputs), tuple(outputs), meshes)
+    return None, SubclassSpec(tuple(inputs), outputs, meshes, **extra)
 
 
 def mesh_constants(spec: SubclassSpec) -> dict[str, Any]:
@@ -140,17 +179,26 @@ def mesh_constants(spec: SubclassSpec) -> dict[str, Any]:
     return dict.fromkeys(spec.mesh_constants, mesh)
 
 
-def _wrap_outputs(spec: SubclassSpec, flat: Any) -> list[Any]:
+def _wrap(rebuilt: tuple[tuple[Any, ...], ...], flat: Any) -> list[Any]:
+    """The model's values from the graph's plain ones, as ``rebuilt`` says."""
     out: list[Any] = []
-    for o in spec.outputs:
+    for o in rebuilt:
         if len(o) == 1:
             out.append(flat[o[0]])
             continue
         start, module, qualname, attrs, meta, size, stride = o
+        if flat[start] is None:  # no gradient for this input
+            out.append(None)
+            continue
         cls = named_class(module, qualname)
         inner = {name: flat[start + i] for i, name in enumerate(attrs)}
         out.append(cls.__tensor_unflatten__(inner, pickle.loads(meta), size, stride))
     return out
+
+
+def wrap_gradients(spec: SubclassSpec, flat: Any) -> tuple[Any, ...]:
+    """The backward's plain gradients as the graph inputs' (a DTensor's as a DTensor)."""
+    return tuple(_wrap(spec.grad_inputs, flat))
 
 
 def flattening(
@@ -161,6 +209,7 @@ def flattening(
     rebuilt."""
     where = tuple((i, attrs) for i, attrs in enumerate(spec.inputs) if attrs is not None)
     wrap = any(len(o) > 1 for o in spec.outputs)
+    users = spec.user_flat_outputs  # training: activations follow the user's outputs
 
     def call(inputs: list[Any], received: list[Any] | None = None) -> Any:
         flat: list[Any] = []
@@ -173,7 +222,11 @@ def flattening(
         flat.extend(inputs[last:])
         inputs.clear()
         result = call_list(flat, received)
-        return _wrap_outputs(spec, result) if wrap else result
+        if not wrap:
+            return result
+        if users is None:
+            return _wrap(spec.outputs, result)
+        return [*_wrap(spec.outputs, result), *result[users:]]
 
     return call
 

@@ -86,6 +86,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n("torch.autograd.profiler:_is_profiler_enabled"),
     _n("torch.utils._device"),
     _n("torch.utils._pytree:tree_leaves"),
+    _n("torch.utils._python_dispatch:TorchDispatchMode"),
     _n("torch._guards:CompileContext"),
     _n("torch._guards:Guard"),
     _n("torch._guards:TracingContext.get"),

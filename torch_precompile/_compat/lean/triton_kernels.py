@@ -59,11 +59,14 @@ def _autotuners(module: Any) -> dict[str, Any]:
 
 
 def _warm(module: Any) -> None:
-    """Run the graph once on Inductor's random inputs, so that each kernel autotunes."""
+    """Run the graph once on Inductor's random inputs, so that each kernel autotunes;
+    its collectives answered on this rank alone (only the saving rank runs it)."""
     get_args = getattr(module, "get_args", None)
     if get_args is None:
         raise ValueError("the wrapper has no get_args() to autotune its kernels with")
-    with torch.no_grad():
+    from .local_collectives import local_collectives
+
+    with torch.no_grad(), local_collectives():
         module.call(get_args())
     torch.cuda.synchronize()
 
@@ -96,7 +99,12 @@ def triton_sections(
         module = _wrapper_module(wrapper_source)
         tuners = _autotuners(module)
         if any(len(t.launchers) != 1 for t in tuners.values()):
-            _warm(module)
+            from .local_collectives import UnknownCollectiveError
+
+            try:
+                _warm(module)
+            except UnknownCollectiveError as exc:
+                return f"Triton kernels to autotune in a graph with a collective: {exc}"
         reason = _add_specs(calls, tuners, specs, binaries)
         if reason is not None:
             return reason

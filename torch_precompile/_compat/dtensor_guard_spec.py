@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .lean_guard_leaves import LeafNode, NoLeanGuards, lambda_reader, leaf_reader
+from .lean_guard_leaves import LeafNode, NoLeanGuards, equals_reader, lambda_reader, leaf_reader
 
 _MESH = "torch.distributed.device_mesh.DeviceMesh"
 
@@ -64,6 +64,15 @@ def _mesh_guard_fn(node: LeafNode, guard: Any, reader: Any) -> list[list[Any]]:
     if _qualified(value) != _MESH:  # another opaque object: its guard_fn is unknown
         raise NoLeanGuards(f"{node.name}: an opaque {_qualified(value)}")
     return [["mesh", mesh_descriptor(value)]]
+
+
+@equals_reader(_MESH)
+def _mesh_equals(node: LeafNode, value: Any) -> list[list[Any]]:
+    # torch 2.11: a mesh is a constant to Dynamo, its equality a C++ EQUALS_MATCH
+    # leaf (the same class, then ``DeviceMesh.__eq__``, which compares what the
+    # later ``guard_fn`` returns).
+    cls = type(value)
+    return [["class", cls.__module__, cls.__qualname__], ["mesh", mesh_descriptor(value)]]
 
 
 @leaf_reader("FAKE_SCRIPT_TYPE_MATCH")

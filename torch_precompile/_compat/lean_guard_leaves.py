@@ -72,6 +72,12 @@ def guard_kind(guard: Any) -> str:
     return str(getattr(fn, "__name__", ""))
 
 
+def qualified_name(value: Any) -> str:
+    """The ``module.qualname`` of ``value``'s class."""
+    cls = type(value)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def hasattr_guard(guard: Any) -> tuple[Any, str | None]:
     """The source of the object a HASATTR guard asks about, and the attribute's
     name (None if unknown). torch 2.13 and later guard the object with an
@@ -156,7 +162,7 @@ def _equals(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
     value = node.need_value()
     if _literal(value) or _placement(value):
         return [["equals", value]]
-    read = EQUALS_READERS.get(f"{type(value).__module__}.{type(value).__qualname__}")
+    read = EQUALS_READERS.get(qualified_name(value))
     if read is None:
         raise NoLeanGuards(f"{node.name}: equality with a {type(value).__name__}")
     return read(node, value)

@@ -265,8 +265,7 @@ def _light_guard_checks(out: Path, mesh: Any, world: int) -> dict[str, bool] | N
     """The lean load's lean guards of the MLP on live models: the same layout
     (accepted, twice: the second time from what the first remembered), and the
     same placements on a mesh with other dimension names (refused: Dynamo's
-    DTensor and mesh guards compare the names). None: the MLP has no lean guards
-    (torch 2.11 reads them differently)."""
+    DTensor and mesh guards compare the names). None: the MLP has no lean guards."""
     manager = Precompile.load(out / "mlp.pt").compiled_function._artifacts.guard_manager
     light = getattr(manager, "lean_guards", None)
     if light is None:  # the lean path with Dynamo's guard manager, or the full path

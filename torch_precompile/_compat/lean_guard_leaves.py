@@ -72,6 +72,27 @@ def guard_kind(guard: Any) -> str:
     return str(getattr(fn, "__name__", ""))
 
 
+def qualified_name(value: Any) -> str:
+    """The ``module.qualname`` of ``value``'s class."""
+    cls = type(value)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def hasattr_guard(guard: Any) -> tuple[Any, str | None]:
+    """The source of the object a HASATTR guard asks about, and the attribute's
+    name (None if unknown). torch 2.13 and later guard the object with an
+    ``attr=`` argument; torch 2.11 guards the attribute's own ``AttrSource``."""
+    from torch._dynamo.source import AttrSource, NNModuleSource
+
+    source = guard.originating_source
+    if isinstance(source, NNModuleSource):
+        source = source.base
+    attr = (getattr(guard.create_fn, "keywords", None) or {}).get("attr")
+    if attr is None and isinstance(source, AttrSource):
+        return source.base, source.member
+    return source, attr if isinstance(attr, str) else None
+
+
 # --- leaves: one reader per C++ leaf type, given the node and how many there are ---
 
 _Reader = TypeVar("_Reader", bound=Callable[..., list[list[Any]]])
@@ -129,12 +150,22 @@ def _placement(value: Any) -> bool:
     return type(value).__module__ == "torch.distributed.tensor.placement_types"
 
 
+# Readers of equalities with objects other than constants and placements, by the
+# object's class (``module.qualname``): what its ``__eq__`` compares, as plain data.
+_EqualsReader = Callable[[LeafNode, Any], list[list[Any]]]
+EQUALS_READERS: dict[str, _EqualsReader] = {}
+equals_reader = _registrar(EQUALS_READERS)
+
+
 @leaf_reader("EQUALS_MATCH")
 def _equals(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
     value = node.need_value()
-    if not (_literal(value) or _placement(value)):
+    if _literal(value) or _placement(value):
+        return [["equals", value]]
+    read = EQUALS_READERS.get(qualified_name(value))
+    if read is None:
         raise NoLeanGuards(f"{node.name}: equality with a {type(value).__name__}")
-    return [["equals", value]]
+    return read(node, value)
 
 
 @leaf_reader("NONE_MATCH", "TRUE_MATCH", "FALSE_MATCH")
@@ -208,13 +239,8 @@ def _dim_marking(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
 @leaf_reader("NO_HASATTR")
 def _no_hasattr(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
     value = node.need_value()
-    attrs = sorted(
-        {
-            kw["attr"]
-            for _, kw in node.guard_kwargs("HASATTR")
-            if isinstance(kw.get("attr"), str) and not hasattr(value, kw["attr"])
-        }
-    )
+    asked = (hasattr_guard(g)[1] for g in node.guards if guard_kind(g) == "HASATTR")
+    attrs = sorted({a for a in asked if a is not None and not hasattr(value, a)})
     leaves: list[list[Any]] = [["no_attr", a] for a in attrs]
     if n > len(attrs) and node.guard_kwargs("TENSOR_MATCH"):
         # torch 2.11 writes a tensor's dimension-marking check as one leaf per

@@ -42,6 +42,7 @@ from .lean_guard_leaves import (
     LeafNode,
     NoLeanGuards,
     guard_kind,
+    hasattr_guard,
     read_contains,
 )
 
@@ -156,8 +157,12 @@ class _Reader:
         self.same_object: list[tuple[str, str]] = []
         self.same_object_aot: list[tuple[str, str]] = []
         for guard in self.guards:
-            source = guard.originating_source
             kind = guard_kind(guard)
+            # A HASATTR guard's leaves sit on the object's node (torch 2.11 names the
+            # attribute as the guard's source).
+            source, attr = (
+                hasattr_guard(guard) if kind == "HASATTR" else (guard.originating_source, None)
+            )
             if isinstance(source, NNModuleSource):  # the module itself: one node
                 source = source.base
             if source is not None:
@@ -166,8 +171,7 @@ class _Reader:
                 other = guard.create_fn.keywords["source_b"]
                 self.same_object.append((other.name, source.name))
                 self._add_source(other, ChainedSource, NNModuleSource)
-            attr = (getattr(guard.create_fn, "keywords", None) or {}).get("attr")
-            if kind == "HASATTR" and isinstance(attr, str) and source is not None:
+            if attr is not None and source is not None:
                 # An attribute that exists: Dynamo reads it with an accessor (which
                 # fails where it is missing) on a source of its own.
                 self._add_source(AttrSource(source, attr), ChainedSource, NNModuleSource)

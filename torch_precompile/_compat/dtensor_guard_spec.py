@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .lean.subclasses import mesh_layout
 from .lean_guard_leaves import (
     LeafNode,
     NoLeanGuards,
@@ -35,12 +36,15 @@ _MESH = "torch.distributed.device_mesh.DeviceMesh"
 
 def mesh_descriptor(mesh: Any) -> list[Any]:
     """What DeviceMesh equality compares (its ranks and layout, device type,
-    dimension names and thread), as plain data for ``lean.subclasses.MeshCheck``."""
+    dimension names and thread), as plain data for ``lean.subclasses.MeshCheck``:
+    ``DeviceMesh.__eq__`` compares the flattened rank map and the layout (a
+    submesh and a fresh mesh over the same ranks differ there)."""
     return [
         mesh.device_type,
         mesh.mesh.tolist(),
         list(mesh.mesh_dim_names or ()),
         getattr(mesh, "_thread_id", None),
+        *mesh_layout(mesh),
     ]
 
 

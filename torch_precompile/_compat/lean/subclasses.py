@@ -231,6 +231,16 @@ def flattening(
     return call
 
 
+def mesh_layout(mesh: Any) -> list[Any]:
+    """The flattened rank map and the layout (its repr) DeviceMesh equality compares
+    besides the ranks, device type, names and thread."""
+    rank_map = getattr(mesh, "_flatten_rank_map", None)
+    return [
+        list(rank_map) if rank_map is not None else None,
+        repr(getattr(mesh, "_layout", None)),
+    ]
+
+
 class MeshCheck:
     """A DeviceMesh against ``dtensor_guard_spec.mesh_descriptor`` of the saved one:
     equal as DeviceMesh equality decides (ranks and layout, device type, dimension
@@ -244,13 +254,14 @@ class MeshCheck:
     def ok(self, mesh: Any) -> bool:
         if self._last is not None and self._last() is mesh:
             return True
-        device_type, ranks, names, thread = self._saved
+        device_type, ranks, names, thread, *layout = self._saved  # no layout: an older file
         equal = (
             type(mesh).__name__ == "DeviceMesh"
             and mesh.device_type == device_type
             and list(mesh.mesh_dim_names or ()) == names
             and getattr(mesh, "_thread_id", None) == thread
             and mesh.mesh.tolist() == ranks
+            and (not layout or mesh_layout(mesh) == layout)
         )
         if equal:
             self._last = weakref.ref(mesh)

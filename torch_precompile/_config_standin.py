@@ -12,7 +12,10 @@ stand-in of a config is an instance of a small class made at load:
   for every other readable name (class attributes, properties, aliases such as
   GPT-2's ``hidden_size`` for ``n_embd``);
 - a method (``to_dict``) is the one thing it cannot answer: reading one imports
-  the real class and turns the stand-in into an instance of it, in place.
+  the real class and turns the stand-in into an instance of it, in place. The
+  method is a descriptor of the stand-in class, so that a read that skips
+  ``__getattr__`` finds it too (torch 2.11's guards read
+  ``object.__getattribute__(config, "get_text_config")``).
 
 A config that is a dict (diffusers' ``FrozenDict``) keeps its items too, in a
 stand-in derived from the same built-in dict class. Dynamo's guard tree checks
@@ -91,16 +94,31 @@ class ConfigStandIn:
     __torch_precompile_class__: tuple[str, str] = ("", "")
     __torch_precompile_methods__: frozenset[str] = frozenset()
 
-    def __getattr__(self, name: str) -> Any:
-        cls = type(self)
-        if name not in cls.__torch_precompile_methods__:
-            raise AttributeError(f"{cls.__qualname__!r} object has no attribute {name!r}")
-        self.__class__ = find(*cls.__torch_precompile_class__)  # the real class, from now on
-        return getattr(self, name)
-
     def __repr__(self) -> str:
         module, qualname = type(self).__torch_precompile_class__
         return f"<stand-in of {module}.{qualname}: {vars(self)!r}>"
+
+
+class _RealMethod:
+    """A method of the real config class on a stand-in class: reading it turns the
+    stand-in into an instance of the real class, in place, and answers as it does."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        obj.__class__ = find(*type(obj).__torch_precompile_class__)  # from now on
+        return getattr(obj, self.name)
+
+
+def add_methods(cls: type, methods: Iterable[str]) -> None:
+    """Give the stand-in class ``cls`` the real class's methods ``methods``."""
+    names = frozenset(methods)
+    cls.__torch_precompile_methods__ = names  # type: ignore[attr-defined]
+    for name in names:
+        setattr(cls, name, _RealMethod(name))
 
 
 def standin_class(
@@ -109,9 +127,10 @@ def standin_class(
     """A stand-in class for the config class ``module.qualname``."""
     namespace = dict(values)
     namespace["__torch_precompile_class__"] = (module, qualname)
-    namespace["__torch_precompile_methods__"] = frozenset(methods)
     namespace["__module__"] = __name__
-    return type(qualname.rsplit(".", 1)[-1], (ConfigStandIn,), namespace)
+    cls = type(qualname.rsplit(".", 1)[-1], (ConfigStandIn,), namespace)
+    add_methods(cls, methods)
+    return cls
 
 
 # The built-in dict classes a dict config's stand-in may derive from, by name.

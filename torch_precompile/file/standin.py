@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .._config_standin import (
+    add_methods,
     class_level_values,
     dict_base,
     dict_standin_class,
@@ -167,7 +168,7 @@ def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
     if tag == "config" and "state" in payload:  # a stand-in of a config object
         if "dict" in payload:  # one class per config class: Dynamo guards its exact type
             cls = dict_standin_class(*payload["class"], payload["dict"])
-            cls.__torch_precompile_methods__ = frozenset(payload["methods"])
+            add_methods(cls, payload["methods"])
         else:
             cls = standin_class(*payload["class"], {}, payload["methods"])
         obj = cls.__new__(cls)

@@ -13,6 +13,7 @@ loads through Dynamo's guard manager, which decides, and the output is right.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from examples.models import build_tiny_mlp
 from torch_precompile import Precompile
 from torch_precompile._compat import guard_manager as guard_manager_module
 from torch_precompile._compat import lean_guard_leaves
+from torch_precompile._compat.lean.guards import LeanGuards
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 
@@ -168,3 +170,53 @@ def test_unknown_leaf_kind_gives_no_light_guards(tmp_path: Path) -> None:
     result = script_json(FULL, tmp_path / "mlp.pt2", tmp_path / "x.pt")
     assert result["max_diff"] < 1e-5, result
     assert not result["light"] and result["full_built"], result  # Dynamo's manager decided
+
+
+def _method_self_guards() -> Any:
+    # What torch 2.11 (with transformers 5.17) guards of GPT-2's config: the
+    # config's get_text_config is a method, bound to the config itself.
+    source = "object.__getattribute__(L['cfg'], 'get_text_config')"
+    method = {"source": source, "leaves": [["type", "method"]], "children": []}
+    spec = {
+        "source": "L",
+        "leaves": [],
+        "children": [
+            [
+                ["item", "cfg"],
+                {
+                    "source": "L['cfg']",
+                    "leaves": [],
+                    "children": [
+                        [["oattr", "get_text_config"], method]
+                    ],
+                },
+            ]
+        ],
+        "shape_guards": [f"L['cfg'] is {source}.__self__"],
+    }  # fmt: skip
+    return LeanGuards(spec)
+
+
+def test_a_method_bound_to_a_config_is_checked_lean() -> None:
+    from torch_precompile._config_standin import ConfigStandIn
+    from torch_precompile.file import standin as _standin
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB)
+    holder = torch.nn.Linear(2, 2)
+    holder.config = config
+    skeleton = _standin.describe_module(holder)
+    tensors = _standin.module_tensors(holder)
+    standin = _standin.build_standin(skeleton, tensors).config
+    guards = _method_self_guards()
+    assert guards.check({"cfg": config})  # the live config
+    assert guards.check({"cfg": standin})  # a loaded config's stand-in, and it stays one:
+    assert isinstance(standin, ConfigStandIn)  # the check imported no library class
+
+    class Shadowed(type(config)):  # an instance attribute shadows the method
+        pass
+
+    odd = Shadowed(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB)
+    odd.get_text_config = lambda: odd
+    assert not guards.check({"cfg": odd})
+    other = transformers.GPT2Config()  # a method bound to another object
+    assert not guards.check({"cfg": types.SimpleNamespace(get_text_config=other.get_text_config)})

@@ -4,6 +4,7 @@ spec names, classes found by name, and the grammar of the shape guards it keeps.
 from __future__ import annotations
 
 import ast
+import types
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ LEAN_TYPES: dict[str, type] = {
     "NoneType": type(None),
     "torch.Size": torch.Size,
     "torch.Tensor": torch.Tensor,
+    "method": types.MethodType,  # a method read off a config (MethodRead)
 }
 
 
@@ -34,7 +36,8 @@ def named_class(module: str, qualname: str) -> Any:
 # Only this small grammar is accepted (sizes and strides of frame locals, their
 # plain attributes (ints Dynamo made symbolic), integers, arithmetic,
 # ``min``/``max``, comparisons, ``and``, and ``is`` between two attribute paths
-# from frame locals, for tied weights); anything else means no lean guards.
+# from frame locals, for tied weights, or the object a method read off one is
+# bound to); anything else means no lean guards.
 _SHAPE_BINOPS = ("Add", "Sub", "Mult", "FloorDiv", "Mod")
 _SHAPE_CMPOPS = ("Eq", "NotEq", "Lt", "LtE", "Gt", "GtE")
 
@@ -48,7 +51,10 @@ def shape_expr_ok(node: Any) -> bool:
     if isinstance(node, ast.Compare):
         if len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
             # Tied weights: ``L['self']._modules['a']._parameters['w'] is L['self']...``
-            return _source_chain(node.left) and _source_chain(node.comparators[0])
+            return all(
+                _source_chain(side) or _method_self(side)
+                for side in (node.left, node.comparators[0])
+            )
         return all(type(op).__name__ in _SHAPE_CMPOPS for op in node.ops) and all(
             shape_expr_ok(v) for v in (node.left, *node.comparators)
         )
@@ -95,6 +101,45 @@ def shape_expr_ok(node: Any) -> bool:
             and _source_chain(call.func.value)  # L['x'], L['args'][0], L['cache'].layers[0].keys
         )
     return False
+
+
+def _method_self(node: Any) -> bool:
+    """``object.__getattribute__(<source>, 'name').__self__``: the object a method read
+    off ``<source>`` is bound to (torch 2.11 guards a config's ``get_text_config``
+    so). The lean check reads it with :func:`read_method` as ``object``."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "__self__"):
+        return False
+    call = node.value
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "__getattribute__"
+        and isinstance(call.func.value, ast.Name)
+        and call.func.value.id == "object"
+        and len(call.args) == 2
+        and not call.keywords
+        and _source_chain(call.args[0])
+        and isinstance(call.args[1], ast.Constant)
+        and type(call.args[1].value) is str
+    )
+
+
+class MethodRead:
+    """``object`` in the lean check's namespace: ``object.__getattribute__(x, name)`` as
+    Python answers it, except that a config stand-in's method (a descriptor that
+    would turn it into its real class, importing its library) is answered with a
+    method bound to it without that (the real class's method is bound to it)."""
+
+    @staticmethod
+    def __getattribute__(obj: Any, name: str) -> Any:  # type: ignore[override]
+        cls = type(obj)
+        if name in getattr(cls, "__torch_precompile_methods__", ()) and name not in vars(obj):
+            return types.MethodType(_unbound, obj)
+        return object.__getattribute__(obj, name)
+
+
+def _unbound(self: Any, *args: Any, **kwargs: Any) -> Any:
+    raise TypeError("a method read by a lean guard is not called")
 
 
 def _source_chain(node: Any) -> bool:

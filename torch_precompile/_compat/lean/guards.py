@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .guard_types import LEAN_TYPES, named_class, shape_expr_ok
+from .guard_types import LEAN_TYPES, MethodRead, named_class, shape_expr_ok
 from .subclasses import DTensorSpecCheck, MeshCheck
 
 # (python type, dtype, requires_grad, size, stride, dispatch keys, device): a size
@@ -65,6 +65,7 @@ class LeanGuards:
             "top_hooks": torch._C._autograd._top_saved_tensors_default_hooks,
             "named_class": named_class,
             "torch": torch,  # torch.sym_max / sym_min in shape guards (ints here)
+            "object": MethodRead,  # object.__getattribute__(x, name) in aliasing guards
         }
         from torch.utils import _device
 

@@ -8,6 +8,7 @@ Each answer must have the shape PyTorch's own meta kernel of the collective give
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from torch_precompile._compat.lean.local_collectives import (
     UnknownCollectiveError,
+    _LocalCollectives,
     local_collectives,
 )
 
@@ -79,5 +81,14 @@ def test_out_variants_write_out() -> None:
 def test_other_ops_run_as_usual_and_point_to_point_is_refused() -> None:
     with local_collectives():
         assert torch.equal(torch.mm(X, X.T), X @ X.T)
-        with pytest.raises(UnknownCollectiveError, match=r"isend.*cannot be answered locally"):
+    # A collective outside the table (torch 2.13 and later have a functional isend;
+    # torch 2.11 has none, so the dispatch is also given one directly).
+    isend = types.SimpleNamespace(
+        namespace="_c10d_functional", overloadpacket=types.SimpleNamespace(__name__="isend")
+    )
+    with pytest.raises(UnknownCollectiveError, match=r"isend.*cannot be answered locally"):
+        _LocalCollectives().__torch_dispatch__(isend, (), (X, 1, 0, "tp"))
+    if hasattr(C10D, "isend"):
+        refused = pytest.raises(UnknownCollectiveError, match=r"isend.*cannot be answered")
+        with local_collectives(), refused:
             C10D.isend(X, 1, 0, "tp")

@@ -106,22 +106,32 @@ def shape_expr_ok(node: Any) -> bool:
 def _method_self(node: Any) -> bool:
     """``object.__getattribute__(<source>, 'name').__self__``: the object a method read
     off ``<source>`` is bound to (torch 2.11 guards a config's ``get_text_config``
-    so). The lean check reads it with :func:`read_method` as ``object``."""
+    so). The lean check reads it with :class:`MethodRead` as ``object``."""
     if not (isinstance(node, ast.Attribute) and node.attr == "__self__"):
         return False
-    call = node.value
+    args = _named_call(node.value, "object", "__getattribute__", 2)
     return (
-        isinstance(call, ast.Call)
-        and isinstance(call.func, ast.Attribute)
-        and call.func.attr == "__getattribute__"
-        and isinstance(call.func.value, ast.Name)
-        and call.func.value.id == "object"
-        and len(call.args) == 2
-        and not call.keywords
-        and _source_chain(call.args[0])
-        and isinstance(call.args[1], ast.Constant)
-        and type(call.args[1].value) is str
+        args is not None
+        and _source_chain(args[0])
+        and isinstance(args[1], ast.Constant)
+        and type(args[1].value) is str
     )
+
+
+def _named_call(node: Any, owner: str, attr: str, nargs: int) -> list[Any] | None:
+    """The arguments of ``owner.attr(...)`` with ``nargs`` positional arguments and no
+    keywords, or None if ``node`` is not such a call."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == attr
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == owner
+        and len(node.args) == nargs
+        and not node.keywords
+    ):
+        return list(node.args)
+    return None
 
 
 class MethodRead:
@@ -182,17 +192,8 @@ def _dict_key(node: Any) -> bool:
         and not call.keywords
     ):
         return False
-    keys = call.args[0]
-    return (
-        isinstance(keys, ast.Call)
-        and isinstance(keys.func, ast.Attribute)
-        and keys.func.attr == "keys"
-        and isinstance(keys.func.value, ast.Name)
-        and keys.func.value.id == "dict"
-        and len(keys.args) == 1
-        and not keys.keywords
-        and _source_chain(keys.args[0])
-    )
+    args = _named_call(call.args[0], "dict", "keys", 1)
+    return args is not None and _source_chain(args[0])
 
 
 def frame_local(node: Any) -> bool:

@@ -36,7 +36,7 @@ def _scatter(t: torch.Tensor, group_size: int) -> torch.Tensor:
     return t.narrow(0, 0, t.shape[0] // int(group_size)).clone()
 
 
-def _all_to_all(t: torch.Tensor, output_split_sizes: Any, *_: Any) -> torch.Tensor:
+def _all_to_all(t: torch.Tensor, output_split_sizes: Any) -> torch.Tensor:
     if output_split_sizes is None:
         return t.clone()
     return t.new_zeros((sum(int(s) for s in output_split_sizes), *t.shape[1:]))
@@ -56,7 +56,7 @@ _ANSWERS: dict[str, Any] = {
     "all_gather_into_tensor_coalesced": lambda ts, size, *_: [_gather(t, size) for t in ts],
     "reduce_scatter_tensor": lambda t, _op, size, *_: _scatter(t, size),
     "reduce_scatter_tensor_coalesced": lambda ts, _op, size, *_: [_scatter(t, size) for t in ts],
-    "all_to_all_single": lambda t, out_splits, *rest: _all_to_all(t, out_splits, *rest),
+    "all_to_all_single": lambda t, out_splits, *_: _all_to_all(t, out_splits),
 }
 
 

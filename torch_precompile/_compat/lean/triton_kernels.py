@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .kernels import KernelLoader, kernel_file, kernel_key
+from .local_collectives import UnknownCollectiveError, local_collectives
 
 TRITON_SPEC_VERSION = 1
 _BUILTIN_NAMES = frozenset(dir(builtins))
@@ -64,8 +65,6 @@ def _warm(module: Any) -> None:
     get_args = getattr(module, "get_args", None)
     if get_args is None:
         raise ValueError("the wrapper has no get_args() to autotune its kernels with")
-    from .local_collectives import local_collectives
-
     with torch.no_grad(), local_collectives():
         module.call(get_args())
     torch.cuda.synchronize()
@@ -99,8 +98,6 @@ def triton_sections(
         module = _wrapper_module(wrapper_source)
         tuners = _autotuners(module)
         if any(len(t.launchers) != 1 for t in tuners.values()):
-            from .local_collectives import UnknownCollectiveError
-
             try:
                 _warm(module)
             except UnknownCollectiveError as exc:

@@ -40,7 +40,7 @@ ids, expected = torch.load(sys.argv[2])
 with torch.no_grad():
     out = loaded(ids)
 t2 = time.perf_counter()
-assert "examples.models" not in sys.modules
+assert "tests.fixtures.models" not in sys.modules
 diff = (out - expected).abs().max().item()
 print(f"[beautiful] fresh process: import + load {t1 - t0:.2f} s, first call {t2 - t1:.3f} s, "
       f"max |loaded - eager| = {diff:.1e}")
@@ -53,7 +53,7 @@ def main(fresh: bool = False) -> int:
     import torch
 
     import torch_precompile  # noqa: F401  (registers torch.Precompile)
-    from examples.models import build_transformer
+    from tests.fixtures.models import build_transformer
 
     model, (example_input,), _ = build_transformer()
     with torch.no_grad():

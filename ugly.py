@@ -39,7 +39,7 @@ _FRESH_LOAD = """
 import sys, time
 t0 = time.perf_counter()
 import torch
-from examples.models import build_transformer
+from tests.fixtures.models import build_transformer
 model, (ids,), _ = build_transformer()
 with torch.no_grad(), open(sys.argv[1], "rb") as f:
     loaded = torch.compiler.load_compiled_function(f)
@@ -55,7 +55,7 @@ def main(fresh: bool = False) -> int:
     t0 = time.perf_counter()
     import torch
 
-    from examples.models import build_transformer
+    from tests.fixtures.models import build_transformer
 
     print(f"[ugly] import torch: {time.perf_counter() - t0:.2f} s (torch {torch.__version__})")
 

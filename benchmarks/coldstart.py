@@ -79,7 +79,7 @@ FILE_NOTES = {
 CHILD = r'''
 import json, os, sys, time
 import torch
-from examples.models import BUILDERS
+from tests.fixtures.models import BUILDERS
 
 mode, case, model_name, work = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 paths = {

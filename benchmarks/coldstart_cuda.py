@@ -44,7 +44,7 @@ T0 = time.perf_counter()
 import json, sys
 import torch
 method, path, builder = sys.argv[1], sys.argv[2], sys.argv[3]
-from examples import models
+from tests.fixtures import models
 
 def build():
     model, args, _ = getattr(models, builder)()
@@ -101,7 +101,7 @@ def build_artifacts(builder: str, tmp: str, methods: list[str]) -> dict[str, dic
     """Compile each ahead-of-time artifact in ``methods`` once, in this process (own caches)."""
     import torch
 
-    from examples import models
+    from tests.fixtures import models
     from torch_precompile import Precompile
 
     info: dict[str, dict] = {"eager": {"path": "-"}, "jit": {"path": "-"}}
@@ -322,7 +322,7 @@ else:
 with torch.no_grad():
     if method in ("eager", "torch_aot"):
         if model_name == "transformer":
-            from examples import models
+            from tests.fixtures import models
             model = models.build_transformer()[0].cuda()
             t = mark("build_model", t)
         else:
@@ -406,7 +406,7 @@ def _suite_build(name: str, tmp: str) -> dict:
 
     info: dict = {"model_dir": "-"}
     if name == "transformer":
-        from examples import models
+        from tests.fixtures import models
 
         model = models.build_transformer()[0].cuda()
         ids = torch.randint(0, 1000, (2, 32), device="cuda")
@@ -635,7 +635,9 @@ def suite_markdown(report: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--model", default="transformer", help="builder name without build_ (examples/models.py)"
+        "--model",
+        default="transformer",
+        help="builder name without build_ (tests/fixtures/models.py)",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", default=",".join(LABELS))

@@ -30,7 +30,7 @@ case, path = sys.argv[1:3]
 torch.manual_seed(1)
 ids = torch.randint(0, 1000, (2, 32))
 if case == "eager":
-    from examples.models import build_transformer
+    from tests.fixtures.models import build_transformer
     fn = build_transformer()[0].train()
 else:
     from torch_precompile import Precompile
@@ -44,7 +44,7 @@ def _build(path: str) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from examples.models import build_transformer
+    from tests.fixtures.models import build_transformer
     from torch_precompile import Precompile
 
     torch.manual_seed(1)

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CASE = """
 import sys, time, torch
 sys.path.insert(0, {root!r})
-from examples.models import BUILDERS
+from tests.fixtures.models import BUILDERS
 model, args, kwargs = BUILDERS[{model!r}]()
 tool = {tool!r}
 with torch.no_grad():

@@ -1,6 +1,6 @@
 """The precompile flow on CUDA: compile, save, cold load in a fresh process, compare with eager.
 
-Cases: the transformer and the GPT-style decoder from ``examples/models.py``, for
+Cases: the transformer and the GPT-style decoder from ``tests/fixtures/models.py``, for
 inference (no_grad) and training (forward + backward, gradients compared), with the
 default Inductor mode and with ``mode="reduce-overhead"`` (CUDA graphs); and graphs
 that write their inputs (a static KV cache step, BatchNorm training). Each artifact
@@ -86,7 +86,7 @@ HEAVY = ("torch._dynamo", "torch._inductor.compile_fx", "sympy", "triton", "trit
          "torch._functorch._aot_autograd.runtime_wrappers")
 
 from torch_precompile import Precompile
-from examples import models
+from tests.fixtures import models
 import logging
 LOG = []  # the package's INFO lines (why a variant or a call leaves the lean path)
 _handler = logging.Handler(logging.INFO)
@@ -181,7 +181,7 @@ res["inductor_counters"] = {k: v for k, v in counters["inductor"].items()
 tdir = os.environ["TRITON_CACHE_DIR"]
 res["triton_cache_files_after"] = sum(len(f) for _, _, f in os.walk(tdir))
 if mode == "reduce-overhead" and res["lean_load"]:
-    from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
+    from torch_precompile.lean import cudagraphs as lean_cudagraphs
     res["cudagraphs_recorded"] = lean_cudagraphs.STATS["recorded"]
     res["cudagraph_replays"] = lean_cudagraphs.STATS["replayed"]
     # An output of an earlier call, overwritten by a later replay, raises on access.
@@ -225,7 +225,7 @@ def torch_compile_steps(builder: str, training: bool, mode: str, n: int = 4) -> 
     """The same calls through torch.compile(mode=...): "ok" or "<Error>: message"."""
     import torch
 
-    from examples import models
+    from tests.fixtures import models
 
     model, args, _ = getattr(models, builder)()
     model = model.cuda()
@@ -254,7 +254,7 @@ def cudagraphs_recorded() -> int:
 def run_case(name: str, builder: str, training: bool, mode: str | None, tmp: str) -> dict:
     import torch
 
-    from examples import models
+    from tests.fixtures import models
     from torch_precompile import Precompile
     from torch_precompile.file import read_info
 

@@ -9,7 +9,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from examples.models import build_transformer  # noqa: E402
+from tests.fixtures.models import build_transformer  # noqa: E402
 
 tmp = tempfile.mkdtemp()
 model, args, _ = build_transformer()
@@ -24,7 +24,7 @@ with torch.no_grad():
 CHILD = """
 import faulthandler, sys; faulthandler.enable()
 import torch
-from examples.models import build_transformer
+from tests.fixtures.models import build_transformer
 print("step import", flush=True)
 model, args, _ = build_transformer(); args = tuple(a.cuda() for a in args)
 if "init" in sys.argv: torch.zeros(1, device="cuda")

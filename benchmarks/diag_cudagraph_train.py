@@ -14,7 +14,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from examples import models
+from tests.fixtures import models
 from torch_precompile import Precompile, _compat
 
 

@@ -20,9 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 KV = r"""
 import sys, torch
-from examples import models
+from tests.fixtures import models
 from torch_precompile import Precompile
-from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
+from torch_precompile.lean import cudagraphs as lean_cudagraphs
 art = Precompile.load(sys.argv[1])
 print("lean", type(art.compiled_function).__name__)
 eager = models.build_kv_cache_step()[0].cuda()
@@ -39,7 +39,7 @@ with torch.no_grad():
 
 PROFILE = r"""
 import cProfile, pstats, sys, time, torch
-from examples import models
+from tests.fixtures import models
 from torch_precompile import Precompile
 art = Precompile.load(sys.argv[1])
 model, (ids,), _ = models.build_transformer()
@@ -67,7 +67,7 @@ def main() -> int:
     sys.path.insert(0, ROOT)
     import torch
 
-    from examples import models
+    from tests.fixtures import models
     from torch_precompile import Precompile
     from torch_precompile.file import read_artifact
 

@@ -1,6 +1,6 @@
 """Distributed artifacts (issue 17): compile once vs per rank, first output of a fresh job.
 
-For each world size (torchrun jobs of ``examples/dist_job.py``: on CPU with gloo, or
+For each world size (torchrun jobs of ``tests/fixtures/dist_job.py``: on CPU with gloo, or
 with ``TP_DEVICE=cuda`` on one GPU per rank with NCCL):
 
 - *compile once* (empty Inductor cache): rank 0 alone compiles the tensor-parallel MLP, block
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-JOB = ROOT / "examples" / "dist_job.py"
+JOB = ROOT / "tests" / "fixtures" / "dist_job.py"
 HOWS = ("eager", "jit", "ours")
 FIRST = ("block", "llama")  # the models whose first output is timed
 COMPILED = ("mlp", "block", "llama")  # the compile columns

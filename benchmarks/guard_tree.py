@@ -26,7 +26,7 @@ from torch_precompile._compat import lean_guard_spec as spec_mod  # noqa: E402
 
 def build(name: str, device: str) -> tuple[torch.nn.Module, tuple, dict]:
     if name in ("transformer", "gpt"):
-        from examples import models
+        from tests.fixtures import models
 
         model, args, kwargs = models.BUILDERS[name]()
     else:  # small random-init configs of the suite's HF models (benchmarks/coldstart_cuda.py)

@@ -27,7 +27,7 @@ run() {  # job, world, phase, dir, [env...]
   shift 4
   local t0=$SECONDS
   env "$@" $PY -m torch.distributed.run --standalone --nproc-per-node "$world" \
-    "examples/$job.py" "$phase" "$dir" >"$OUT/$job-$phase-$world.log" 2>&1
+    "tests/fixtures/$job.py" "$phase" "$dir" >"$OUT/$job-$phase-$world.log" 2>&1
   echo "$job $phase world $world: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
   mkdir -p "$OUT/$job" && cp "$dir"/"$phase"-*.json "$OUT/$job"/ 2>/dev/null
 }

@@ -45,7 +45,7 @@ CHILD = textwrap.dedent(
     import json, sys, time
     import torch
     sys.path.insert(0, {repo!r})
-    from examples.models import BUILDERS
+    from tests.fixtures.models import BUILDERS
     from torch_precompile import Precompile
 
     mode, name, work, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

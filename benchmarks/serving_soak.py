@@ -1,6 +1,6 @@
 """Serving soak: N threads x M calls of a loaded artifact, with bad requests mixed in.
 
-The reference transformer (``examples.models.build_transformer``: 2 blocks,
+The reference transformer (``tests.fixtures.models.build_transformer``: 2 blocks,
 d=256, vocab 1000, ids of shape (2, 32)) is compiled and saved once (or
 ``--artifact`` names a saved one), then a *fresh process*, as a server would,
 loads it with ``Precompile.load(path)`` (no model object) and runs ``--threads``
@@ -190,7 +190,7 @@ def build_requests(model: Any, seed: int) -> dict[str, dict[str, Any]]:
 def build_artifact(path: Path) -> None:
     import torch
 
-    from examples.models import build_transformer
+    from tests.fixtures.models import build_transformer
     from torch_precompile import Precompile
 
     model, (ids,), _ = build_transformer()
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     import torch
 
-    from examples.models import build_transformer
+    from tests.fixtures.models import build_transformer
 
     work = Path(tempfile.mkdtemp(prefix="serving_soak-"))
     artifact = args.artifact
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}",
-        "model": "examples.models.build_transformer (2 blocks, d=256, vocab 1000, ids (2, 32))",
+        "model": "tests.fixtures.models.build_transformer (2 blocks, d=256, ids (2, 32))",
         "threads": args.threads,
         "calls_per_thread": args.calls,
         "bad_ids_mode": args.bad_ids,

@@ -41,7 +41,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from examples.hf_models import (  # noqa: E402
+from tests.fixtures.hf_models import (  # noqa: E402
     assert_same_output,
     extra_models,
     survey_models,

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from examples.models import TinyTransformer
+from tests.fixtures.models import TinyTransformer
 from torch_precompile import Precompile
 
 TOLERANCE = 1e-4

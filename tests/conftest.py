@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from examples.hf_models import assert_same_output  # noqa: E402, F401 (for the tests)
-from examples.models import build_transformer  # noqa: E402
+from tests.fixtures.hf_models import assert_same_output  # noqa: E402, F401 (for the tests)
+from tests.fixtures.models import build_transformer  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
 
 
@@ -88,10 +88,10 @@ def script_json(source: str, *args: Any, **env: str) -> Any:
 
 
 def torchrun(job: str, nproc: int, *args: str, env: dict[str, str] | None = None) -> None:
-    """Run ``examples/<job>.py`` as a real ``torchrun`` job of ``nproc`` ranks; fail
+    """Run ``tests/fixtures/<job>.py`` as a real ``torchrun`` job of ``nproc`` ranks; fail
     loudly on error."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={nproc}", str(ROOT / "examples" / f"{job}.py"), *args]
+    cmd += [f"--nproc-per-node={nproc}", str(ROOT / "tests" / "fixtures" / f"{job}.py"), *args]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=400)
     tail = f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
@@ -99,7 +99,7 @@ def torchrun(job: str, nproc: int, *args: str, env: dict[str, str] | None = None
 
 
 def rank_results(out: Path, phase: str, world: int) -> list[dict[str, Any]]:
-    """Each rank's result of a job's phase (``examples/rank_job.py``), none an error."""
+    """Each rank's result of a job's phase (``tests/fixtures/rank_job.py``), none an error."""
     ranks = [json.loads((out / f"{phase}-{world}-rank{r}.json").read_text()) for r in range(world)]
     for r, res in enumerate(ranks):
         assert "error" not in res, f"{phase} job, world {world}, rank {r}:\n{res['error']}"
@@ -143,7 +143,7 @@ def no_compiler_env(root: Path) -> dict[str, str]:
 _FRESH_LOAD = """
 import json, sys
 import torch
-from examples.hf_models import assert_same_output
+from tests.fixtures.hf_models import assert_same_output
 from torch_precompile import Precompile
 
 cases, library, tol = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from torch_precompile import GuardError, Precompile
-from torch_precompile._signature import make_binder
+from torch_precompile.runtime.signature import make_binder
 
 
 def plain(self, x, mask=None): ...  # type: ignore[no-untyped-def]

@@ -27,7 +27,7 @@ import pytest
 import torch
 from conftest import no_compiler_env
 
-from examples.models import build_scalar_fn, build_tiny_mlp
+from tests.fixtures.models import build_scalar_fn, build_tiny_mlp
 from torch_precompile import GuardError, Precompile
 from torch_precompile import file as container
 
@@ -352,7 +352,7 @@ def test_kernel_directories_unused_for_two_weeks_are_pruned(
     import tempfile
     import time
 
-    from torch_precompile._compat.lean import kernels as shipped
+    from torch_precompile.lean import kernels as shipped
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     section = {"k": b"not really a shared object"}

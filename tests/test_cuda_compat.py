@@ -26,7 +26,7 @@ import pytest
 import torch
 from conftest import script_json
 
-from examples.models import build_transformer
+from tests.fixtures.models import build_transformer
 from torch_precompile import Precompile
 from torch_precompile import file as container
 from torch_precompile._compat import joint
@@ -149,7 +149,7 @@ _FRESH = textwrap.dedent(
     import json, sys
     import torch
     from torch_precompile import Precompile
-    from examples.models import build_transformer
+    from tests.fixtures.models import build_transformer
 
     model, (ids,), _ = build_transformer()
     art = Precompile.load(sys.argv[1])

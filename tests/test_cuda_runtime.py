@@ -19,8 +19,9 @@ import torch
 from conftest import script_json
 
 from torch_precompile import Precompile
-from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
-from torch_precompile._compat.lean.cudagraphs import CUDAGraphRunner, CUDAGraphSpec
+from torch_precompile._compat.lean_specs import cudagraph_spec
+from torch_precompile.lean import cudagraphs as lean_cudagraphs
+from torch_precompile.lean.cudagraphs import CUDAGraphRunner, CUDAGraphSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_cuda = pytest.mark.skipif(
@@ -44,7 +45,7 @@ def _graph(**fields: Any) -> Any:
 
 
 def test_spec_of_a_recordable_graph() -> None:
-    spec, why = lean_cudagraphs.cudagraph_spec(_graph())
+    spec, why = cudagraph_spec(_graph())
     assert why is None and spec == CUDAGraphSpec((0, 2), 0, None)
 
 
@@ -53,7 +54,7 @@ def test_spec_of_partitions_maps_the_static_inputs_of_each() -> None:
         types.SimpleNamespace(input_index_mapping=[0, 1]),
         types.SimpleNamespace(input_index_mapping=[None, 2, 3]),
     ]
-    spec, why = lean_cudagraphs.cudagraph_spec(_graph(partition_maps=maps))
+    spec, why = cudagraph_spec(_graph(partition_maps=maps))
     assert why is None and spec is not None
     assert spec.partitions == ((0,), (1,))  # partition-local indices of inputs 0 and 2
 
@@ -72,7 +73,7 @@ def test_spec_of_partitions_maps_the_static_inputs_of_each() -> None:
     ],
 )
 def test_spec_refusals_say_why(fields: dict[str, Any], reason: str) -> None:
-    spec, why = lean_cudagraphs.cudagraph_spec(_graph(**fields))
+    spec, why = cudagraph_spec(_graph(**fields))
     assert spec is None and why is not None and reason in why
 
 
@@ -173,7 +174,7 @@ _FRESH = textwrap.dedent(
     import json, sys
     import torch
     from torch_precompile import Precompile
-    from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
+    from torch_precompile.lean import cudagraphs as lean_cudagraphs
 
     art = Precompile.load(sys.argv[1])
     io = torch.load(sys.argv[2])
@@ -243,7 +244,7 @@ _FRESH_CACHE = textwrap.dedent(
     """
     import json, sys, torch
     from torch_precompile import Precompile
-    from torch_precompile._compat.lean import cudagraphs as lean_cudagraphs
+    from torch_precompile.lean import cudagraphs as lean_cudagraphs
     art = Precompile.load(sys.argv[1])
     io = torch.load(sys.argv[2])
     cache = io["cache"].clone()

@@ -4,7 +4,7 @@ FSDP2 cannot be captured (its hooks run under ``torch._dynamo.disable``; see
 ``tests/test_distributed.py``), so :func:`torch_precompile.shard_parameters`
 shards a model as torchtitan's SimpleFSDP does: ``Shard(0)`` DTensor
 parameters all-gathered inside the graph, gradients reduce-scattered. Real
-torchrun jobs run once per module (``examples/dp_job.py``), for 2 and 4
+torchrun jobs run once per module (``tests/fixtures/dp_job.py``), for 2 and 4
 ranks: a *build* job where rank 0 alone compiles the training step of an MLP
 (through the staged pipeline) and of a Hugging Face Llama and every rank
 saves its shard, then a fresh

@@ -1,6 +1,6 @@
 """Issue 17: one artifact for every rank of a torchrun job (CPU, gloo, 2 and 4 ranks).
 
-Five real torchrun jobs run once per module (``examples/dist_job.py``): for
+Five real torchrun jobs run once per module (``tests/fixtures/dist_job.py``): for
 each world size a *build* job, where rank 0 alone compiles a tensor-parallel
 MLP, an MLP whose ranks each cut their own slice of a replicated activation
 (an offset that depends on the rank), a transformer block, a Hugging Face

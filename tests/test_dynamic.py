@@ -22,7 +22,7 @@ import pytest
 import torch
 from conftest import no_compiler_env
 
-from examples.models import build_dropout_mlp, build_gpt
+from tests.fixtures.models import build_dropout_mlp, build_gpt
 from torch_precompile import GuardError, Precompile
 from torch_precompile import file as container
 
@@ -227,7 +227,7 @@ def test_fresh_process_serves_all_sizes_without_compiling(
                 except GuardError as exc:
                     errors[str(shape)] = str(exc)
             # Eager reference, built only now (same seed, same weights).
-            from examples.models import build_gpt
+            from tests.fixtures.models import build_gpt
             model = build_gpt()[0]
             with torch.no_grad():
                 for (b, s), (ids, got) in outputs.items():

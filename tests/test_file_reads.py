@@ -22,8 +22,8 @@ from conftest import script_json
 
 from torch_precompile import ArtifactCorruptedError, Precompile
 from torch_precompile import file as container
-from torch_precompile._cli import main as cli_main
 from torch_precompile._trace import recording
+from torch_precompile.cli.main import main as cli_main
 
 LOAD = """
     import json, os, sys, torch

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from torch_precompile import _system
 from torch_precompile import file as container
 from torch_precompile._errors import (
     ArtifactCorruptedError,
@@ -45,6 +44,7 @@ from torch_precompile.file import (
     write_artifact,
 )
 from torch_precompile.file import read as file_read
+from torch_precompile.runtime import machine as _system
 
 PKG_DIR = str(Path(container.__file__).resolve().parent.parent)
 # Makes `from torch_precompile import file` work in a child without the package __init__.

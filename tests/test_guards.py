@@ -23,7 +23,7 @@ from torch_precompile.guards import (
     ValueGuard,
     identity_of,
 )
-from torch_precompile.pythonify import support
+from torch_precompile.runtime.pythonify import support
 
 
 def _run_python_form(g: Guard, value: object) -> str | None:

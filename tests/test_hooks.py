@@ -119,7 +119,7 @@ def test_guard_listing_says_what_is_checked(built: Any) -> None:
 
 _FRESH = """
 import os, sys, torch
-from examples.models import build_transformer
+from tests.fixtures.models import build_transformer
 from torch_precompile import GuardError, Precompile
 
 model, (ids,), _ = build_transformer()

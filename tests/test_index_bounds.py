@@ -86,7 +86,7 @@ def test_range_edges_accepted(transformer: Any) -> None:
 
 _FRESH_TRANSFORMER = """
 import os, sys, torch
-from examples.models import build_transformer
+from tests.fixtures.models import build_transformer
 from torch_precompile import Precompile
 
 model, (ids,), _ = build_transformer()
@@ -168,7 +168,7 @@ def test_gpt2_out_of_range_after_load(
 
 _UNCHECKED = """
 import sys, torch
-from examples.models import build_transformer
+from tests.fixtures.models import build_transformer
 from torch_precompile import Precompile
 
 model, (ids,), _ = build_transformer()

@@ -22,11 +22,11 @@ import pytest
 import tomllib
 import torch
 
-from examples.models import build_nested_fn
+from tests.fixtures.models import build_nested_fn
 from torch_precompile import Precompile
 from torch_precompile import file as container
-from torch_precompile._artifact import human_size
-from torch_precompile._cli import main as cli_main
+from torch_precompile.cli.main import main as cli_main
+from torch_precompile.runtime.artifact import human_size
 
 REPO = str(Path(__file__).resolve().parents[1])
 

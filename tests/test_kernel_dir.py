@@ -31,7 +31,7 @@ import torch
 from conftest import no_compiler_env
 
 from torch_precompile import KernelDirectoryError, Precompile, PrecompileError
-from torch_precompile._compat.lean import kernels as shipped
+from torch_precompile.lean import kernels as shipped
 
 
 @pytest.fixture(scope="module")
@@ -420,8 +420,8 @@ def test_shipped_kernels_off_skips_the_fast_path(
 ) -> None:
     """TORCH_PRECOMPILE_SHIPPED_KERNELS=0 (the way to ask for compiling) skips the fast
     path, which could only use the shipped kernels."""
-    from torch_precompile.file import load as file_load
     from torch_precompile.file import open_artifact
+    from torch_precompile.serialization import load as file_load
 
     with open_artifact(saved["artifact"]) as reader:
         sections = file_load._Sections(reader)

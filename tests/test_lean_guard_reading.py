@@ -22,11 +22,11 @@ import pytest
 import torch
 from conftest import script_json
 
-from examples.models import build_tiny_mlp
+from tests.fixtures.models import build_tiny_mlp
 from torch_precompile import Precompile
 from torch_precompile._compat import guard_manager as guard_manager_module
 from torch_precompile._compat import lean_guard_leaves
-from torch_precompile._compat.lean.guards import LeanGuards
+from torch_precompile.lean.guards import LeanGuards
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 
@@ -144,7 +144,7 @@ def _leaf_kind_unknown(kind: str) -> Iterator[None]:
 FULL = r"""
 import json, sys
 import torch
-from examples.models import build_tiny_mlp
+from tests.fixtures.models import build_tiny_mlp
 from torch_precompile import Precompile
 art = Precompile.load(sys.argv[1])
 x = torch.load(sys.argv[2])
@@ -198,8 +198,8 @@ def _method_self_guards() -> Any:
 
 
 def test_a_method_bound_to_a_config_is_checked_lean() -> None:
-    from torch_precompile._config_standin import ConfigStandIn
-    from torch_precompile.file import standin as _standin
+    from torch_precompile.standin import module as _standin
+    from torch_precompile.standin.config import ConfigStandIn
 
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB)
     holder = torch.nn.Linear(2, 2)

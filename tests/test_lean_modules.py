@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import no_compiler_env, run_script
 
-from examples.models import build_closure, build_dropout_mlp_train, build_tiny_mlp
+from tests.fixtures.models import build_closure, build_dropout_mlp_train, build_tiny_mlp
 from torch_precompile import Precompile
 
 HEAVY = (
@@ -58,7 +58,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 CHECK = r"""
 import logging, sys
 import torch
-from examples import models
+from tests.fixtures import models
 from torch_precompile import Precompile
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")

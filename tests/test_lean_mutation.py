@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import no_compiler_env, run_script
 
-from examples import models
+from tests.fixtures import models
 from torch_precompile import Precompile
 
 
@@ -40,7 +40,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 CHECK = r"""
 import logging, sys
 import torch
-from examples import models
+from tests.fixtures import models
 from torch_precompile import Precompile
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")

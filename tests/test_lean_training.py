@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
 
 from conftest import no_compiler_env, run_script  # noqa: E402
 
-from examples.models import build_dropout_mlp_train, build_tiny_mlp, build_transformer  # noqa: E402
+from tests.fixtures.models import build_dropout_mlp_train, build_tiny_mlp, build_transformer  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
 from torch_precompile import file as container  # noqa: E402
 
@@ -45,7 +45,7 @@ CHECK = r"""
 import sys, torch
 AOT_AT_IMPORT = {m for m in sys.modules if m.startswith("torch._functorch._aot_autograd")}
 import torch.nn.functional as F
-from examples import models
+from tests.fixtures import models
 from torch_precompile import Precompile
 
 path, builder, how, kind = sys.argv[1:5]
@@ -150,7 +150,7 @@ def test_lean_training_load(files: dict[str, Path], name: str, how: str, tmp_pat
 
 DROPOUT = r"""
 import logging, sys, torch
-from examples import models
+from tests.fixtures import models
 from torch_precompile import Precompile
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")

@@ -20,7 +20,7 @@ from torch_precompile import Precompile
 
 pytest.importorskip("diffusers", reason="the test extra installs diffusers")
 pytest.importorskip("sentence_transformers", reason="the test extra installs sentence-transformers")
-from examples.library_models import (
+from tests.fixtures.library_models import (
     SENTENCE_BATCHES,
     diffusers_model,
     sentence_transformer,
@@ -53,7 +53,7 @@ def diffusers_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[
 _DIFFUSERS_LOAD = """
 import json, os, sys
 import torch
-from examples.library_models import diffusers_model
+from tests.fixtures.library_models import diffusers_model
 from torch_precompile import Precompile
 
 results = {}
@@ -106,7 +106,7 @@ def encoder_file(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 _ENCODE_LOAD = """
 import json, sys
 import torch
-from examples.library_models import SENTENCE_BATCHES, sentence_transformer
+from tests.fixtures.library_models import SENTENCE_BATCHES, sentence_transformer
 from torch_precompile import Precompile
 from torch_precompile.encoding import encode_with
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from torch_precompile._compat.lean.local_collectives import (
+from torch_precompile._compat.local_collectives import (
     UnknownCollectiveError,
     _LocalCollectives,
     local_collectives,

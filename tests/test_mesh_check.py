@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     from torch_precompile._compat.dtensor_guard_spec import mesh_descriptor
-    from torch_precompile._compat.lean.subclasses import MeshCheck
+    from torch_precompile.lean.subclasses import MeshCheck
 
     sub = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))["tp"]
     fresh = DeviceMesh("cpu", [0, 1], mesh_dim_names=("tp",))

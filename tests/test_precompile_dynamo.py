@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from examples.models import build_nested_fn, build_scalar_fn
+from tests.fixtures.models import build_nested_fn, build_scalar_fn
 from torch_precompile import CaptureError, GuardError, Precompile
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import ROOT, run_script
 
-from examples import models
+from tests.fixtures import models
 from torch_precompile import Precompile
 
 CASES = ["convnet", "nested_fn", "dataclass_output", "closure", "scalar_fn"]
@@ -87,7 +87,7 @@ for name in first + [n for n in manifest if n not in first]:
     path, io_path = manifest[name]
     loaded = Precompile.load(path)
     if name in ("transformer", "convnet"):
-        assert "examples.models" not in sys.modules, f"loading {name} imported the model's code"
+        assert "tests.fixtures.models" not in sys.modules, f"loading {name} imported its code"
     args, kwargs, expected = torch.load(io_path, weights_only=False)
     with torch.no_grad():
         got = loaded(*args, **kwargs)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples.models import build_transformer
+from tests.fixtures.models import build_transformer
 from torch_precompile import ArtifactCorruptedError, GuardError, Precompile, PrecompiledArtifact
 from torch_precompile import file as container
-from torch_precompile._cli import header as inspect_header
+from torch_precompile.cli.main import header as inspect_header
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_model_binding_uses_the_live_modules_current_weights(staged) -> None:
 
 
 def test_model_binding_with_an_incompatible_module_is_a_guard_error(staged) -> None:
-    from examples.models import TinyTransformer
+    from tests.fixtures.models import TinyTransformer
 
     other = TinyTransformer(d_model=128).eval()
     with pytest.raises(  # refused at load: the first call would fail on it

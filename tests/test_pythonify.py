@@ -23,15 +23,17 @@ from types import ModuleType
 import pytest
 import torch
 
-from examples.models import (
+from tests.fixtures.models import (
     MultiOutput,
     build_convnet,
     build_dataclass_output,
     build_dropout_mlp,
     build_nested_fn,
 )
-from torch_precompile import GuardError, Precompile, _output_structure
-from torch_precompile.pythonify import _output
+from torch_precompile import GuardError, Precompile
+from torch_precompile.runtime.pythonify import _output
+from torch_precompile.runtime.signature import first_opaque
+from torch_precompile.stages import output_structure as _output_structure
 
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -145,7 +147,7 @@ def test_convnet_module_matches_eager_in_a_fresh_process(convnet: dict, tmp_path
     proc = _run(
         f"""
         import importlib.util, torch
-        from examples.models import build_convnet
+        from tests.fixtures.models import build_convnet
         from torch_precompile import GuardError
 
         spec = importlib.util.spec_from_file_location("gen", {str(gen)!r})
@@ -199,7 +201,7 @@ def test_nested_module_matches_eager_in_a_fresh_process(nested: dict, tmp_path: 
     proc = _run(
         f"""
         import importlib.util, torch
-        from examples.models import build_nested_fn
+        from tests.fixtures.models import build_nested_fn
         from torch_precompile import GuardError
 
         spec = importlib.util.spec_from_file_location("gen", {str(gen)!r})
@@ -260,8 +262,8 @@ def test_dataclass_output_is_rebuilt_with_its_class(tmp_path: Path) -> None:
         artifact = Precompile.compile(model, args)
     Precompile.save(tmp_path / "dc.pt", artifact)
     src = artifact.to_python(tmp_path / "dc_gen.py")
-    assert "\nimport examples.models\n" in src
-    assert "return examples.models.MultiOutput(logits=graph_out[" in src
+    assert "\nimport tests.fixtures.models\n" in src
+    assert "return tests.fixtures.models.MultiOutput(logits=graph_out[" in src
     gen = _import(tmp_path / "dc_gen.py", "dc_gen")
     x = torch.randn(3, 16)
     with torch.no_grad():
@@ -313,7 +315,7 @@ class _CustomInit(dict):
 def _rebuilt(value: object, outputs: list, flat_in: list) -> tuple[str | None, list[str], str]:
     """The recorded structure of ``value`` and the code the generator writes for it."""
     tree = _output_structure._encode(value, outputs, flat_in, 0)
-    why = _output_structure.first_opaque(tree)
+    why = first_opaque(tree)
     if why is not None:
         return None, [], why
     imports: list[str] = []

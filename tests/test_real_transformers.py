@@ -28,7 +28,7 @@ from conftest import (
 from torch_precompile import GuardError, Precompile
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
-from examples.hf_models import extra_models, survey_models  # noqa: E402
+from tests.fixtures.hf_models import extra_models, survey_models  # noqa: E402
 
 CATALOGUE = {**survey_models(), **extra_models()}
 T = transformers

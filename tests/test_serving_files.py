@@ -32,8 +32,8 @@ from torch_precompile import (
     UntrustedArtifactError,
 )
 from torch_precompile import file as container
-from torch_precompile._cli import main as cli_main
-from torch_precompile._cli import printable
+from torch_precompile.cli.main import main as cli_main
+from torch_precompile.cli.main import printable
 from torch_precompile.file import read as file_read
 from torch_precompile.file.header import Header, VariantRecord
 

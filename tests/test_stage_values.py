@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from examples.models import build_tiny_mlp, build_transformer
+from tests.fixtures.models import build_tiny_mlp, build_transformer
 from torch_precompile import Precompile, PrecompiledArtifact
 
 # A configuration that is cheap to compile and different from the default.

@@ -10,8 +10,8 @@ import threading
 import pytest
 import torch
 
-from torch_precompile._config_standin import ConfigStandIn
-from torch_precompile.file import standin as _standin
+from torch_precompile.standin import module as _standin
+from torch_precompile.standin.config import ConfigStandIn
 
 
 class Mode(enum.Enum):

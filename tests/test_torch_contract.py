@@ -15,9 +15,13 @@ from pathlib import Path
 
 from torch_precompile._compat import contract
 from torch_precompile._compat.contract import PrivateName
-from torch_precompile._compat.lean.wrapper import WRAPPER_IMPORTS
+from torch_precompile.lean.wrapper import WRAPPER_IMPORTS
 
 COMPAT = Path(contract.__file__).parent
+PACKAGE = COMPAT.parent
+# The two folders that may touch private torch names: the save-time adapters and the
+# lean runtime (tests/test_layout.py keeps every other module free of them).
+PRIVATE_ROOTS = (COMPAT, PACKAGE / "lean")
 _TENSOR_GUARDS_PROBE = "TensorGuards(*tensors, dynamic_dims_sizes=, dynamic_dims_strides=)"
 
 
@@ -91,13 +95,13 @@ def _private(name: str) -> bool:
 
 
 def _references() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """Private torch names referenced in ``_compat/`` (name -> files), and the keywords
-    or config keys passed to each (name -> keys)."""
+    """Private torch names referenced in ``_compat/`` and ``lean/`` (name -> files), and
+    the keywords or config keys passed to each (name -> keys)."""
     refs: dict[str, set[str]] = {}
     keys: dict[str, set[str]] = {}
-    for path in sorted(COMPAT.rglob("*.py")):
+    for path in sorted(p for root in PRIVATE_ROOTS for p in root.rglob("*.py")):
         tree = ast.parse(path.read_text())
-        where = path.relative_to(COMPAT).as_posix()  # lean/wrapper.py, capture.py
+        where = path.relative_to(PACKAGE).as_posix()  # lean/wrapper.py, _compat/capture.py
         aliases: dict[str, str] = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
@@ -175,7 +179,7 @@ def test_the_layout_test_finds_what_it_must() -> None:
         "torch.distributed._ops.device_mesh",
     ):
         assert name in refs, name
-    # Subpackages are read: the lean runtime's private names are named by their file.
+    # Both folders are read: the lean runtime's private names are named by their file.
     assert "lean/wrapper.py" in refs["torch._C._dynamo.guards.assert_size_stride"]
     assert "force_autograd_cache" in keys["torch._functorch.config"]
     assert _covered("torch._inductor.compile_fx.partition_fn", _listed())

@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
 
 from conftest import no_compiler_env  # noqa: E402
 
-from examples.models import (  # noqa: E402
+from tests.fixtures.models import (  # noqa: E402
     build_convnet,
     build_dropout_mlp,
     build_dropout_mlp_train,
@@ -246,7 +246,7 @@ _CURVES = r"""
 import json, sys
 import torch
 import torch.nn.functional as F
-from examples.models import build_convnet, build_transformer, image_inputs
+from tests.fixtures.models import build_convnet, build_transformer, image_inputs
 import torch._inductor.compile_fx as compile_fx
 from torch._inductor.graph import GraphLowering
 from torch_precompile import Precompile

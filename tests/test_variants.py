@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import no_compiler_env
 
-from examples.models import build_dropout_mlp
+from tests.fixtures.models import build_dropout_mlp
 from torch_precompile import GuardError, Precompile, PrecompiledArtifact
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import no_compiler_env, package_warnings
 
-from examples.models import BUILDERS
+from tests.fixtures.models import BUILDERS
 from torch_precompile import GuardError, Precompile
 
 ZOO = [
@@ -194,7 +194,7 @@ def test_in_process_matches_eager(zoo: dict[str, Any], name: str) -> None:
 
 
 def test_output_containers_keep_their_types(zoo: dict[str, Any]) -> None:
-    from examples.models import ClassifierOutput, EncoderOutput, MultiOutput
+    from tests.fixtures.models import ClassifierOutput, EncoderOutput, MultiOutput
 
     checks = {
         "bert": EncoderOutput,
@@ -221,7 +221,7 @@ def test_decorated_forward_identity_guard_is_saved(zoo: dict[str, Any]) -> None:
     assert len(closure) == 1, [g.expr for g in identity]
     exp = closure[0].identity
     assert exp.qualname == "DecoratedModel.forward"
-    assert exp.file.endswith("examples/models.py")
+    assert exp.file.endswith("tests/fixtures/models.py")
     assert len(exp.code_hash) == 64
     assert "closure variable 'forward'" in closure[0].expr
     # Global functions Dynamo inlined (F.layer_norm) are checked by name and bytecode too.
@@ -304,7 +304,7 @@ def test_fresh_process_load_matches_eager(
                 load_s = time.perf_counter() - start
                 if name in {TENSOR_OUTPUT_MODULES!r}:
                     # The stand-in carries the weights: the model's module is never imported.
-                    assert "examples.models" not in sys.modules, name
+                    assert "tests.fixtures.models" not in sys.modules, name
                 for args, kwargs, want in torch.load(cases[name]["ref"], weights_only=False):
                     with torch.no_grad():
                         got = art(*args, **kwargs)

@@ -17,11 +17,8 @@ except ImportError as exc:  # a clear word on what to install, not a bare traceb
         "`pip install torch==2.13.0`, then `pip install -e .` (README, Set up)"
     ) from exc
 
-from ._aot_stage import AOTAutogradOutput
+from . import _old_paths
 from ._api import Precompile
-from ._artifact import PrecompiledArtifact
-from ._distributed import save_shard, use_device_mesh
-from ._dynamo_stage import DynamoOutput
 from ._errors import (
     ArtifactCorruptedError,
     ArtifactVersionError,
@@ -34,9 +31,14 @@ from ._errors import (
     PrecompileError,
     UntrustedArtifactError,
 )
-from ._inductor_stage import InductorOutput
-from .data_parallel import shard_parameters
+from .distributed.binding import use_device_mesh
+from .distributed.data_parallel import shard_parameters
+from .distributed.shards import save_shard
 from .guards import Guard, Guards
+from .runtime.artifact import PrecompiledArtifact
+from .stages.aot_autograd import AOTAutogradOutput
+from .stages.dynamo import DynamoOutput
+from .stages.inductor import InductorOutput
 
 __version__ = "0.1.0"
 
@@ -63,5 +65,6 @@ __all__ = [
     "use_device_mesh",
 ]
 
+_old_paths.install()
 torch.Precompile = Precompile  # type: ignore[attr-defined]
 torch.precompile = sys.modules[__name__]  # type: ignore[attr-defined]

@@ -8,16 +8,16 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from ._aot_stage import aot_autograd
-from ._artifact import PrecompiledArtifact
-from ._distributed import save_shard
-from ._dynamo_stage import dynamo, normalize_inputs
-from ._inductor_stage import inductor
-from ._precompile_stage import precompile
-from ._settle import settled
-from ._size_one import with_size_one
-from .file.load import load
-from .file.save import save
+from .distributed.shards import save_shard
+from .runtime.artifact import PrecompiledArtifact
+from .serialization.load import load
+from .serialization.save import save
+from .stages.aot_autograd import aot_autograd
+from .stages.dynamo import dynamo, normalize_inputs
+from .stages.first_call import settled
+from .stages.inductor import inductor
+from .stages.precompile import precompile
+from .stages.size_one import with_size_one
 
 log = logging.getLogger("torch_precompile")
 

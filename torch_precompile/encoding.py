@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from ._api import Precompile
-from ._artifact import PrecompiledArtifact
-from ._preserve import swapped_forward
+from .runtime.artifact import PrecompiledArtifact
+from .stages.snapshot import swapped_forward
 
 log = logging.getLogger("torch_precompile")
 

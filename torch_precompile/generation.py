@@ -38,8 +38,8 @@ from typing import Any
 import torch
 
 from ._api import Precompile
-from ._artifact import PrecompiledArtifact
-from ._preserve import Snapshot, swapped_forward
+from .runtime.artifact import PrecompiledArtifact
+from .stages.snapshot import Snapshot, swapped_forward
 
 log = logging.getLogger("torch_precompile")
 

@@ -1,10 +1,11 @@
-"""The one place that touches PyTorch's private compiler APIs.
+"""The save-time adapters over PyTorch's private compiler APIs.
 
 Every call into ``torch._dynamo``, ``torch._functorch``, ``torch._inductor``
-and ``torch._C`` internals, and all knowledge of the code Inductor generates,
-lives in this package, so that a PyTorch upgrade is this folder's work. The
-rest of ``torch_precompile`` uses only the names exported here. Heavy imports
-happen inside the functions: loading an artifact must not import the compiler.
+and ``torch._C`` internals at capture, compile and save, and all knowledge of
+the code Inductor generates, lives in this package, so that a PyTorch upgrade
+is this folder's work (and ``lean/``'s, for the runtime side). The rest of
+``torch_precompile`` uses only the names exported here. Heavy imports happen
+inside the functions: importing the package must not import the compiler.
 
 One module per concern, in pipeline order:
 
@@ -17,24 +18,20 @@ One module per concern, in pipeline order:
   the accessors the runtime reads);
 - ``kernels``: the shipped C++ kernels on PyTorch's full path (Inductor's code
   cache patched to load them instead of compiling; found again at save);
-- ``fastload``: at save, what an artifact needs to load without the compiler
-  stack (read from PyTorch's compiled function);
+- ``lean_sections``: at save, what an artifact needs to load without the
+  compiler stack; ``lean_specs`` decides what the lean runtime can run,
+  ``triton_cubins`` reads the Triton kernels' cubins and launch parameters,
+  ``local_collectives`` answers collectives on one rank for that run;
 - ``lean_guard_spec``: Dynamo's guard tree read at precompile into a plain
   spec, from its typed sources, guards and the capture's live values (never
   its debug text); ``lean_guard_leaves``: one reader per kind of leaf guard;
+  ``dtensor_guard_spec``: the same for DTensor and DeviceMesh guards;
 - ``distributed``: DTensor meshes and ``compile_on_one_rank``;
 - ``hooks``: the module hook dicts a call checks;
-- ``contract``: every private PyTorch name the modules above use, in one list,
-  checked on the installed torch by ``tests/test_torch_contract.py``.
-
-Beside them, ``lean/`` is the lean runtime: what runs a saved artifact at load
-without Dynamo, AOTAutograd or Inductor (the wrapper and kernels, AOTAutograd's
-runtime wrappers, CUDA graphs, the lean guards). Its ``__init__`` is its one
-interface and says where the boundary lies: the modules above read PyTorch's
-compiled objects (save, and PyTorch's full path); ``lean/`` runs without them.
+- ``contract``: every private PyTorch name this package and ``lean/`` use, in
+  one list, checked on the installed torch by ``tests/test_torch_contract.py``.
 """
 
-from . import lean
 from .capture import (
     UNSERIALIZABLE_GUARD_KINDS,
     Capture,
@@ -120,7 +117,6 @@ __all__ = [
     "joint_graph_module",
     "joint_needs_autograd",
     "joint_placeholder_count",
-    "lean",
     "lean_sections",
     "linear_in_sizes",
     "make_compiled_function",

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .lean import bound_mesh, current_mesh
+from ..lean import bound_mesh, current_mesh
 
 # The lambdas distribute_module wraps around a style's input/output functions,
 # and the ones PrepareModuleInput/Output register around a bound method.

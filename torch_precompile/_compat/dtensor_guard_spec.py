@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .lean.subclasses import mesh_layout
+from ..lean.subclasses import mesh_layout
 from .lean_guard_leaves import (
     LeafNode,
     NoLeanGuards,

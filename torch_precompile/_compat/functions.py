@@ -13,10 +13,14 @@ from typing import Any
 
 import torch
 
+from ..lean import LeanCompiledFunction, hook_guards_enabled
+from ..lean.pickling import (
+    findable_by_name,
+    function_by_value,
+    reducer_override_patched,
+)
 from .capture import Capture
 from .distributed import full_path_meshes
-from .lean import LeanCompiledFunction, hook_guards_enabled
-from .pickling import functions_pickled_by_value
 
 
 def _picklable_items(mapping: dict[str, Any]) -> dict[str, Any]:
@@ -310,3 +314,26 @@ def wrap_compiled_graph(fn: Any, wrap: Callable[[Any], Any]) -> None:
     f_globals = fn.fn.__globals__
     key = fn._artifacts.backend_id
     f_globals[key] = wrap(f_globals[key])
+
+
+@contextlib.contextmanager
+def functions_pickled_by_value() -> Iterator[None]:
+    """Pickle functions that pickle cannot find by qualified name by value.
+
+    A decorated method (``functools.wraps``) keeps the undecorated function in
+    its closure under the same qualified name, which now names the wrapper;
+    pickle by reference fails on it ("not the same object as ..."). PyTorch
+    already saves ``<locals>`` functions by value; this covers the rest.
+    """
+    from torch._dynamo.aot_compile import AOTCompilePickler
+
+    original = AOTCompilePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        by_value = inspect.isfunction(obj) and "<locals>" not in obj.__qualname__
+        if by_value and not findable_by_name(obj):
+            return function_by_value(obj)
+        return original(self, obj)
+
+    with reducer_override_patched(AOTCompilePickler, reducer_override):
+        yield

@@ -3,7 +3,7 @@
 The compiled code runs ``model.forward`` with every submodule call inlined as
 Dynamo traced it: a hook registered after capture would not run. Dynamo's
 guard tree covers the hook dicts of the submodules whose ``__call__`` it
-inlined (see :func:`.lean.hook_guards_enabled`); this module covers
+inlined (see :func:`torch_precompile.lean.hook_guards_enabled`); this module covers
 what the tree cannot see: the hooks of the model itself (the artifact is
 called in place of ``model(...)``, whose ``__call__`` would run them) and the
 process-wide hooks of ``torch.nn.modules.module.register_module_*_hook``,

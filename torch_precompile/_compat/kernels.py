@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .lean import KernelLoader, kernel_dir, kernel_key
+from ..lean import KernelLoader, kernel_dir, kernel_key
 
 # ------------------------------------- shipped CPU kernels on PyTorch's full path
 # Artifacts that do not take the lean path (dynamic shapes, training, closures,

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .lean import LEAN_TYPES, named_class
+from ..lean import LEAN_TYPES, named_class
 
 MISSING = object()
 _TYPE_NAMES = {cls: name for name, cls in LEAN_TYPES.items()}

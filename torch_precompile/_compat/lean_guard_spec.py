@@ -33,9 +33,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from .._config_standin import is_config
+from ..lean import shape_expr_ok
+from ..standin.config import is_config
 from . import dtensor_guard_spec  # noqa: F401  (registers tensor parallelism's readers)
-from .lean import shape_expr_ok
 from .lean_guard_leaves import (
     LEAF_READERS,
     MISSING,

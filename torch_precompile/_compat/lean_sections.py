@@ -29,10 +29,7 @@ from typing import Any
 
 import torch
 
-from .bytecode_globals import global_homes
-from .joint import compiled_function_uses_cudagraphs
-from .kernels import SHIPPED_KERNELS, compiled_graph_sources, kernel_file_without_compiling
-from .lean import (
+from ..lean import (
     AUTOGRAD_SPEC_VERSION,
     LEAN_SECTION_VERSION,
     RUNTIME_SPEC_VERSION,
@@ -41,18 +38,23 @@ from .lean import (
     InferenceSpec,
     LeanCompiledFunction,
     SubclassSpec,
+    kernel_key,
+)
+from ..lean.bytecode_globals import global_homes
+from ..lean.pickling import dumps_lean
+from .joint import compiled_function_uses_cudagraphs
+from .kernels import SHIPPED_KERNELS, compiled_graph_sources, kernel_file_without_compiling
+from .lean_guard_spec import lean_guards_of
+from .lean_specs import (
     autograd_refusal,
     cudagraph_spec,
     inference_refusal,
-    kernel_key,
     recorded_calls,
     recorded_kernels,
     subclass_refusal,
-    triton_sections,
     wrapper_refusal,
 )
-from .lean_guard_spec import lean_guards_of
-from .pickling import dumps_lean
+from .triton_cubins import triton_sections
 
 log = logging.getLogger("torch_precompile")
 

@@ -2,7 +2,7 @@
 
 When PyTorch's guard manager refuses a call and no typed guard names the
 cause, the call is compared with the example call recorded at capture (the
-header's ``parameters``, by :func:`torch_precompile._signature.describe_value`):
+header's ``parameters``, by :func:`torch_precompile.runtime.signature.describe_value`):
 a keyword that was not there, one that is missing, a value of another type, a
 flag of another value, a tensor of another memory layout. The answer is one
 line naming the argument, what the capture saw, what came and what to do.

@@ -1,1 +1,0 @@
-"""Example models and scripts for torch_precompile."""

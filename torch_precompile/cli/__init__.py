@@ -1,0 +1,1 @@
+"""The ``torch-precompile`` command line."""

@@ -1,0 +1,355 @@
+"""The ``torch-precompile`` command line: ``build``, ``inspect`` and ``bench`` an artifact file.
+
+``build`` precompiles a model saved with ``save_pretrained`` into one file
+(see ``_build``).
+
+``inspect`` reads the header only (``file.read.open_artifact``, then the typed
+``file.header.Header``): it checks the header's SHA-256, which pins every
+section's, and never unpickles, so it is safe on untrusted files and does not
+import the compiler; ``--verify`` also checks the whole file's SHA-256 (every
+byte read). ``bench`` loads the artifact (which runs code from the file, as
+``Precompile.load`` does) and times it on random inputs built from the
+recorded input signature.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._errors import PrecompileError
+from ..file.header import Header
+from ..file.layout import looks_like_artifact
+from ..file.read import open_artifact, read_info, read_prefix
+
+PROG = "torch-precompile"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 error)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Build, look at and time torch_precompile artifacts."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_build(sub)
+    p_inspect = sub.add_parser(
+        "inspect", help="print an artifact's header (never unpickles: safe on untrusted files)"
+    )
+    p_inspect.add_argument("path")
+    p_inspect.add_argument("--json", action="store_true", help="print the header as JSON")
+    p_inspect.add_argument(
+        "--verify",
+        action="store_true",
+        help="also check the whole file's SHA-256 (reads every byte; default: the header's)",
+    )
+    p_bench = sub.add_parser(
+        "bench", help="load an artifact and time load, first call and steady calls"
+    )
+    p_bench.add_argument("path")
+    p_bench.add_argument("--iters", type=int, default=50, help="timed steady calls (default 50)")
+    p_bench.add_argument(
+        "--warmup", type=int, default=3, help="untimed calls after the first (default 3)"
+    )
+    p_bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p_bench.add_argument("--json", action="store_true", help="print the timings as JSON")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            return _build(args)
+        if args.command == "inspect":
+            return _inspect(args.path, as_json=args.json, verify=args.verify)
+        return _bench(
+            args.path, iters=args.iters, warmup=args.warmup, seed=args.seed, as_json=args.json
+        )
+    except BrokenPipeError:  # `... | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
+    except (PrecompileError, OSError, ValueError, TypeError) as exc:
+        path = args.directory if args.command == "build" else args.path
+        print(f"{PROG}: error: {_one_line(exc, path)}", file=sys.stderr)
+        return 1
+
+
+def _add_build(sub: Any) -> None:
+    p = sub.add_parser(
+        "build",
+        help="precompile a model saved with save_pretrained (transformers, diffusers) to one file",
+    )
+    p.add_argument("directory", help="the directory save_pretrained wrote")
+    p.add_argument("-o", "--output", required=True, help="the artifact file to write")
+    p.add_argument(
+        "--task", help="the Auto class by task: causal-lm -> AutoModelForCausalLM (transformers)"
+    )
+    p.add_argument(
+        "--class",
+        dest="model_class",
+        help="the class to load with: AutoModelForMaskedLM, GPT2LMHeadModel, UNet2DModel "
+        "(default: AutoModel; diffusers: the config's class)",
+    )
+    p.add_argument("--dtype", help="cast the model (and float inputs): float32, bfloat16, ...")
+    p.add_argument("--device", default="cpu", help="device to compile for (default cpu)")
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME:DTYPE:SHAPE",
+        help="an example input, repeatable: input_ids:int64:2x16 (default: token ids 2x16 for "
+        "a text model, 2 images for a vision model)",
+    )
+    p.add_argument(
+        "--dynamic",
+        action="append",
+        nargs="?",
+        const="all",
+        default=[],
+        metavar="NAME:DIM[:MIN:MAX]",
+        help="capture a dimension dynamically, repeatable (alone: every dimension)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random example inputs")
+
+
+def _build(args: argparse.Namespace) -> int:
+    from .build import build
+
+    build(
+        args.directory,
+        args.output,
+        model_class=args.model_class,
+        task=args.task,
+        dtype=args.dtype,
+        device=args.device,
+        dynamic=True if "all" in args.dynamic else args.dynamic,
+        inputs=args.input,
+        seed=args.seed,
+    )
+    return 0
+
+
+def _one_line(exc: BaseException, path: str) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{path}: {exc.strerror}"
+    return printable(text, limit=2000)
+
+
+# Characters a terminal may act on: C0/C1 controls (ANSI escapes start with ESC),
+# DEL, and the invisible format characters that reorder text (bidi overrides).
+_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def printable(text: str, *, limit: int | None = None) -> str:
+    """``text`` safe to write to a terminal: control and format characters (ANSI escape
+    sequences, bidi overrides, newlines) shown as ``\\x1b``-style escapes, and cut at
+    ``limit`` characters."""
+    import unicodedata
+
+    out = "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if not " " <= ch <= "~" and unicodedata.category(ch) in _UNPRINTABLE_CATEGORIES
+        else ch
+        for ch in text
+    )
+    if limit is not None and len(out) > limit:
+        out = f"{out[:limit]}... ({len(out) - limit} more characters)"
+    return out
+
+
+def _printable_tree(value: Any) -> Any:
+    """``value`` (decoded JSON) with every string made printable and cut to a sane length."""
+    if isinstance(value, str):
+        return printable(value, limit=_FIELD_LIMIT)
+    if isinstance(value, dict):
+        return {printable(str(k), limit=_FIELD_LIMIT): _printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_tree(v) for v in value]
+    return value
+
+
+_FIELD_LIMIT = 500
+_LINE_LIMIT = 4000
+
+
+# ------------------------------------------------------------------ inspect
+
+
+def header(path: str, *, verify: bool = False) -> dict[str, Any]:
+    """Everything ``inspect`` shows, as one JSON-able dict (no unpickling).
+
+    Reads the fixed fields and the header, checked against the header's SHA-256
+    (a file of format version 1, which has none, is checked whole); with
+    ``verify``, the whole file's SHA-256 is checked too (every byte is read)."""
+    try:
+        if verify:
+            info = read_info(path)
+        else:
+            with open_artifact(path) as reader:
+                info = reader.info
+    except PrecompileError as exc:
+        prefix = read_prefix(path, 2)
+        if prefix[:1] == b"\x80" and not looks_like_artifact(prefix):
+            raise type(exc)(
+                f"{path} is not a torch_precompile artifact: it looks like a pickle (a file of "
+                "torch's save_compiled_function?); inspect never unpickles, load it with "
+                "Precompile.load(path, model=...)"
+            ) from None
+        raise
+    return {
+        "path": os.path.abspath(path),
+        "format_version": info.format_version,
+        "signed": info.signed,
+        "file_size": info.file_size,
+        "sections": [
+            {"name": s["name"], "length": s["length"], "sha256": s["sha256"]} for s in info.sections
+        ],
+        "meta": info.meta,
+    }
+
+
+def _inspect(path: str, *, as_json: bool, verify: bool = False) -> int:
+    data = header(path, verify=verify)
+    if as_json:
+        # ensure_ascii: every control character is written as a \u escape.
+        print(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=True))
+        return 0
+    # A field of the wrong type raises ArtifactCorruptedError naming it (`--json`
+    # still prints the header as it is). Strings are escaped before anything reads them.
+    typed = Header.decode(data["format_version"], _printable_tree(data["meta"]), path)
+    print(format_header(data, typed))
+    return 0
+
+
+def format_header(data: dict[str, Any], typed: Header) -> str:
+    """The human-readable view of :func:`header`'s dict and its typed header.
+
+    Every string from the file is shown with its control characters escaped
+    (no ANSI escape reaches the terminal) and cut at a sane length.
+    """
+    # Imported when used: the command line starts without torch until a command needs it.
+    from ..guards import Guards
+    from ..runtime.artifact import human_size, signature_lines
+
+    system = typed.system
+    signed = "signed (HMAC-SHA256)" if data["signed"] else "unsigned"
+    kind = "training" if typed.training else "inference"
+    lines = [
+        f"{data['path']}: torch_precompile artifact, format version {data['format_version']}, "
+        f"{human_size(data['file_size'])}, {signed}",
+        f"producer:  {typed.producer}",
+        f"created:   {typed.created}",
+        f"kind:      {kind}, device {typed.device_type}, captured from a {typed.kind}",
+        "system:    "
+        + ", ".join(
+            part
+            for part in (
+                f"torch {system.get('torch')}" if system.get("torch") else "",
+                f"Python {system.get('python')}" if system.get("python") else "",
+                " ".join(str(system[k]) for k in ("platform", "os") if system.get(k)),
+                f"CPU instruction set {system['cpu_isa']}" if system.get("cpu_isa") else "",
+                _cuda(system.get("cuda")),
+            )
+            if part
+        ),
+        "signature:",
+    ]
+    lines += [f"  {line}" for line in signature_lines(typed.variants[0].signature)]
+    sizes = typed.sizes or {s["name"]: s["length"] for s in data["sections"]}
+    lines.append("sizes:     " + ", ".join(f"{k} {human_size(int(v))}" for k, v in sizes.items()))
+    lines += _load_paths(data, typed)
+    if typed.timings:
+        lines.append("timings:   " + ", ".join(f"{k} {v:.2f} s" for k, v in typed.timings.items()))
+    for i, variant in enumerate(typed.variants):
+        guards = Guards.from_json(list(variant.guards))
+        which = f"variant {i} ({'training' if variant.training else 'inference'}) " * typed.bundle
+        lines.append(f"{which}guards ({len(guards)}), by stage:")
+        lines += [f"  {line}" for line in str(guards).splitlines()]
+    # Strings from the file, escaped and cut line by line.
+    return "\n".join(printable(line, limit=_LINE_LIMIT) for line in lines)
+
+
+def _load_paths(data: dict[str, Any], typed: Header) -> list[str]:
+    """Which load path each variant takes: lean, or PyTorch's full path and why."""
+    names = {s["name"] for s in data["sections"]}
+    lines = []
+    for i, variant in enumerate(typed.variants):
+        label = f"variant {i}:" if typed.bundle else "load path:"
+        if "fastload" + (f".{i}" if i else "") in names:
+            how = "lean (shipped kernels; no Dynamo, Inductor, AOTAutograd or Triton compiler)"
+        else:
+            why = variant.lean_refusal or "no lean section"
+            how = f"PyTorch's full path ({why})"
+        lines.append(f"{label:10s} {how}")
+    return lines
+
+
+def _cuda(cuda: Any) -> str:
+    if not cuda:
+        return ""
+    if isinstance(cuda, dict):
+        return f"CUDA {cuda.get('name', '')} capability {cuda.get('capability', '?')}".replace(
+            "  ", " "
+        )
+    return f"CUDA {cuda}"
+
+
+# -------------------------------------------------------------------- bench
+
+
+def _bench(path: str, *, iters: int, warmup: int, seed: int, as_json: bool) -> int:
+    import torch
+
+    from ..runtime.signature import example_call
+    from ..serialization.load import load
+
+    header(path)  # a non-artifact fails here (header only), before anything is unpickled
+    start = time.perf_counter()
+    artifact = load(path)
+    load_s = time.perf_counter() - start
+    runtime = artifact.runtime
+    args, kwargs = example_call(
+        runtime.signature,
+        artifact.signature.get("parameters", {}),
+        skip_first=runtime.bound_self is not None,
+        seed=seed,
+    )
+    grad = torch.enable_grad if artifact.training else torch.no_grad
+    with grad():
+        start = time.perf_counter()
+        artifact(*args, **kwargs)
+        first_s = time.perf_counter() - start
+        for _ in range(warmup):
+            artifact(*args, **kwargs)
+        steady = []
+        for _ in range(max(1, iters)):
+            start = time.perf_counter()
+            artifact(*args, **kwargs)
+            steady.append(time.perf_counter() - start)
+    result = {
+        "path": os.path.abspath(path),
+        "load_s": load_s,
+        "first_call_s": first_s,
+        "steady_median_s": statistics.median(steady),
+        "steady_mean_s": statistics.fmean(steady),
+        "steady_min_s": min(steady),
+        "iters": len(steady),
+        "threads": torch.get_num_threads(),
+    }
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(
+            f"{result['path']}\n"
+            f"load:         {load_s * 1e3:9.1f} ms  "
+            "(Precompile.load: header, system check, each used section checked once, "
+            "kernels, weights)\n"
+            f"first call:   {first_s * 1e3:9.3f} ms\n"
+            f"steady call:  {result['steady_median_s'] * 1e3:9.3f} ms median, "
+            f"{result['steady_min_s'] * 1e3:.3f} ms min, over {len(steady)} calls "
+            f"({result['threads']} threads; random inputs from the recorded signature)"
+        )
+    return 0

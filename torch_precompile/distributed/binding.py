@@ -1,0 +1,204 @@
+"""Load: the job's layout checked against the file's, the rank's live mesh bound to
+the compiled code, and the stand-in module rebuilt from the rank's shard."""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .._compat import distributed as _cdist
+from .._errors import DistributedLayoutError
+from ..standin import module as _standin
+from .placement import (
+    Layout,
+    _dist,
+    _mesh_info,
+    _mesh_key,
+    _sharded,
+    decode_placement,
+    encode_placement,
+)
+from .shards import HOOKS_SECTION, _local_device, read_shard
+
+_MESHES: dict[tuple[Any, ...], Any] = {}
+
+
+def use_device_mesh(mesh: Any) -> None:
+    """Make distributed artifacts loaded without ``model=`` use ``mesh``.
+
+    By default the first such load builds the mesh it was saved for
+    (``init_device_mesh``) and later loads reuse it (or the mesh of a model
+    bound with ``model=`` before). Optional: a process that also builds its
+    own mesh is served either way (the stand-in's DTensors and hooks are made
+    to hold one mesh object, see ``rebind_meshes``); handing the mesh over
+    keeps one mesh, and one set of process groups, in the process.
+    """
+    _MESHES[_mesh_key(_mesh_info(mesh))] = mesh
+
+
+def check_job(body: dict[str, Any] | None, path: str, model: Any) -> Layout | None:
+    """The saved layout, after checking it against this job (and ``model=`` when given).
+
+    Raises :class:`DistributedLayoutError` naming the saved and the current
+    world size, mesh or placement.
+    """
+    if body is None:
+        return None
+    layout = Layout.from_json(body)
+    fix_world = (
+        f"run the job with {layout.world_size} ranks (torchrun --nproc-per-node "
+        f"{layout.world_size}), or compile and save again in a job of this size"
+    )
+    dist = _dist()
+    if dist is None:
+        raise DistributedLayoutError(
+            f"{path}",
+            layout.describe(),
+            "no process group",
+            "call torch.distributed.init_process_group() on every rank before Precompile.load",
+        )
+    world = dist.get_world_size()
+    if world != layout.world_size:
+        raise DistributedLayoutError(
+            f"{path}", layout.describe(), f"world size {world} ({dist.get_backend()})", fix_world
+        )
+    if model is not None:
+        _check_model(layout, model, path)
+        mesh = _model_mesh(model)
+        if mesh is not None:  # one mesh object; later loads without model= reuse it
+            _cdist.rebind_meshes(model, mesh)
+            _MESHES.setdefault(_mesh_key(_mesh_info(mesh)), mesh)
+    return layout
+
+
+def _model_mesh(model: Any) -> Any:
+    """The mesh of a live parallelised model: the one its parallelisation hooks were
+    given (the job's own), else its first DTensor's; None for a plain model."""
+    sharded = _sharded(model) if isinstance(model, torch.nn.Module) else {}
+    if not sharded:
+        return None
+    return _cdist.hook_mesh(model) or next(iter(sharded.values())).device_mesh
+
+
+def _check_model(layout: Layout, model: Any, path: str) -> None:
+    if not isinstance(model, torch.nn.Module):
+        return  # the binding itself reports a wrong model=
+    sharded = _sharded(model)
+    fix = (
+        "parallelise the model as it was when the artifact was compiled (same mesh and "
+        "parallelize_module plan, or shard_parameters), or compile and save again"
+    )
+    missing = sorted(set(layout.tensors) - set(sharded))
+    if missing:
+        plain = missing[0] in _standin.module_tensors(model)
+        raise DistributedLayoutError(
+            f"{path}: model= tensor {missing[0]!r}",
+            f"a DTensor placed {list(layout.tensors[missing[0]].placements)} on "
+            f"{layout.mesh.describe()}",
+            "a plain tensor (not parallelised)" if plain else "no tensor of that name",
+            fix,
+        )
+    for name, t in sharded.items():
+        saved = layout.tensors.get(name)
+        mesh = _mesh_info(t.device_mesh)
+        placements = tuple(encode_placement(p) for p in t.placements)
+        if saved is None:
+            raise DistributedLayoutError(
+                f"{path}: model= tensor {name!r}",
+                "a plain tensor",
+                f"a DTensor placed {list(placements)}",
+                fix,
+            )
+        if mesh.shape != layout.mesh.shape or mesh.dim_names != layout.mesh.dim_names:
+            raise DistributedLayoutError(
+                f"{path}: model= tensor {name!r}", layout.mesh.describe(), mesh.describe(), fix
+            )
+        if mesh.group_names != layout.mesh.group_names:
+            raise DistributedLayoutError(
+                f"{path}: model= mesh's process groups",
+                f"groups named {list(layout.mesh.group_names)}",
+                f"groups named {list(mesh.group_names)}",
+                "the compiled collectives address their process group by name: build the "
+                "mesh as the compiling job did (init_device_mesh over the whole world, before "
+                "any other new_group)",
+            )
+        if placements != saved.placements or tuple(t.shape) != saved.shape:
+            raise DistributedLayoutError(
+                f"{path}: model= tensor {name!r}",
+                f"placements {list(saved.placements)}, global shape {list(saved.shape)}",
+                f"placements {list(placements)}, global shape {list(t.shape)}",
+                fix,
+            )
+
+
+@contextlib.contextmanager
+def deserializing(layout: Layout | None, model: Any, path: str) -> Iterator[None]:
+    """While the compiled function of a ``compile_on_one_rank`` artifact is
+    deserialized, bind the DeviceMesh its graph holds to this rank's mesh."""
+    if layout is None or not layout.one_rank:
+        yield
+        return
+    with _cdist.opaque_meshes_bound(_mesh_for(layout, model, path)):
+        yield
+
+
+def _mesh_for(layout: Layout, model: Any, path: str) -> Any:
+    """The mesh this rank runs the artifact on: the live model's, or the one of
+    this process (made on first use, see use_device_mesh)."""
+    live = _model_mesh(model)
+    if live is not None:
+        return live
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = _mesh_key(layout.mesh)
+    mesh = _MESHES.get(key)
+    if mesh is None:
+        mesh = _MESHES[key] = init_device_mesh(
+            layout.mesh.device_type, layout.mesh.shape, mesh_dim_names=layout.mesh.dim_names
+        )
+    current = _mesh_info(mesh)
+    if current.group_names != layout.mesh.group_names:
+        raise DistributedLayoutError(
+            f"{path}: the mesh's process groups",
+            f"groups named {list(layout.mesh.group_names)}",
+            f"groups named {list(current.group_names)}",
+            "the compiled collectives address their process group by name: load before "
+            "creating other process groups, or load with model= bound to a mesh built as in "
+            "the compiling job",
+        )
+    return mesh
+
+
+def build_standin(
+    path: str,
+    layout: Layout,
+    skeleton: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    sections: dict[str, bytes],
+) -> torch.nn.Module:
+    """The stand-in model of this rank: plain tensors from the code file, DTensors
+    from the rank's own shard file on a new mesh, the parallelisation hooks again."""
+    from torch.distributed.tensor import DTensor
+
+    rank = torch.distributed.get_rank()
+    mesh = _mesh_for(layout, None, path)  # one mesh per process (see use_device_mesh)
+    local = read_shard(path, layout, rank)
+    device = _local_device(layout.mesh.device_type)
+    for name, spec in layout.tensors.items():
+        tensors[name] = DTensor.from_local(
+            local[name].to(device),
+            mesh,
+            [decode_placement(p) for p in spec.placements],
+            run_check=False,
+            shape=torch.Size(spec.shape),
+            stride=spec.stride,
+        )
+    standin = _standin.build_standin(skeleton, tensors)
+    hooks = pickle.loads(sections[HOOKS_SECTION]) if HOOKS_SECTION in sections else {}
+    _cdist.restore_parallel_hooks(standin, hooks, mesh)
+    _cdist.rebind_meshes(standin, mesh)  # parameters may hold an equal mesh of the job
+    return standin

@@ -1,0 +1,67 @@
+"""The lean runtime: a saved artifact run without Dynamo, AOTAutograd or Inductor.
+
+What runs at load in place of PyTorch's runtime machinery, rebuilt from the
+saved data alone: Inductor's generated wrapper with light stand-ins and the
+shipped kernels (``wrapper``, ``kernels``), Triton kernels launched by
+PyTorch's static CUDA launcher (``triton_kernels``), AOTAutograd's runtime
+wrappers (``runtime`` for inference, ``autograd`` for training, ``subclasses``
+for DTensor inputs), CUDA graph recording for ``mode="reduce-overhead"``
+(``cudagraphs``), Dynamo's guard tree as a plain-Python check (``guards``,
+``guard_types``), the saved bytecode's globals and code objects
+(``bytecode_globals``, ``pickling``), and the loader that assembles them
+(``load``).
+
+The rule of this folder, kept by ``tests/test_layout.py``: it imports nothing
+of the package above ``standin/`` (no stage, no save-time adapter of
+``_compat/``), and no compiler: not ``torch._inductor`` (its ``runtime``
+subpackage aside, which generated code imports too), not AOTAutograd, not
+sympy. The one exception is Dynamo's own guard manager, rebuilt from its
+saved state when the lean guards refuse a call (``guards.load_dynamo_guard_manager``,
+``guards.hook_guards_enabled``, ``load.LeanCompiledFunction.__call__``): it
+imports ``torch._dynamo``, never a compiler.
+
+Each runtime module defines its spec, a dataclass stored with
+``dataclasses.asdict``. The save-time functions that read PyTorch's compiled
+objects and write those specs live in ``_compat/lean_specs.py`` and
+``_compat/triton_cubins.py``. This folder touches private ``torch`` names (the
+static CUDA launcher, ``torch._C._dynamo.guards``): each is listed in
+``_compat/contract.py`` and checked on the installed torch.
+
+This ``__init__`` is the one interface: the rest of the package uses the
+names below, never the modules inside.
+"""
+
+from .autograd import AUTOGRAD_SPEC_VERSION, AutogradSpec
+from .guard_types import LEAN_TYPES, frame_local, named_class, shape_expr_ok
+from .guards import hook_guards_enabled
+from .kernels import KernelLoader, kernel_dir, kernel_key
+from .load import LEAN_SECTION_VERSION, LeanCompiledFunction, load_lean_compiled_function
+from .runtime import RUNTIME_SPEC_VERSION, InferenceSpec
+from .subclasses import (
+    SUBCLASS_SPEC_VERSION,
+    SubclassSpec,
+    bound_mesh,
+    current_mesh,
+)
+
+__all__ = [
+    "AUTOGRAD_SPEC_VERSION",
+    "LEAN_SECTION_VERSION",
+    "LEAN_TYPES",
+    "RUNTIME_SPEC_VERSION",
+    "SUBCLASS_SPEC_VERSION",
+    "AutogradSpec",
+    "InferenceSpec",
+    "KernelLoader",
+    "LeanCompiledFunction",
+    "SubclassSpec",
+    "bound_mesh",
+    "current_mesh",
+    "frame_local",
+    "hook_guards_enabled",
+    "kernel_dir",
+    "kernel_key",
+    "load_lean_compiled_function",
+    "named_class",
+    "shape_expr_ok",
+]

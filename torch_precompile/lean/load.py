@@ -1,0 +1,226 @@
+"""Lean load: shipped kernels, no compiler, no Inductor, no Dynamo, no Triton.
+
+Runs what ``_compat/lean_sections.py`` wrote at save (:func:`lean_sections`): the
+shipped kernels (one section each) and the ``fastload`` section (Inductor's wrapper,
+Dynamo's bytecode, its globals, the signature and the guard state).
+
+Loading writes the shared objects into a private directory, ``dlopen``\\ s them
+and executes the wrapper with light stand-ins for the few Inductor names it
+imports (:mod:`.wrapper`). No C++ compiler runs, ``TORCHINDUCTOR_CACHE_DIR`` is
+not read, and neither ``torch._inductor``'s compiler nor AOTAutograd is
+imported. Guards are checked by a plain-Python translation of Dynamo's guard
+tree (:mod:`.guards`); Dynamo's own guard manager (which imports
+``torch._dynamo``) is built only when that check fails or the tree could not be
+translated. The saved code was checked at save time to be one of the cases
+this runner handles: inference (:mod:`.runtime`: input mutations kept in
+the graph, outputs aliasing inputs; ``mode="reduce-overhead"`` recorded by
+:mod:`.cudagraphs`) and training (:mod:`.autograd`), on CPU or CUDA,
+static or dynamic shapes (Inductor's wrapper reads the sizes off its inputs).
+Any other artifact, or any failure here, loads through PyTorch's full path.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import logging
+import pickle
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from .. import _trace
+from . import autograd as lean_autograd
+from . import cudagraphs as lean_cudagraphs
+from . import runtime as lean_runtime
+from . import subclasses as lean_subclasses
+from . import wrapper
+from .bytecode_globals import bytecode_function
+from .guards import LeanGuardManager, LeanGuards, load_dynamo_guard_manager
+from .pickling import loads_code
+
+log = logging.getLogger("torch_precompile")
+
+LEAN_SECTION_VERSION = 1
+
+
+@dataclasses.dataclass
+class LeanCompiledFunction:
+    """A compiled function loaded by the lean path (see the module docstring).
+
+    Shaped like PyTorch's ``AOTCompiledFunction`` where the runtime reads it
+    (``_artifacts.guard_manager``, ``.signature``, ``.runtime_env``,
+    ``.device_type``; ``fn``), and keeps what it was loaded from so that saving
+    it again writes the same sections: the ``fastload`` bytes, the kernels and
+    a reader of PyTorch's serialization (``compiled``), which this path never
+    reads otherwise.
+    """
+
+    _artifacts: Any
+    fn: Callable[..., Any]
+    read_serialized: Callable[[], bytes]
+    lean_section: bytes  # the ``fastload`` section it was loaded from
+    kernels: Mapping[str, bytes | memoryview]
+    _extra_globals: dict[str, Any] | None = None  # the globals imported at load
+
+    @property
+    def serialized(self) -> bytes:
+        """PyTorch's serialization of this function, as the file holds it (read now)."""
+        return self.read_serialized()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch._dynamo.aot_compile import bind_locals
+
+        f_locals = bind_locals(self._artifacts.signature, *args, **kwargs)
+        if not self._artifacts.guard_manager.check(f_locals):
+            raise RuntimeError("GuardManager check failed")
+        return self.fn(*args, **kwargs)
+
+
+def load_lean_compiled_function(
+    fastload: bytes,
+    kernels: Mapping[str, bytes | memoryview],
+    read_serialized: Callable[[], bytes],
+    filename: str,
+    module_globals: dict[str, Any] | None = None,
+) -> LeanCompiledFunction:
+    """Rebuild a compiled function from its shipped kernels (no compiler, no Triton).
+
+    ``read_serialized`` returns PyTorch's serialization of the function; it is
+    called only if the function is saved again."""
+
+    with _trace.phase("unpickle"):
+        spec = pickle.loads(fastload)
+    if spec.get("version") != LEAN_SECTION_VERSION or spec.get("torch") != torch.__version__:
+        raise ValueError("the lean section was written by another version")
+    with _trace.phase("kernels"):
+        graph_call = _graph_call(spec, kernels, filename)
+    with _trace.phase("bytecode and its globals (imports their modules)"):
+        fn = bytecode_function(spec, graph_call, module_globals)
+    with _trace.phase("unpickle"):
+        original_code = loads_code(spec["original_code"])
+        signature = pickle.loads(spec["signature"])
+    with _trace.phase("guards"):
+        guard_manager = _guard_manager(spec, original_code, fn)
+    runtime_env = types.SimpleNamespace(
+        bytecode=fn.__code__,
+        closure=fn.__closure__,
+        import_sources=dict(spec["import_sources"]),
+        used_globals=dict.fromkeys(spec.get("used_global_names", ())),
+        external_refs=set(spec.get("external_refs", ())),
+    )
+    artifacts = types.SimpleNamespace(
+        backend_id=spec["backend_id"],
+        compiled_fn=None,  # nothing of PyTorch's compiled callable is loaded
+        guard_manager=guard_manager,
+        signature=signature,
+        runtime_env=runtime_env,
+        device_type=spec.get("device_type", "cpu"),
+        original_code=original_code,
+    )
+    return LeanCompiledFunction(artifacts, fn, read_serialized, fastload, kernels, module_globals)
+
+
+def _graph_call(
+    spec: dict[str, Any], kernels: Mapping[str, bytes | memoryview], filename: str
+) -> Callable[..., Any]:
+    """The compiled graph's call (forward, or the autograd pair), its kernels loaded."""
+    guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
+    data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
+    subclasses = _subclass_spec(spec)
+    meshes = lean_subclasses.mesh_constants(subclasses) if subclasses is not None else None
+    graph_call = wrapper.build_graph_call(
+        spec["wrapper"],
+        spec["extern_kernels"],
+        spec["inputs_to_check"],
+        kernels,
+        data_ptr,
+        filename,
+        spec.get("triton"),
+        spec.get("mutated_inputs", ()),
+        meshes,
+    )
+    backward = spec.get("backward")
+    if backward is not None:
+        if backward.get("version") != lean_autograd.AUTOGRAD_SPEC_VERSION:
+            raise ValueError("the lean backward was written by another version")
+        bw_call = wrapper.build_graph_call(
+            backward["wrapper"],
+            spec["extern_kernels"],
+            backward["inputs_to_check"],
+            kernels,
+            data_ptr,
+            filename + " (backward)",
+            spec.get("triton"),
+            (),
+            meshes,
+        )
+        forward = graph_call.call_list
+        wrap_gradients: Callable[[Any], tuple[Any, ...]] = tuple
+        if subclasses is not None:  # DTensor inputs fed as their local shards
+            forward = lean_subclasses.flattening(subclasses, forward)
+            wrap_gradients = functools.partial(lean_subclasses.wrap_gradients, subclasses)
+        graph_call = lean_autograd.make_autograd_call(
+            lean_autograd.AutogradSpec(**backward["autograd"]),
+            forward,
+            bw_call.call_list,
+            wrap_gradients,
+        )
+    else:
+        call_list = graph_call.call_list
+        if spec.get("cudagraphs"):
+            recording = lean_cudagraphs.CUDAGraphSpec(**spec["cudagraphs"])
+            call_list = lean_cudagraphs.install(
+                call_list, graph_call.apply_to_partitions, recording
+            )
+        if subclasses is not None:  # DTensor inputs fed as their local shards
+            call_list = lean_subclasses.flattening(subclasses, call_list)
+        graph_call = lean_runtime.make_inference_call(_inference_spec(spec), call_list)
+    return graph_call
+
+
+def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> LeanGuardManager:
+    """The lean guards, and Dynamo's guard manager built when they cannot decide."""
+    light = None
+    if spec.get("light_guards") is not None:
+        try:
+            light = LeanGuards(spec["light_guards"])
+        except Exception as exc:
+            log.debug("lean guards unavailable: %s", exc)
+    guard_manager = LeanGuardManager(
+        light,
+        functools.partial(
+            # Built on first need, in the load's context (dict configs as stand-ins).
+            contextvars.copy_context().run,
+            load_dynamo_guard_manager,
+            spec["guards_state"],
+            original_code,
+            fn.__globals__,
+            bool(spec.get("hook_guards")),
+        ),
+    )
+    if light is None:
+        guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
+    return guard_manager
+
+
+def _subclass_spec(spec: dict[str, Any]) -> lean_subclasses.SubclassSpec | None:
+    """The subclass spec of a fastload section (absent: no tensor subclass inputs)."""
+    found = spec.get("subclasses")
+    if found is None:
+        return None
+    found = dict(found)
+    if found.pop("version") not in lean_subclasses.SUBCLASS_SPEC_VERSIONS_READ:
+        raise ValueError("the lean subclass spec was written by another version")
+    return lean_subclasses.SubclassSpec(**found)  # pickled as dataclasses.asdict wrote it
+
+
+def _inference_spec(spec: dict[str, Any]) -> lean_runtime.InferenceSpec:
+    """The inference runtime spec of a fastload section (absent: a file that had none)."""
+    found = dict(spec.get("inference") or {"version": lean_runtime.RUNTIME_SPEC_VERSION})
+    if found.pop("version") != lean_runtime.RUNTIME_SPEC_VERSION:
+        raise ValueError("the lean runtime spec was written by another version")
+    return lean_runtime.InferenceSpec(**found)  # pickled as dataclasses.asdict wrote it

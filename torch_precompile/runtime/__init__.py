@@ -1,0 +1,1 @@
+"""The call path of an artifact: binding, guards, the compiled call, outputs."""

@@ -1,0 +1,33 @@
+"""Variants bundled into one artifact: a call runs the first whose guards hold."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from .artifact import PrecompiledArtifact, variant_label
+from .call import VariantRuntime
+
+
+def bundle_variants(variants: Sequence[PrecompiledArtifact]) -> PrecompiledArtifact:
+    """One artifact over several compiled variants of one model; a call runs the
+    first variant whose guards hold (order is priority: put fast paths first)."""
+    # A bundle among the variants (a dynamic compile with its size-1 variants) is
+    # spread out: one flat list, each variant loading on its own path.
+    variants = tuple(v for a in variants for v in (a.variants or (a,)))
+    if not variants:
+        raise ValueError("precompile() got an empty list; pass at least one variant")
+    if len({id(v.module) for v in variants}) != 1:
+        raise ValueError(
+            "the variants bind different models; variants of one artifact must be captured from "
+            "the same model object (they share its weights)"
+        )
+    first = variants[0]
+    runtime = VariantRuntime(variants, [variant_label(v) for v in variants])
+    return dataclasses.replace(
+        first,
+        training=any(v.training for v in variants),
+        timings={k: sum(v.timings.get(k, 0.0) for v in variants) for k in first.timings},
+        _runtime=runtime,  # type: ignore[arg-type]
+        variants=variants,
+    )

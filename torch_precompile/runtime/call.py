@@ -1,0 +1,337 @@
+"""The call path: what runs between ``artifact(*args)`` and the compiled kernels.
+
+An artifact's runtime is a short list of steps built once (at ``precompile``
+or ``load``): bind the arguments, check module hooks, check the guards, check
+identities and index ranges, step CUDA graphs, call the compiled code. The
+runtime executes the list; ``to_python()`` prints the same list as plain
+Python, so the two describe one thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import _compat
+from .._compat.pytree import tree_leaves
+from .._errors import GuardError
+from ..guards import (
+    ROOT_SOURCE,
+    AutogradGuard,
+    Guards,
+    HooksGuard,
+    IdentityChecks,
+    IndexChecks,
+    call_of,
+    diagnose,
+    explain_arguments,
+    hooks_entry,
+)
+from .output_layout import keep_layouts
+from .signature import make_binder
+
+
+@dataclasses.dataclass
+class Frame:
+    """One call as the steps see it: the arguments, then the traced frame's locals."""
+
+    full: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    f_locals: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Step:
+    """One step of the call path. ``check`` returns a GuardError to refuse the call."""
+
+    def check(self, frame: Frame) -> GuardError | None:
+        return None
+
+
+@dataclasses.dataclass
+class BindArguments(Step):
+    """Map the call's arguments to the traced function's parameters (defaults applied)."""
+
+    signature: inspect.Signature
+    closure_locals: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        self._bind = make_binder(self.signature)
+
+    def check(self, frame: Frame) -> GuardError | None:
+        try:
+            arguments = self._bind(*frame.full, **frame.kwargs)
+        except TypeError as exc:
+            raise TypeError(
+                f"arguments do not match the captured signature {self.signature}: {exc}"
+            ) from None
+        frame.f_locals = {**self.closure_locals, **arguments} if self.closure_locals else arguments
+        return None
+
+
+@dataclasses.dataclass
+class CheckHooks(Step):
+    """Module hooks the compiled code would not run: the model's own and global ones
+    here (the submodules' are in PyTorch's guard tree)."""
+
+    guard: HooksGuard | None
+    bound_self: Any
+
+    def __post_init__(self) -> None:
+        sources = self.guard.modules if self.guard is not None else ()
+        if self.guard is None and isinstance(self.bound_self, torch.nn.Module):
+            sources = (ROOT_SOURCE,)  # saved before the ``hooks`` entry existed
+        self.sources = sources
+        root = self.bound_self if ROOT_SOURCE in sources else None
+        self._present = _compat.hook_check(root, bool(sources))
+
+    def check(self, frame: Frame) -> GuardError | None:
+        if self._present is None or not self._present():
+            return None
+        guard = self.guard or HooksGuard.of((), True)
+        return guard.error(call_of((), frame.f_locals)) or GuardError(
+            f"{HooksGuard.NO_HOOKS_RUN} [dynamo]"
+        )
+
+
+@dataclasses.dataclass
+class CheckGuards(Step):
+    """PyTorch's guard manager (or its plain-Python translation after a lean load);
+    when it refuses, the typed guards say which assumption broke."""
+
+    guard_manager: Any
+    guards: Guards
+    parameters: dict[str, Any]  # the example call, by parameter (the header's)
+    signature: inspect.Signature  # the traced function's
+
+    def check(self, frame: Frame) -> GuardError | None:
+        try:
+            if self.guard_manager.check(frame.f_locals):
+                return None
+            reason = _compat.guard_failure_reason(self.guard_manager, frame.f_locals)
+        except Exception as exc:  # a guard that cannot read this value (a tensor as a float)
+            reason = f"{type(exc).__name__}: {exc}"
+        arguments = explain_arguments(self.parameters, frame.f_locals, self.signature)
+        return diagnose(self.guards, frame.f_locals, reason, arguments)
+
+
+@dataclasses.dataclass
+class CheckIdentities(Step):
+    """Functions, classes and modules the traced code used, by identity across processes."""
+
+    identities: IdentityChecks
+
+    def check(self, frame: Frame) -> GuardError | None:
+        return self.identities.check(frame.f_locals)
+
+
+@dataclasses.dataclass
+class CheckIndices(Step):
+    """Index inputs in range, else IndexError as eager (Inductor's kernels would abort)."""
+
+    indices: IndexChecks
+
+    def check(self, frame: Frame) -> GuardError | None:
+        self.indices.check(frame.f_locals)
+        return None
+
+
+@dataclasses.dataclass
+class CallCompiled(Step):
+    """Dynamo's transformed bytecode: extracts the graph inputs, calls the compiled
+    graph, rebuilds the output (and steps CUDA graphs first, under reduce-overhead)."""
+
+    fn: Any
+    cudagraphs: bool
+
+    def call(self, frame: Frame) -> Any:
+        if self.cudagraphs:
+            _compat.begin_cudagraph_step()
+        return self.fn(*frame.full, **frame.kwargs)
+
+
+class Runtime:
+    """Runs PyTorch's compiled function through the artifact's steps.
+
+    ``bound_self`` is what the traced code sees as ``self``: the live model,
+    or a stand-in rebuilt from the file's weights. ``grad_enabled`` is the grad
+    mode Dynamo captured under (it guards it): an inference artifact whose
+    inputs need no grad runs under it whatever the caller's mode.
+    """
+
+    def __init__(
+        self,
+        compiled_function: Any,
+        guards: Guards,
+        bound_self: Any,
+        training: bool,
+        grad_enabled: bool | None = None,
+        described: dict[str, Any] | None = None,
+    ) -> None:
+        described = described or {}  # the artifact's ``signature``: the example call, outputs
+        output_layouts: Sequence[list[int] | None] | None = described.get("output_layouts")
+        if output_layouts:
+            _compat.wrap_compiled_graph(
+                compiled_function, lambda graph: keep_layouts(graph, output_layouts)
+            )
+        guard_manager, fn, signature = _compat.compiled_function_parts(compiled_function)
+        self.compiled_function = compiled_function
+        self.guard_manager = guard_manager
+        self.fn = fn
+        self.signature: inspect.Signature = signature
+        self.closure_locals = _compat.compiled_function_closure_locals(compiled_function)
+        self.guards = guards
+        self.bound_self = bound_self
+        self.training = training
+        self.grad_enabled = training if grad_enabled is None else grad_enabled
+        # A training artifact is refused under no_grad by its own guard; a file of
+        # torch's save_compiled_function has none, and its guard manager decides.
+        self._needs_grad = any(isinstance(g, AutogradGuard) and g.training for g in guards)
+        self._params: list[torch.Tensor] = (
+            list(bound_self.parameters()) if isinstance(bound_self, torch.nn.Module) else []
+        )
+        self.checks: tuple[Step, ...] = (
+            BindArguments(signature, self.closure_locals),
+            CheckHooks(hooks_entry(guards), bound_self),
+            CheckGuards(
+                guard_manager,
+                guards,
+                described.get("parameters", {}),
+                signature,
+            ),
+            CheckIdentities(IdentityChecks(guards, getattr(fn, "__globals__", {}))),
+            CheckIndices(IndexChecks(guards)),
+        )
+        self.call_step = CallCompiled(
+            fn, _compat.compiled_function_uses_cudagraphs(compiled_function)
+        )
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The call path in order: the checks, then the compiled call."""
+        return (*self.checks, self.call_step)
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        failure, result = self.try_call(args, kwargs)
+        if failure is not None:
+            raise failure
+        return result
+
+    def refusal(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardError | None:
+        """Why the checks would refuse this call (None: they pass); runs no kernel."""
+        with self.grad_mode(args, kwargs) as refusal:
+            return refusal or self._check(args, kwargs)[0]
+
+    def _check(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[GuardError | None, Frame]:
+        """Run the checks on one call: the first refusal (or None) and the bound frame."""
+        frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+        for step in self.checks:
+            failure = step.check(frame)
+            if failure is not None:
+                return failure, frame
+        return None, frame
+
+    def try_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """``(None, result)``, or ``(GuardError, None)`` without running the compiled code."""
+        with self.grad_mode(args, kwargs) as refusal:
+            if refusal is not None:
+                return refusal, None
+            failure, frame = self._check(args, kwargs)
+            if failure is not None:
+                return failure, None
+            return None, self.call_step.call(frame)
+
+    @contextlib.contextmanager
+    def grad_mode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run under the captured grad mode; yields a GuardError when that would change
+        the result (an inference artifact called while something requires grad)."""
+        if self.training or torch.is_grad_enabled() == self.grad_enabled:
+            if self._needs_grad and not torch.is_grad_enabled():
+                yield GuardError(f"{AutogradGuard.TRAINING_UNDER_NO_GRAD} [aot_autograd]")
+            else:
+                yield None
+            return
+        culprit = self._requires_grad(args, kwargs) if torch.is_grad_enabled() else None
+        if culprit is not None:
+            yield GuardError(f"{AutogradGuard.inference_under_grad(culprit)} [aot_autograd]")
+            return
+        # Nothing requires grad, so either grad mode gives eager's result.
+        with torch.set_grad_enabled(self.grad_enabled):
+            yield None
+
+    def try_lean(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """``(True, result)`` when a lean load's plain-Python guards and the other
+        checks pass (the arguments bound once, the guards run once); else
+        ``(False, None)`` and nothing ran. Never builds PyTorch's guard manager,
+        which imports Dynamo."""
+        light = getattr(self.guard_manager, "lean_guards", None)
+        if light is None:
+            return False, None
+        with self.grad_mode(args, kwargs) as refusal:
+            if refusal is not None:
+                return False, None
+            frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+            try:
+                self.checks[0].check(frame)  # binds the arguments
+            except TypeError:
+                return False, None
+            try:
+                if not light.check(frame.f_locals):
+                    return False, None
+            except Exception:  # a value its checks cannot read: the full path says why
+                return False, None
+            for step in self.checks[1:]:
+                if not isinstance(step, CheckGuards) and step.check(frame) is not None:
+                    return False, None
+            return True, self.call_step.call(frame)
+
+    def _requires_grad(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        for leaf in tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+                return "an input"
+        if any(p.requires_grad for p in self._params):
+            return "a parameter of the model"
+        return None
+
+
+class VariantRuntime:
+    """Runs the first of several compiled variants whose guards hold for the call
+    (each variant's guards are checked once per call)."""
+
+    def __init__(self, variants: Sequence[Any], labels: Sequence[str]) -> None:
+        self.variants = tuple(variants)
+        self.labels = tuple(labels)
+        first = self.variants[0].runtime
+        self.bound_self = first.bound_self
+        self.training = first.training
+        self.grad_enabled = first.grad_enabled
+        self._last = 0  # the variant that served the last call
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # A loop calls one variant again and again (every decode step): the one that
+        # served the last call is tried first. Then, after a lean load, the first
+        # variant whose plain-Python guards hold runs before any variant builds
+        # PyTorch's guard manager (which imports Dynamo).
+        served, result = self.variants[self._last].runtime.try_lean(args, kwargs)
+        if served:
+            return result
+        for i, variant in enumerate(self.variants):
+            if i != self._last:
+                served, result = variant.runtime.try_lean(args, kwargs)
+                if served:
+                    self._last = i
+                    return result
+        failures = []
+        for i, (variant, label) in enumerate(zip(self.variants, self.labels)):
+            failure, result = variant.runtime.try_call(args, kwargs)
+            if failure is None:
+                self._last = i
+                return result
+            failures.append(f"variant {i} ({label}): {failure}")
+        raise GuardError("no variant's guards hold for this call:\n  " + "\n  ".join(failures))

@@ -1,0 +1,1 @@
+"""``Precompile.save`` and ``Precompile.load``: an artifact to its file and back."""

@@ -1,0 +1,218 @@
+"""``Precompile.save``: an artifact, its weights and its kernels, in one file.
+
+Sections written (docs/FORMAT.md): ``compiled`` (``compiled.<i>`` for variant
+``i`` of a bundle), ``skeleton`` and ``weights`` for a module (``self`` for
+another bound object), ``fastload`` / ``fastload.<i>`` where the lean path
+applies, and one ``kernel/<key>`` section per shipped C++ kernel. The header is
+a :class:`~.header.Header`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import pickle
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .. import _compat
+from ..distributed.placement import describe as describe_layout
+from ..distributed.shards import code_file_parts, save_shard
+from ..file.header import KERNEL_PREFIX, Header, VariantRecord, section_name
+from ..file.write import write_artifact
+from ..guards import Guards, unmet_by
+from ..runtime.artifact import PrecompiledArtifact
+from ..standin import module as standin
+
+log = logging.getLogger("torch_precompile")
+
+PACKAGE_VERSION = "0.1.0"
+
+
+def save(
+    path: str | os.PathLike[str],
+    artifact: PrecompiledArtifact,
+    bytecode: types.CodeType | None = None,
+    guards: Guards | None = None,
+    *,
+    sign_key: bytes | str | None = None,
+) -> None:
+    """Write ``artifact`` to one file, atomically (weights included)."""
+    _check_save_arguments(artifact, bytecode, guards)
+    variants = artifact.variants or (artifact,)
+    sections: dict[str, bytes] = {
+        section_name("compiled", i): _compat.serialize_compiled_function(v.compiled_function)
+        for i, v in enumerate(variants)
+    }
+    bound = artifact.module
+    kind = "function"
+    layout = describe_layout(bound)  # None unless the model holds DTensors
+    if isinstance(bound, torch.nn.Module):
+        kind = "module"
+        skeleton = standin.describe_module(bound)
+        tensors = standin.module_tensors(bound)
+        if layout is not None:  # shards go to per-rank files (save_shard)
+            tensors, extra = code_file_parts(bound, tensors)
+            sections.update(extra)
+        sections["skeleton"] = json.dumps(skeleton).encode()
+        sections["weights"] = standin.pack_tensors(tensors)
+        if layout is None:
+            _warn_if_standin_falls_short(path, artifact, skeleton, tensors)
+    elif bound is not None:
+        kind = "object"
+        sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
+
+    # Each variant the lean path handles gets its "fastload" section and brings its
+    # kernels; the others' kernels are looked up for PyTorch's full path.
+    kernels: dict[str, bytes | memoryview] = {}
+    refusals: list[str | None] = []
+    slow: list[Any] = []
+    for i, variant in enumerate(variants):
+        fast, refusal = _lean_sections(variant)
+        refusals.append(refusal)
+        if fast is None:
+            slow.append(variant)
+            continue
+        sections[section_name("fastload", i)] = fast[0]
+        kernels.update(fast[1])
+    kernels.update(_full_path_kernels(slow))
+    for key in sorted(kernels):
+        sections[KERNEL_PREFIX + key] = kernels[key]
+
+    sizes = {n: len(data) for n, data in sections.items() if not n.startswith(KERNEL_PREFIX)}
+    if kernels:
+        sizes["kernels"] = sum(len(data) for data in kernels.values())
+    header = Header(
+        producer=f"torch_precompile {PACKAGE_VERSION}",
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        kind=kind,
+        device_type=artifact.device_type,
+        system=artifact.system,
+        cudagraphs=_compat.compiled_function_uses_cudagraphs(artifact.compiled_function),
+        bundle=bool(artifact.variants),
+        variants=tuple(_record(v, refusal) for v, refusal in zip(variants, refusals)),
+        sizes=sizes,
+        guards_text=_guards_text(artifact),
+        globals_module=artifact.globals_module,
+        # Names the compiled code reads from the model's module (e.g. an output dataclass).
+        global_names=tuple(_compat.unresolved_globals(artifact.compiled_function)),
+        distributed=layout.to_json() if layout is not None else None,
+    )
+    write_artifact(path, header.to_json(), sections, sign_key=sign_key)
+    if layout is not None:
+        save_shard(path, bound)  # the calling rank's shard file
+    artifact._sizes.clear()
+    artifact._sizes.update(sizes)
+    artifact._origin.update(path=os.path.abspath(path), created=header.created)
+
+
+def _check_save_arguments(
+    artifact: PrecompiledArtifact, bytecode: types.CodeType | None, guards: Guards | None
+) -> None:
+    """``bytecode`` and ``guards``, when given, must come from the artifact's capture."""
+    if not isinstance(artifact, PrecompiledArtifact):
+        raise TypeError(f"save() takes a PrecompiledArtifact, got {type(artifact).__name__}")
+    if bytecode is not None and bytecode is not artifact.bytecode and bytecode != artifact.bytecode:
+        raise ValueError(
+            "the bytecode given to save() does not belong to this artifact's capture "
+            f"({getattr(bytecode, 'co_name', type(bytecode).__name__)!r} vs the artifact's "
+            f"{artifact.bytecode.co_name!r}); pass the bytecode Precompile.dynamo returned "
+            "with this model"
+        )
+    if guards is None:
+        return
+    if not isinstance(guards, Guards):
+        raise TypeError(f"guards must be a Guards collection, got {type(guards).__name__}")
+    foreign = guards.capture_id is not None and guards.capture_id != artifact.guards.capture_id
+    known = set(artifact.guards)
+    missing = [g for g in guards if g not in known]
+    if foreign or missing:
+        what = (
+            "another capture"
+            if foreign
+            else f"{len(missing)} entries the artifact lacks, e.g. {missing[0]}"
+        )
+        raise ValueError(
+            "the guards given to save() do not belong to this artifact: "
+            f"they come from {what}; "
+            "pass the guards returned by the stages that built this artifact"
+        )
+
+
+def _record(variant: PrecompiledArtifact, lean_refusal: str | None) -> VariantRecord:
+    return VariantRecord(
+        training=variant.training,
+        grad_enabled=variant.runtime.grad_enabled,
+        signature=variant.signature,
+        guards=tuple(variant.guards.to_json()),
+        timings=variant.timings,
+        external_refs=_compat.external_global_refs(variant.compiled_function),
+        lean_refusal=lean_refusal,
+    )
+
+
+def _guards_text(artifact: PrecompiledArtifact) -> str:
+    if not artifact.variants:
+        return str(artifact.guards)
+    return "\n".join(f"variant {i}:\n{v.guards}" for i, v in enumerate(artifact.variants))
+
+
+def _warn_if_standin_falls_short(
+    path: str | os.PathLike[str],
+    artifact: PrecompiledArtifact,
+    skeleton: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+) -> None:
+    """Say at save, not at the first call after load, when the stand-in rebuilt from
+    the file would break a guard (an attribute the compiled code read that the file
+    cannot carry, such as an object of a class defined in ``__main__``)."""
+    rebuilt = standin.build_standin(json.loads(json.dumps(skeleton)), tensors)
+    # A bundle falls short only when no variant can be served.
+    per_variant = [unmet_by(list(v.guards), rebuilt) for v in artifact.variants or (artifact,)]
+    problems = per_variant[0]
+    if all(per_variant):
+        log.warning(
+            "%s: Precompile.load(path) without model= will refuse every call: the file "
+            "cannot carry what %d guard(s) of the compiled code read (first: %s); load it "
+            "with model=your_module, or make that attribute a plain value",
+            os.fspath(path),
+            len(problems),
+            problems[0],
+        )
+
+
+def _lean_sections(
+    artifact: PrecompiledArtifact,
+) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
+    """The ``fastload`` section and kernels that let a CPU or CUDA artifact (inference
+    or training, or one variant of a bundle, bound to the bundle's model) load without
+    a compiler, Inductor, AOTAutograd or Triton's compiler; or None and why not."""
+    if artifact.device_type not in ("cpu", "cuda"):
+        return None, f"device {artifact.device_type}"
+    if artifact.variants:
+        return None, "a bundle of variants"
+    try:
+        # Kernels this process loaded from a file are read back, not rebuilt.
+        with _compat.reusing_shipped_kernels():
+            return _compat.lean_sections(artifact.compiled_function)
+    except Exception as exc:  # never fail a save over the optional lean path
+        log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _full_path_kernels(variants: Sequence[PrecompiledArtifact]) -> Mapping[str, bytes | memoryview]:
+    """The C++ kernels of variants that load through PyTorch's full path, which then
+    loads them instead of compiling (the union over variants, forward and backward).
+    A CUDA graph may hold some too: a rank-dependent offset computed on the CPU."""
+    if not variants:
+        return {}
+    try:
+        return _compat.cpp_kernels([v.compiled_function for v in variants])
+    except Exception as exc:  # never fail a save over shipped kernels
+        log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
+        return {}

@@ -1,0 +1,2 @@
+"""The four stages (Dynamo, AOTAutograd, Inductor, precompile) and the
+variants they build."""

@@ -1,0 +1,1 @@
+"""A model's configuration, weights and attributes without its class."""

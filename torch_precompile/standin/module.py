@@ -1,0 +1,440 @@
+"""A model's weights and plain attributes, without its class.
+
+A saved artifact must run where the model's class cannot be imported. The
+compiled bytecode only reads parameters, buffers and plain Python attributes
+through ``self``; a tree of plain ``nn.Module`` objects holding the same
+names, tensors and values answers every such read. Tensors travel as raw
+bytes (no pickle); tied parameters stay tied.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+import types
+import warnings
+from typing import Any
+
+import torch
+
+from .config import (
+    add_methods,
+    class_level_values,
+    dict_base,
+    dict_standin_class,
+    fill_dict,
+    find,
+    is_config,
+    standin_class,
+)
+
+_PLAIN = (bool, int, float, str, type(None))
+_SKIP_ATTRS = frozenset(
+    {
+        "_parameters",
+        "_buffers",
+        "_modules",
+        "_non_persistent_buffers_set",
+        "_state_dict_hooks",
+        "_state_dict_pre_hooks",
+        "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks",
+    }
+)
+# Skeletons of version 1 held plain values as ``[type name, JSON value]`` and configs
+# of plain values only; version 2 held configs as instances of their class (tag
+# ``object``); both still load. Version 3 holds configs as stand-ins (tag ``config``).
+SKELETON_VERSION = 3
+
+
+class _Unencodable(Exception):
+    """A value the skeleton cannot carry (it is left out of the stand-in)."""
+
+
+def encode_value(value: Any, memo: dict[int, int], depth: int = 0) -> list[Any]:
+    """A JSON form ``[tag, payload]`` of an attribute value, rebuilt by :func:`decode_value`.
+
+    Carries what model code reads from ``self`` and its config objects:
+    scalars, strings, containers of them (any key type), dtypes, devices,
+    importable classes and functions, ``functools.partial`` of those, and
+    objects of importable classes whose attributes are all encodable (a
+    Hugging Face config, say). Raises :class:`_Unencodable` otherwise.
+
+    ``memo`` keeps identity: a mutable object met again (one config shared by
+    every layer) is written as ``["same", n]``, the n-th object encoded, so the
+    stand-in shares it as the model did (Dynamo guards such aliasing).
+    """
+    if depth > 32:
+        raise _Unencodable("nested too deeply")
+    if isinstance(value, _PLAIN) and type(value) in _PLAIN:
+        return [type(value).__name__, value]
+    if id(value) in memo:
+        return ["same", memo[id(value)]]
+    encoded = _encode_object(value, memo, depth)
+    if encoded[0] in ("seq", "map", "object", "config") and encoded[1].get("type") != "tuple":
+        memo[id(value)] = len(memo)
+        encoded[1]["memo"] = memo[id(value)]
+    return encoded
+
+
+def _encode_object(value: Any, memo: dict[int, int], depth: int) -> list[Any]:
+    if type(value) in (tuple, list, set, frozenset):
+        items = [encode_value(v, memo, depth + 1) for v in value]
+        return ["seq", {"type": type(value).__name__, "items": items}]
+    if type(value) is dict:
+        pairs = [
+            [encode_value(k, memo, depth + 1), encode_value(v, memo, depth + 1)]
+            for k, v in value.items()
+        ]
+        return ["map", {"pairs": pairs}]
+    if isinstance(value, torch.dtype):
+        return ["dtype", str(value).replace("torch.", "")]
+    if isinstance(value, torch.device):
+        return ["device", str(value)]
+    if isinstance(value, enum.Enum):
+        return ["enum", [*_reference(type(value)), value.name]]
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+        return ["ref", _reference(value)]
+    if isinstance(value, functools.partial):
+        return [
+            "partial",
+            {
+                "func": encode_value(value.func, memo, depth + 1),
+                "args": [encode_value(v, memo, depth + 1) for v in value.args],
+                "kwargs": [
+                    [k, encode_value(v, memo, depth + 1)] for k, v in value.keywords.items()
+                ],
+            },
+        ]
+    if is_config(value):
+        # A stand-in without the config's class (see torch_precompile.standin.config).
+        state = {k: encode_value(v, memo, depth + 1) for k, v in vars(value).items()}
+        values, methods = class_level_values(value)
+        encoded_values = {}
+        for name, v in values.items():
+            trial = dict(memo)
+            try:
+                encoded = encode_value(v, trial, depth + 1)
+            except _Unencodable:
+                continue
+            if not _imports(encoded):  # a class or function would import its library
+                encoded_values[name] = encoded
+                memo.update(trial)
+        payload = {
+            "class": _reference(type(value)),
+            "state": state,
+            "class_values": encoded_values,
+            "methods": sorted(methods),
+        }
+        base = dict_base(type(value))
+        if base is not None:  # a dict config (diffusers' FrozenDict) keeps its items
+            payload["dict"] = base
+            payload["items"] = [
+                [encode_value(k, memo, depth + 1), encode_value(v, memo, depth + 1)]
+                for k, v in value.items()
+            ]
+        return ["config", payload]
+    raise _Unencodable(type(value).__qualname__)
+
+
+def _imports(encoded: Any) -> bool:
+    """Whether decoding ``encoded`` imports a module (a class, function or enum)."""
+    if isinstance(encoded, list):
+        if len(encoded) == 2 and encoded[0] in ("ref", "enum", "partial", "object"):
+            return True
+        return any(_imports(e) for e in encoded)
+    if isinstance(encoded, dict):
+        return any(_imports(e) for e in encoded.values())
+    return False
+
+
+def decode_value(encoded: list[Any], memo: dict[int, Any]) -> Any:
+    """Inverse of :func:`encode_value` (and of the version-1 ``[type name, value]`` form)."""
+    tag, payload = encoded
+    if tag == "same":
+        return memo[payload]
+    value = _decode_object(tag, payload, memo)
+    if isinstance(payload, dict) and "memo" in payload:
+        memo[payload["memo"]] = value
+    return value
+
+
+def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
+    if tag in ("bool", "int", "float", "str", "NoneType", "list"):
+        return payload
+    if tag == "tuple":  # version 1
+        return _to_tuple(payload)
+    if tag == "config" and "state" in payload:  # a stand-in of a config object
+        if "dict" in payload:  # one class per config class: Dynamo guards its exact type
+            cls = dict_standin_class(*payload["class"], payload["dict"])
+            add_methods(cls, payload["methods"])
+        else:
+            cls = standin_class(*payload["class"], {}, payload["methods"])
+        obj = cls.__new__(cls)
+        memo[payload["memo"]] = obj  # before its state: the state may refer back to it
+        # In the order they were encoded: a later value may refer to an earlier one.
+        obj.__dict__.update({k: decode_value(v, memo) for k, v in payload["state"].items()})
+        for name, value in payload["class_values"].items():
+            setattr(cls, name, decode_value(value, memo))
+        if "dict" in payload:  # encoded last: its values may refer to the ones above
+            items = [(decode_value(k, memo), decode_value(v, memo)) for k, v in payload["items"]]
+            fill_dict(obj, payload["dict"], items)
+        return obj
+    if tag == "config":  # version 1
+        obj = _new_instance(find(payload["module"], payload["qualname"]))
+        for key, (type_name, value) in payload["state"].items():
+            obj.__dict__[key] = _to_tuple(value) if type_name == "tuple" else value
+        return obj
+    if tag == "seq":
+        items = [decode_value(v, memo) for v in payload["items"]]
+        return {"tuple": tuple, "list": list, "set": set, "frozenset": frozenset}[payload["type"]](
+            items
+        )
+    if tag == "map":
+        return {decode_value(k, memo): decode_value(v, memo) for k, v in payload["pairs"]}
+    if tag == "dtype":
+        return getattr(torch, payload)
+    if tag == "device":
+        return torch.device(payload)
+    if tag == "ref":
+        return find(*payload)
+    if tag == "enum":
+        return getattr(find(*payload[:2]), payload[2])
+    if tag == "partial":
+        return functools.partial(
+            decode_value(payload["func"], memo),
+            *[decode_value(v, memo) for v in payload["args"]],
+            **{k: decode_value(v, memo) for k, v in payload["kwargs"]},
+        )
+    if tag == "object":
+        obj = _new_instance(find(*payload["class"]))
+        memo[payload["memo"]] = obj  # before its state: the state may refer back to it
+        obj.__dict__.update({k: decode_value(v, memo) for k, v in payload["state"].items()})
+        return obj
+    raise ValueError(f"unknown attribute encoding {tag!r} in the artifact's module skeleton")
+
+
+def _reference(obj: Any) -> list[str]:
+    """``[module, qualname]`` of an object that can be imported by that name."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not isinstance(module, str) or "<locals>" in qualname or module == "__main__":
+        raise _Unencodable(f"{qualname} cannot be imported by name")
+    if find(module, qualname, import_missing=False) is not obj:
+        raise _Unencodable(f"{module}.{qualname} is not importable under that name")
+    return [module, qualname]
+
+
+def _new_instance(cls: Any) -> Any:
+    if not isinstance(cls, type):
+        raise ImportError(f"the model's attribute class {cls!r} cannot be imported")
+    return cls.__new__(cls)
+
+
+def describe_module(module: torch.nn.Module) -> dict[str, Any]:
+    """A JSON-able skeleton: per submodule its plain attributes, params and buffers."""
+    tensors: dict[int, str] = {}
+    memo: dict[int, int] = {}
+    modules = {}
+    for path, mod in module.named_modules(remove_duplicate=False):
+        attrs = {}
+        for key, value in vars(mod).items():
+            if key in _SKIP_ATTRS or key.startswith("_forward") or key.startswith("_backward"):
+                continue
+            trial = dict(memo)  # an attribute that fails leaves no dangling memo entries
+            try:
+                attrs[key] = encode_value(value, trial)
+                memo = trial
+            except _Unencodable:
+                continue  # not in the stand-in; a guard that reads it says so at save
+        params = {}
+        for name, p in mod._parameters.items():
+            if p is None:
+                params[name] = None
+                continue
+            key = f"{path}.{name}" if path else name
+            params[name] = {"key": tensors.setdefault(id(p), key), "requires_grad": p.requires_grad}
+        buffers = {}
+        for name, b in mod._buffers.items():
+            if b is None:
+                buffers[name] = None
+                continue
+            key = f"{path}.{name}" if path else name
+            buffers[name] = {
+                "key": tensors.setdefault(id(b), key),
+                "persistent": name not in mod._non_persistent_buffers_set,
+            }
+        modules[path] = {
+            "attrs": attrs,
+            "params": params,
+            "buffers": buffers,
+            "children": list(mod._modules.keys()),
+        }
+    return {"version": SKELETON_VERSION, "modules": modules}
+
+
+def tree_difference(skeleton: dict[str, Any], model: torch.nn.Module) -> str | None:
+    """The first module, parameter or buffer where ``model``'s tree differs from the
+    skeleton's (the model captured), in words; None when the trees agree."""
+    live = dict(model.named_modules(remove_duplicate=False))
+    entries = skeleton.get("modules", {})
+    for path, entry in entries.items():
+        mod = live.get(path)
+        if mod is None:
+            return f"module {path!r} is missing from the model"
+        for table, kind in (("params", "parameter"), ("buffers", "buffer")):
+            have = mod._parameters if table == "params" else mod._buffers
+            for name in [*entry[table], *have]:
+                if (name in entry[table]) != (name in have):
+                    where = "missing from the model" if name in entry[table] else "new"
+                    full = f"{path}.{name}" if path else name
+                    return f"{kind} {full!r} is {where}"
+    for path in live:
+        if path not in entries:
+            return f"module {path!r} ({type(live[path]).__name__}) is new"
+    return None
+
+
+def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every distinct parameter and buffer of ``module`` under its first name."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for path, mod in module.named_modules(remove_duplicate=False):
+        for name, t in list(mod._parameters.items()) + list(mod._buffers.items()):
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            out[f"{path}.{name}" if path else name] = t
+    return out
+
+
+def build_standin(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """Rebuild a tree of plain modules from :func:`describe_module`'s skeleton."""
+    mods: dict[str, torch.nn.Module] = {}
+    shared: dict[str, torch.Tensor] = {}
+    memo: dict[int, Any] = {}
+    entries = skeleton["modules"]
+    for path in entries:
+        mods[path] = torch.nn.Module()
+    for path, entry in entries.items():
+        mod = mods[path]
+        for key, encoded in entry["attrs"].items():
+            object.__setattr__(mod, key, decode_value(encoded, memo))
+        for name, spec in entry["params"].items():
+            if spec is None:
+                mod._parameters[name] = None
+                continue
+            key = spec["key"]
+            if key not in shared:
+                shared[key] = torch.nn.Parameter(tensors[key], requires_grad=spec["requires_grad"])
+            mod._parameters[name] = shared[key]
+        for name, spec in entry["buffers"].items():
+            if spec is None:
+                mod._buffers[name] = None
+                continue
+            key = spec["key"]
+            if key not in shared:
+                shared[key] = tensors[key]
+            mod._buffers[name] = shared[key]
+            if not spec["persistent"]:
+                mod._non_persistent_buffers_set.add(name)
+        for child in entry["children"]:
+            child_path = f"{path}.{child}" if path else child
+            mod._modules[child] = mods[child_path]
+    return mods[""]
+
+
+def _to_tuple(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_to_tuple(v) for v in value)
+    return value
+
+
+# ------------------------------------------------------------- raw weights
+
+
+def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
+    """safetensors-style: u64 index length, JSON index, then raw contiguous bytes.
+
+    Each tensor is copied once, by torch, into one preallocated buffer (no
+    NumPy: it is not a dependency of this package).
+    """
+    index = {}
+    flat: list[torch.Tensor] = []
+    offset = 0
+    for name, t in tensors.items():
+        source_device = t.device
+        t = t.detach().to("cpu").contiguous()
+        # reshape(-1): a 0-dim tensor (BatchNorm's num_batches_tracked) cannot be viewed as bytes.
+        raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+        index[name] = {
+            "dtype": str(t.dtype).replace("torch.", ""),
+            "shape": list(t.shape),
+            "offset": offset,
+            "length": raw.numel(),
+        }
+        if source_device.type != "cpu":
+            # Compiled kernels (and Dynamo's guards) expect the weights where they were.
+            index[name]["device"] = str(source_device)
+        flat.append(raw)
+        # 64-byte alignment lets every dtype view its slice in place.
+        offset += raw.numel() + (-raw.numel() % 64)
+    head = json.dumps(index).encode()
+    out = bytearray(8 + len(head) + offset)
+    out[:8] = len(head).to_bytes(8, "little")
+    out[8 : 8 + len(head)] = head
+    if offset:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # bytearray: writable, no warning due
+            body = torch.frombuffer(out, dtype=torch.uint8, offset=8 + len(head))
+        for spec, raw in zip(index.values(), flat):
+            body[spec["offset"] : spec["offset"] + spec["length"]].copy_(raw)
+    return bytes(out)
+
+
+def unpack_tensors(
+    data: bytes | memoryview, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`pack_tensors`; tensors own their memory.
+
+    Tensors of one device are copied as one block, straight from ``data`` (at
+    load, a view of the mapped file): CPU tensors into memory from torch's
+    allocator (64-byte aligned, so that every tensor, at a 64-byte multiple
+    offset, is aligned as eager's weights are and owns its memory), GPU tensors
+    in one host-to-device copy, so a CUDA artifact's weights never exist in
+    host memory outside the file's pages (issue 16).
+    """
+    n = int.from_bytes(data[:8], "little")
+    index = json.loads(bytes(data[8 : 8 + n]))
+    base = 8 + n
+    source = torch.empty(0, dtype=torch.uint8)
+    if len(data) > base:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a read-only buffer, only read here
+            source = torch.frombuffer(data, dtype=torch.uint8, offset=base)
+    blocks: dict[str, tuple[torch.Tensor, int]] = {}
+    for target in {str(spec.get("device", device)) for spec in index.values()}:
+        spans = [
+            (spec["offset"], spec["offset"] + spec["length"])
+            for spec in index.values()
+            if str(spec.get("device", device)) == target and spec["length"]
+        ]
+        lo, hi = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else (0, 0)
+        if target == "cpu":
+            block = torch.empty(hi - lo, dtype=torch.uint8)
+            block.copy_(source[lo:hi])
+        else:
+            block = source[lo:hi].to(target)
+        blocks[target] = (block, lo)
+    out = {}
+    for name, spec in index.items():
+        dtype = getattr(torch, spec["dtype"])
+        target = str(spec.get("device", device))
+        block, lo = blocks[target]
+        if spec["length"]:
+            start = spec["offset"] - lo
+            t = block[start : start + spec["length"]].view(dtype).reshape(spec["shape"])
+        else:
+            t = torch.empty(spec["shape"], dtype=dtype, device=target)
+        out[name] = t
+    return out

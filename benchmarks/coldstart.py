@@ -32,7 +32,7 @@ Usage (from the repository root)::
         --out benchmarks/results/coldstart_cpu_torch2.14.json --readme
 
 It prints markdown tables and writes ``benchmarks/results/coldstart_cpu.json``
-(rewritten after each case); ``--readme`` also puts the tables into README.md and
+(rewritten after each case); ``--readme`` also puts the tables into docs/benchmarks.md and
 ``--from-json FILE`` renders an earlier run without running anything.
 Only one process runs at a time; timings on a machine shared with other work
 are noisy.
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--readme",
         action="store_true",
-        help="also write the tables into README.md (between markers)",
+        help="also write the tables into docs/benchmarks.md (between markers)",
     )
     parser.add_argument(
         "--from-json", metavar="JSON", help="only print (and --readme) the tables of an earlier run"
@@ -455,14 +455,14 @@ def render(report: dict[str, Any]) -> str:
 
 
 def update_readme(text: str, torch_version: str) -> None:
-    """Put ``text`` into README.md between the markers of this torch's minor version."""
+    """Put ``text`` into docs/benchmarks.md between the markers of this torch's minor version."""
     minor = ".".join(torch_version.split(".")[:2])
-    readme = REPO / "README.md"
+    readme = REPO / "docs" / "benchmarks.md"
     start = f"<!-- coldstart-table torch-{minor} -->"
     end = f"<!-- /coldstart-table torch-{minor} -->"
     content = readme.read_text()
     if start not in content or end not in content:
-        raise SystemExit(f"README.md has no {start} ... {end} block")
+        raise SystemExit(f"docs/benchmarks.md has no {start} ... {end} block")
     head, rest = content.split(start, 1)
     _, tail = rest.split(end, 1)
     readme.write_text(f"{head}{start}\n{text}\n{end}{tail}")

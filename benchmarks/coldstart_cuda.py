@@ -276,7 +276,7 @@ def combine(paths: list[str], out: str | None) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- issue 16 suite
+# ---------------------------------------------------------------- cold-start suite
 # The reference transformer and Hugging Face decoders started as users start
 # them. Every child times its phases from before ``import torch``:
 #   eager      import torch; (transformers) import the class; from_pretrained of a
@@ -484,7 +484,7 @@ def _max_diff(a_path: str, b_path: str) -> float | None:
 
 
 def run_suite(names: list[str], repeats: int, out: str | None, deadline_s: float) -> int:
-    """Issue 16's benchmark: eager vs ours vs torch's aot_compile, cold and warm."""
+    """The cold-start benchmark: eager vs ours vs torch's aot_compile, cold and warm."""
     import subprocess as sp
 
     import torch
@@ -650,7 +650,7 @@ def main() -> int:
     parser.add_argument(
         "--suite",
         default=None,
-        help="issue 16: comma-separated models (transformer, gpt2, llama), eager vs ours vs "
+        help="comma-separated models (transformer, gpt2, llama), eager vs ours vs "
         "torch aot_compile as users start them",
     )
     parser.add_argument("--deadline", type=float, default=480.0, help="suite: seconds")

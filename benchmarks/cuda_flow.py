@@ -80,7 +80,7 @@ if not LEAN_FILE:  # the full path: count Triton compiles (a lean load never imp
     triton.compile = _counting
     import triton.compiler.compiler as _tcc
     _tcc.compile = _counting
-# What a lean load must not import (issue 16), checked after load and the first call.
+# What a lean load must not import, checked after load and the first call.
 HEAVY = ("torch._dynamo", "torch._inductor.compile_fx", "sympy", "triton", "triton.compiler",
          "torch._inductor.codegen.wrapper", "torch._inductor.runtime.triton_heuristics",
          "torch._functorch._aot_autograd.runtime_wrappers")

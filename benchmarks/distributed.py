@@ -1,4 +1,4 @@
-"""Distributed artifacts (issue 17): compile once vs per rank, first output of a fresh job.
+"""Distributed artifacts: compile once vs per rank, first output of a fresh job.
 
 For each world size (torchrun jobs of ``tests/fixtures/dist_job.py``: on CPU with gloo, or
 with ``TP_DEVICE=cuda`` on one GPU per rank with NCCL):
@@ -135,7 +135,7 @@ def first_output(world: int, runs: int, tmp: Path, out: Path, model: str) -> dic
             "runs": runs,
             "heavy_modules_imported": sorted(heavy[how]),
         }
-    # Issue 27: every rank of every "ours" job ran the lean path (no Dynamo,
+    # Every rank of every "ours" job ran the lean path (no Dynamo,
     # AOTAutograd or Inductor of ours; what DTensor itself imports, eager imports too).
     first["ours"]["lean_on_every_rank"] = all(lean)
     first["ours"]["vs_eager"] = (

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-GPU run (issue 29): tensor-parallel artifacts with NCCL, one GPU per rank.
+# The multi-GPU run: tensor-parallel artifacts with NCCL, one GPU per rank.
 #
 #   OUT=results-dir bash benchmarks/multi_gpu.sh tp      # build, fresh load, orders (2 ranks)
 #   OUT=results-dir bash benchmarks/multi_gpu.sh dp      # data-parallel training, build + fresh load

@@ -65,7 +65,7 @@ def _kernel_sections(sections: dict[str, bytes]) -> dict[str, bytes]:
 
 def test_saved_artifact_ships_kernel_binaries(saved: dict[str, Path]) -> None:
     meta, sections = container.read_artifact(saved["artifact"])
-    assert "fastload" in sections
+    assert "lean" in sections
     # One section per kernel, named by its key: one level of sections, no nested index.
     kernels = {n[len("kernel/") :]: v for n, v in sections.items() if n.startswith("kernel/")}
     assert len(kernels) >= 1
@@ -143,7 +143,7 @@ def test_full_path_loads_the_shipped_kernels(saved: dict[str, Path], tmp_path: P
     _, sections = container.read_artifact(again)
     _, original = container.read_artifact(saved["artifact"])
     assert _kernel_sections(sections) == _kernel_sections(original)
-    assert "fastload" in sections
+    assert "lean" in sections
 
 
 def test_without_shipped_kernels_load_needs_the_compiler(saved: dict[str, Path]) -> None:

@@ -1,4 +1,4 @@
-"""Issue 27, point 4: sharded data-parallel training from one compiled file (CPU, gloo).
+"""sharded data-parallel training from one compiled file (CPU, gloo).
 
 FSDP2 cannot be captured (its hooks run under ``torch._dynamo.disable``; see
 ``tests/test_distributed.py``), so :func:`torch_precompile.shard_parameters`
@@ -104,7 +104,7 @@ def test_three_steps_match_eager(jobs: dict[str, Any], world: int, case: str) ->
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_training_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
-    # Issue 27: the sharded steps run forward and backward on the lean path (the
+    # The sharded steps run forward and backward on the lean path (the
     # Shard(0) DTensor parameters flattened to their local shards inside the lean
     # autograd.Function, the reduce-scattered gradients rebuilt as DTensors), and
     # the lean guards decide every call.

@@ -1,4 +1,4 @@
-"""Issue 17: one artifact for every rank of a torchrun job (CPU, gloo, 2 and 4 ranks).
+"""One artifact for every rank of a torchrun job (CPU, gloo, 2 and 4 ranks).
 
 Five real torchrun jobs run once per module (``tests/fixtures/dist_job.py``): for
 each world size a *build* job, where rank 0 alone compiles a tensor-parallel
@@ -9,7 +9,7 @@ rank saves its shard; then a fresh *load* job with an empty Inductor cache and
 no C++ compiler (``CXX=/bin/false``) that loads the files, runs them and
 compares each rank's output, loss and gradients with the same parallelised
 model run eagerly. The 4-rank load job also loads the 2-rank files. A 2-rank
-*orders* job builds its own models around standalone loads (issue 27).
+*orders* job builds its own models around standalone loads.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_fresh_job_compiles_nothing(jobs: dict[str, Any], world: int) -> None:
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_dtensor_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
-    # Issue 27: every rank's inference artifacts (MLP, slice, block, Llama) load through
+    # Every rank's inference artifacts (MLP, slice, block, Llama) load through
     # the lean path, standalone and with model=: the DTensor parameters' local shards
     # feed the shipped kernels, the lean guards decide every call (Dynamo's guard
     # manager is never built), and the load and first call import none of the
@@ -165,7 +165,7 @@ def test_dtensor_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_dtensor_training_artifacts_load_lean(jobs: dict[str, Any], world: int) -> None:
-    # Issue 27: the TP training steps (MLP, Llama) run forward and backward on the
+    # The TP training steps (MLP, Llama) run forward and backward on the
     # lean path, standalone and with model=: DTensor parameters enter the lean
     # autograd.Function, their local shards feed the compiled forward, and each
     # gradient is rebuilt as a DTensor shard (test_tp_training_step_matches_eager
@@ -184,7 +184,7 @@ def test_dtensor_training_artifacts_load_lean(jobs: dict[str, Any], world: int) 
 
 
 def test_any_order_of_steps(jobs: dict[str, Any]) -> None:
-    # Issue 27: the job parallelises its own models on its own mesh around
+    # The job parallelises its own models on its own mesh around
     # standalone loads; no use_device_mesh.
     for res in jobs["orders"]:
         # Built after a load, the model's weights got the load's (equal) mesh

@@ -281,7 +281,7 @@ def test_without_shipped_kernels_the_dynamic_load_needs_a_compiler(
 ) -> None:
     """The control: the same file without its shipped kernels, in the same environment."""
     meta, sections = container.read_artifact(gpt_dynamic[2])
-    for name in [n for n in sections if n.startswith("kernel/")] + ["fastload"]:
+    for name in [n for n in sections if n.startswith("kernel/")] + ["lean"]:
         del sections[name]  # the lean path needs the kernels too
     stripped = tmp_path / "no_kernels.pt2"
     container.write_artifact(stripped, meta, sections)

@@ -112,7 +112,21 @@ def test_section_names() -> None:
         "compiled.1",
         "compiled.2",
     ]
-    assert section_name("fastload", 0) == "fastload"
+    assert section_name("lean", 0) == "lean"
+
+
+def test_a_version_2_header_reads_its_names() -> None:
+    """Format version 2 named the lean section "fastload" and its refusal
+    "fast_load_refusal"; both are read, and written under their names now."""
+    meta = _header(_variant(), _variant()).to_json()
+    for variant in meta["variants"]:
+        variant["fast_load_refusal"] = variant.pop("lean_refusal") or "why"
+    old = Header.decode(2, meta, "old.pt")
+    assert old.variants[0].lean_refusal == "why"
+    assert (old.lean_section(0), old.lean_section(1)) == ("fastload", "fastload.1")
+    new = Header.decode(3, old.to_json(), "new.pt")
+    assert new.variants[0].lean_refusal == "why" and new.lean_section(1) == "lean.1"
+    assert "fast_load_refusal" not in new.to_json()["variants"][0]
 
 
 # ------------------------------------------------------------ version 1

@@ -78,7 +78,7 @@ def test_lean_load_reads_and_hashes_each_section_once_and_never_compiled(
 ) -> None:
     sections = _sections(staged.path)
     kernels = {n for n in sections if n.startswith("kernel/")}
-    assert kernels and "fastload" in sections and "compiled" in sections
+    assert kernels and "lean" in sections and "compiled" in sections
     env = {"TORCH_PRECOMPILE_KERNEL_DIR": str(tmp_path / "kernels")}
     resaved, removed = tmp_path / "resaved.pt", tmp_path / "removed.pt"
     shutil.copyfile(staged.path, removed)  # removed after the load, before the re-save
@@ -87,7 +87,7 @@ def test_lean_load_reads_and_hashes_each_section_once_and_never_compiled(
     counts = cold["counts"]
     assert all(reads <= 1 and hashes <= 1 for reads, hashes in counts.values()), counts
     assert "compiled" not in counts, "the lean load touched the compiled section"
-    assert set(counts) == {"fastload", "skeleton", "weights"} | kernels
+    assert set(counts) == {"lean", "skeleton", "weights"} | kernels
     assert "<whole file>" not in counts  # the header pins each section's checksum
     # Saving it again reads compiled then, and the kernels again (from the file the load
     # opened, removed since, checked against its header), once each; the copy holds the
@@ -100,7 +100,7 @@ def test_lean_load_reads_and_hashes_each_section_once_and_never_compiled(
     # Kernels already in the kernel directory are not read at all.
     warm = script_json(LOAD, staged.path, io_file, "-", **env)
     assert warm["diff"] < 1e-4
-    assert set(warm["counts"]) == {"fastload", "skeleton", "weights"}
+    assert set(warm["counts"]) == {"lean", "skeleton", "weights"}
 
 
 def test_inspect_reads_the_header_only_unless_asked_to_verify(
@@ -121,7 +121,7 @@ def test_inspect_reads_the_header_only_unless_asked_to_verify(
     assert "SHA-256 checksum does not match" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("section", ["weights", "fastload", "skeleton", "kernel"])
+@pytest.mark.parametrize("section", ["weights", "lean", "skeleton", "kernel"])
 def test_a_flipped_byte_in_a_used_section_is_the_typed_error(
     staged: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, section: str
 ) -> None:

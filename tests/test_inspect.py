@@ -225,7 +225,7 @@ def test_inspect_json(art: dict) -> None:
         "compiled",
         "skeleton",
         "weights",
-        "fastload",  # CPU inference: what loads without a compiler (test_coldstart.py)
+        "lean",  # CPU inference: what loads without a compiler (test_coldstart.py)
         *sorted(kernels),  # one section per shipped kernel
     ]
     meta = data["meta"]

@@ -1,4 +1,4 @@
-"""The lean load keeps the compiler stack out of the process (issue 16).
+"""The lean load keeps the compiler stack out of the process.
 
 One small model is captured as an inference, a training, a dynamic-shape
 artifact, a function with a closure, and a bundle of two variants (static

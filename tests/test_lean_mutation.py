@@ -1,4 +1,4 @@
-"""Graphs that write their inputs or return views of them load lean (issue 16).
+"""Graphs that write their inputs or return views of them load lean.
 
 Three artifacts: one decoding step of attention with a static KV cache (the
 graph writes two cache buffers and a step counter in place), a function that

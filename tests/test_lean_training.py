@@ -142,7 +142,7 @@ CASES = {"transformer": ("build_transformer", "ids"), "mlp": ("build_tiny_mlp", 
 def test_lean_training_load(files: dict[str, Path], name: str, how: str, tmp_path: Path) -> None:
     path = files[name]
     _, sections = container.read_artifact(path)
-    assert "fastload" in sections, "a plain CPU training artifact saves a lean section"
+    assert "lean" in sections, "a plain CPU training artifact saves a lean section"
     builder, kind = CASES[name]
     proc = run_script(CHECK, str(path), builder, how, kind, env=no_compiler_env(tmp_path))
     assert "OK" in proc.stdout
@@ -177,8 +177,8 @@ print("OK")
 def test_dropout_takes_full_path(files: dict[str, Path], tmp_path: Path) -> None:
     path = files["dropout"]
     meta, sections = container.read_artifact(path)
-    assert "fastload" not in sections
-    assert "random ops" in meta["variants"][0]["fast_load_refusal"]
+    assert "lean" not in sections
+    assert "random ops" in meta["variants"][0]["lean_refusal"]
     proc = run_script(DROPOUT, str(path), env=no_compiler_env(tmp_path))
     lines = [ln for ln in proc.stdout.splitlines() if "full path" in ln]
     assert len(lines) == 1 and lines[0].startswith("INFO"), proc.stdout

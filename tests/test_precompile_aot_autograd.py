@@ -1,4 +1,4 @@
-"""Precompile.aot_autograd: ATen graphs, joint for training, user passes (seed TODO 3.2)."""
+"""Precompile.aot_autograd: ATen graphs, joint for training, user passes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PyTorch's own aot_compile flow (ugly.py) still works beside ours (seed TODO 7.2)."""
+"""PyTorch's own aot_compile flow (ugly.py) still works beside ours."""
 
 from __future__ import annotations
 

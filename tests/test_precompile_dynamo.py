@@ -1,4 +1,4 @@
-"""Precompile.dynamo: Dynamo's fullgraph capture, its guards and errors (seed TODO 2.2)."""
+"""Precompile.dynamo: Dynamo's fullgraph capture, its guards and errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The beautiful.py flow end to end, saved here and loaded in a fresh process (seed TODO 7.1).
+"""The beautiful.py flow end to end, saved here and loaded in a fresh process.
 
 Covers the transformer, a conv net with BatchNorm (eval), a function with
 keyword arguments and a nested dict/list output, a model returning a

@@ -1,4 +1,4 @@
-"""Precompile.inductor: compiled code, options, joint-graph passes (seed TODO 4.2)."""
+"""Precompile.inductor: compiled code, options, joint-graph passes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Precompile.load: standalone, bound to a live module, torch's own files (seed TODO 6.2)."""
+"""Precompile.load: standalone, bound to a live module, torch's own files."""
 
 from __future__ import annotations
 
@@ -233,4 +233,4 @@ def test_load_with_model_reads_no_weights(staged) -> None:
     with torch.no_grad():
         torch.testing.assert_close(bound(staged.example), staged.expected)
     read = trace.names("read")
-    assert {"skeleton", "fastload"} <= read and not {"weights", "compiled"} & read
+    assert {"skeleton", "lean"} <= read and not {"weights", "compiled"} & read

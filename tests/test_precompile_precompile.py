@@ -1,4 +1,4 @@
-"""Precompile.precompile: a callable artifact that checks its guards (seed TODO 5.2)."""
+"""Precompile.precompile: a callable artifact that checks its guards."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Precompile.save: one self-contained file, checked inputs, nothing lost (seed TODO 6.1)."""
+"""Precompile.save: one self-contained file, checked inputs, nothing lost."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Precompile facade exists and exposes every stage (seed TODO 1.1)."""
+"""The Precompile facade exists and exposes every stage."""
 
 from __future__ import annotations
 

@@ -83,7 +83,7 @@ def test_fresh_process_load_matches_eager(
     key = f"{name}[{device}]"
     # CPU artifacts ship their C++ kernels: no compiler at load. On CUDA, Triton
     # still builds its small C launcher helper once per machine, so the usual
-    # environment stays (the lean CUDA load is issue 16's work).
+    # environment stays.
     env = no_compiler_env(tmp_path)
     if device == "cuda":
         env = dict(os.environ, PYTHONPATH=env["PYTHONPATH"])

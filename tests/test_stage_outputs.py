@@ -1,4 +1,4 @@
-"""Stage outputs: frozen values that unpack like tuples and read as text (seed TODO 2.1-5.1).
+"""Stage outputs: frozen values that unpack like tuples and read as text.
 
 One parametrised check of the shape every stage output shares, then what each
 one's fields, text view and guards hold. All on the session's staged

@@ -1,4 +1,4 @@
-"""``import torch_precompile`` registers torch.Precompile / torch.precompile (seed TODO 8.1)."""
+"""``import torch_precompile`` registers torch.Precompile / torch.precompile."""
 
 from __future__ import annotations
 

@@ -390,7 +390,7 @@ def test_without_shipped_kernels_training_load_needs_a_compiler(
 ) -> None:
     """The control: the same file and environment with the shipped kernels turned off."""
     _, sections = container.read_artifact(transformer.path)
-    # Shipped kernels (and "fastload", since lean training); the env var turns both off.
+    # Shipped kernels (and "lean", since lean training); the env var turns both off.
     assert any(name.startswith("kernel/") for name in sections)
     env = no_compiler_env(tmp_path)
     env["TORCH_PRECOMPILE_SHIPPED_KERNELS"] = "0"

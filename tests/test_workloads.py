@@ -1,4 +1,4 @@
-"""Workloads, not single calls (issue 24): compile leaves the caller's objects alone,
+"""Workloads, not single calls: compile leaves the caller's objects alone,
 a forward's first-call state is served, dynamic artifacts serve size 1, and
 ``model.generate`` runs on one artifact, in a fresh process, equal to eager."""
 

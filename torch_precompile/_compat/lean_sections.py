@@ -8,13 +8,13 @@ An artifact saved in the process that compiled it carries two extra sections:
 
 - the kernels: the shared objects Inductor built for the graph's C++ kernels,
   keyed by a digest of each kernel's source (:mod:`.lean.kernels`), one section each;
-- ``fastload``: what is needed to run the compiled graph without PyTorch's
+- ``lean``: what is needed to run the compiled graph without PyTorch's
   compiler stack: Inductor's generated Python wrapper (``call(args)``),
   Dynamo's transformed bytecode (which reads the graph inputs off ``self`` and
   rebuilds the outputs), its globals, the signature and the guard state.
 
 How loading runs them is :mod:`.lean.load`'s docstring. A variant that none of the
-lean runtime's cases covers gets no ``fastload`` section (the reason is recorded)
+lean runtime's cases covers gets no ``lean`` section (the reason is recorded)
 and loads through PyTorch's full path.
 """
 
@@ -121,7 +121,7 @@ def _graph_refusal(graph: Any, subclasses: SubclassSpec | None = None) -> str | 
 
 
 def cpp_kernel_binaries(fn: Any) -> tuple[bytes, Mapping[str, bytes | memoryview]] | None:
-    """The ``fastload`` section and the kernels of a CPU artifact, or None."""
+    """The ``lean`` section and the kernels of a CPU artifact, or None."""
     sections, _ = lean_sections(fn)
     return sections
 
@@ -129,7 +129,7 @@ def cpp_kernel_binaries(fn: Any) -> tuple[bytes, Mapping[str, bytes | memoryview
 def lean_sections(
     fn: Any,
 ) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
-    """The ``fastload`` section and the kernels (``{key: shared object}``) of a CPU
+    """The ``lean`` section and the kernels (``{key: shared object}``) of a CPU
     artifact, or None and why not.
 
     Run at save, in a process where Inductor built (or can build) the kernels:
@@ -222,7 +222,7 @@ def lean_sections(
         "signature": signature,
         "original_code": dumps_lean(fn._artifacts.original_code),
         "guards_state": fn._artifacts.guards_state,
-        "light_guards": lean_guards_of(fn._artifacts.guard_manager),
+        "lean_guards": lean_guards_of(fn._artifacts.guard_manager),
         "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
         "device_type": fn._artifacts.device_type,
         "triton": triton_specs,  # key -> launch spec of each Triton kernel (cubin in kernels)

@@ -278,7 +278,7 @@ def _load_paths(data: dict[str, Any], typed: Header) -> list[str]:
     lines = []
     for i, variant in enumerate(typed.variants):
         label = f"variant {i}:" if typed.bundle else "load path:"
-        if "fastload" + (f".{i}" if i else "") in names:
+        if typed.lean_section(i) in names:
             how = "lean (shipped kernels; no Dynamo, Inductor, AOTAutograd or Triton compiler)"
         else:
             why = variant.lean_refusal or "no lean section"

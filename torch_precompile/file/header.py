@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import ArtifactCorruptedError
+from .layout import FORMAT_VERSION
 
 __all__ = ["KERNEL_PREFIX", "Header", "VariantRecord", "section_name"]
 
@@ -29,9 +30,21 @@ KERNEL_PREFIX = "kernel/"
 _MAX_NUMBER = 1e18  # a size or time beyond this is a damaged or hand-made header
 
 
+# The lean section of a variant (what runs it without the compiler), and why a variant
+# has none; format versions 1 and 2 named them "fastload" and "fast_load_refusal".
+LEAN_SECTION = "lean"
+LEAN_REFUSAL = "lean_refusal"
+_BEFORE_3 = {LEAN_SECTION: "fastload", LEAN_REFUSAL: "fast_load_refusal"}
+
+
 def section_name(base: str, variant: int) -> str:
-    """``compiled`` / ``fastload`` for variant 0, ``compiled.<i>`` for variant ``i``."""
+    """``compiled`` / ``lean`` for variant 0, ``compiled.<i>`` for variant ``i``."""
     return base if variant == 0 else f"{base}.{variant}"
+
+
+def on_disk(name: str, format_version: int) -> str:
+    """The name a file of ``format_version`` uses for ``name`` (a section or key)."""
+    return _BEFORE_3.get(name, name) if format_version < 3 else name
 
 
 class _Bad(Exception):
@@ -55,7 +68,7 @@ class VariantRecord:
     # Globals the compiled code reads, ``{name: [module, qualified name]}``, imported
     # at load; None only in version-1 files written before they were recorded.
     external_refs: dict[str, list[str]] | None
-    lean_refusal: str | None = None  # why no ``fastload`` section (None: there is one)
+    lean_refusal: str | None = None  # why no ``lean`` section (None: there is one)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,11 +78,11 @@ class VariantRecord:
             "guards": list(self.guards),
             "timings": self.timings,
             "external_refs": self.external_refs,
-            "fast_load_refusal": self.lean_refusal,
+            LEAN_REFUSAL: self.lean_refusal,
         }
 
     @classmethod
-    def from_json(cls, data: Any, where: str) -> VariantRecord:
+    def from_json(cls, data: Any, where: str, version: int = FORMAT_VERSION) -> VariantRecord:
         data = _object(data, where)
         refs = data.get("external_refs")
         if refs is not None:
@@ -84,7 +97,7 @@ class VariantRecord:
             guards=_guards(data.get("guards"), f"{where}.guards"),
             timings=_numbers(data.get("timings"), f"{where}.timings", float),
             external_refs=refs,
-            lean_refusal=_typed(data, "fast_load_refusal", (str, type(None)), where),
+            lean_refusal=_typed(data, on_disk(LEAN_REFUSAL, version), (str, type(None)), where),
         )
 
 
@@ -106,6 +119,12 @@ class Header:
     global_names: tuple[str, ...] = ()  # names the code reads from it (version-1 fallback)
     # A model of DTensors: world size, mesh, placements, shard files (``_distributed.Layout``).
     distributed: dict[str, Any] | None = None
+    # The format version of the file it was read from (not written: the container's).
+    format_version: int = dataclasses.field(default=FORMAT_VERSION, compare=False)
+
+    def lean_section(self, variant: int) -> str:
+        """The name of variant ``variant``'s lean section in this file."""
+        return section_name(on_disk(LEAN_SECTION, self.format_version), variant)
 
     @property
     def training(self) -> bool:
@@ -135,15 +154,17 @@ class Header:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], path: str = "the artifact") -> Header:
-        """Validate ``data`` (a header of the current version) into a :class:`Header`.
+    def from_json(
+        cls, data: Mapping[str, Any], path: str = "the artifact", version: int = FORMAT_VERSION
+    ) -> Header:
+        """Validate ``data`` (a header of format ``version``, 2 or later) into a :class:`Header`.
 
         Keys this version does not know are ignored (a newer writer may add
         some); a missing or mistyped field raises :class:`ArtifactCorruptedError`
         naming it, before anything is read from the sections.
         """
         try:
-            return cls._from_json(data)
+            return cls._from_json(data, version)
         except _Bad as bad:
             raise ArtifactCorruptedError(
                 f"{path}: the header field 'meta.{bad.field}' {bad.problem}, which is not what "
@@ -152,7 +173,7 @@ class Header:
             ) from None
 
     @classmethod
-    def _from_json(cls, data: Mapping[str, Any]) -> Header:
+    def _from_json(cls, data: Mapping[str, Any], version: int) -> Header:
         kind = _typed(data, "kind", str, "")
         if kind not in KINDS:
             raise _Bad("kind", f"is {kind!r}, not one of {', '.join(KINDS)}")
@@ -174,7 +195,8 @@ class Header:
             cudagraphs=_typed(data, "cudagraphs", bool, ""),
             bundle=bundle,
             variants=tuple(
-                VariantRecord.from_json(v, f"variants[{i}]") for i, v in enumerate(variants)
+                VariantRecord.from_json(v, f"variants[{i}]", version)
+                for i, v in enumerate(variants)
             ),
             sizes=_numbers(data.get("sizes"), "sizes", int),
             guards_text=_typed(data, "guards_text", str, ""),
@@ -183,6 +205,7 @@ class Header:
             distributed=_object(data["distributed"], "distributed")
             if data.get("distributed") is not None
             else None,
+            format_version=version,
         )
 
     @classmethod
@@ -234,7 +257,7 @@ class Header:
             "globals_module": spec.get("module", "") if isinstance(spec, dict) else "",
             "global_names": spec.get("names", []) if isinstance(spec, dict) else [],
         }
-        return cls.from_json(v2, path)
+        return cls.from_json(v2, path, version=1)
 
     @classmethod
     def decode(
@@ -243,7 +266,7 @@ class Header:
         """The header (``meta``) of a checked file of any version this package reads."""
         if format_version == 1:
             return cls.from_v1_json(meta, path)
-        return cls.from_json(meta, path)
+        return cls.from_json(meta, path, format_version)
 
 
 # ------------------------------------------------------------------ checks

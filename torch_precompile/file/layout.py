@@ -35,7 +35,7 @@ from .._errors import ArtifactCorruptedError
 __all__ = ["FORMAT_VERSION", "MAGIC", "ArtifactInfo", "looks_like_artifact"]
 
 MAGIC = b"TPCOMPL\x00"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # What this reader still reads: version 1 files load as they did.
 OLDEST_VERSION = 1
 

@@ -1,7 +1,7 @@
 """Lean load: shipped kernels, no compiler, no Inductor, no Dynamo, no Triton.
 
 Runs what ``_compat/lean_sections.py`` wrote at save (:func:`lean_sections`): the
-shipped kernels (one section each) and the ``fastload`` section (Inductor's wrapper,
+shipped kernels (one section each) and the ``lean`` section (Inductor's wrapper,
 Dynamo's bytecode, its globals, the signature and the guard state).
 
 Loading writes the shared objects into a private directory, ``dlopen``\\ s them
@@ -54,7 +54,7 @@ class LeanCompiledFunction:
     Shaped like PyTorch's ``AOTCompiledFunction`` where the runtime reads it
     (``_artifacts.guard_manager``, ``.signature``, ``.runtime_env``,
     ``.device_type``; ``fn``), and keeps what it was loaded from so that saving
-    it again writes the same sections: the ``fastload`` bytes, the kernels and
+    it again writes the same sections: the ``lean`` bytes, the kernels and
     a reader of PyTorch's serialization (``compiled``), which this path never
     reads otherwise.
     """
@@ -62,7 +62,7 @@ class LeanCompiledFunction:
     _artifacts: Any
     fn: Callable[..., Any]
     read_serialized: Callable[[], bytes]
-    lean_section: bytes  # the ``fastload`` section it was loaded from
+    lean_section: bytes  # the ``lean`` section it was loaded from
     kernels: Mapping[str, bytes | memoryview]
     _extra_globals: dict[str, Any] | None = None  # the globals imported at load
 
@@ -81,7 +81,7 @@ class LeanCompiledFunction:
 
 
 def load_lean_compiled_function(
-    fastload: bytes,
+    section: bytes,
     kernels: Mapping[str, bytes | memoryview],
     read_serialized: Callable[[], bytes],
     filename: str,
@@ -93,7 +93,7 @@ def load_lean_compiled_function(
     called only if the function is saved again."""
 
     with _trace.phase("unpickle"):
-        spec = pickle.loads(fastload)
+        spec = pickle.loads(section)
     if spec.get("version") != LEAN_SECTION_VERSION or spec.get("torch") != torch.__version__:
         raise ValueError("the lean section was written by another version")
     with _trace.phase("kernels"):
@@ -121,7 +121,7 @@ def load_lean_compiled_function(
         device_type=spec.get("device_type", "cpu"),
         original_code=original_code,
     )
-    return LeanCompiledFunction(artifacts, fn, read_serialized, fastload, kernels, module_globals)
+    return LeanCompiledFunction(artifacts, fn, read_serialized, section, kernels, module_globals)
 
 
 def _graph_call(
@@ -185,9 +185,10 @@ def _graph_call(
 def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> LeanGuardManager:
     """The lean guards, and Dynamo's guard manager built when they cannot decide."""
     light = None
-    if spec.get("light_guards") is not None:
+    saved = spec.get("lean_guards", spec.get("light_guards"))  # format 2: "light_guards"
+    if saved is not None:
         try:
-            light = LeanGuards(spec["light_guards"])
+            light = LeanGuards(saved)
         except Exception as exc:
             log.debug("lean guards unavailable: %s", exc)
     guard_manager = LeanGuardManager(
@@ -208,7 +209,7 @@ def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> LeanGua
 
 
 def _subclass_spec(spec: dict[str, Any]) -> lean_subclasses.SubclassSpec | None:
-    """The subclass spec of a fastload section (absent: no tensor subclass inputs)."""
+    """The subclass spec of a lean section (absent: no tensor subclass inputs)."""
     found = spec.get("subclasses")
     if found is None:
         return None
@@ -219,7 +220,7 @@ def _subclass_spec(spec: dict[str, Any]) -> lean_subclasses.SubclassSpec | None:
 
 
 def _inference_spec(spec: dict[str, Any]) -> lean_runtime.InferenceSpec:
-    """The inference runtime spec of a fastload section (absent: a file that had none)."""
+    """The inference runtime spec of a lean section (absent: a file that had none)."""
     found = dict(spec.get("inference") or {"version": lean_runtime.RUNTIME_SPEC_VERSION})
     if found.pop("version") != lean_runtime.RUNTIME_SPEC_VERSION:
         raise ValueError("the lean runtime spec was written by another version")

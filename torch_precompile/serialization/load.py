@@ -206,9 +206,9 @@ def _load_variant(
         f_globals = _compat.import_global_refs(record.external_refs) or None
     else:  # version-1 files written before external_refs: the model's whole module
         f_globals = _module_globals(header, path)
-    compiled_function = _load_lean(sections, kernels, path, f_globals, i)
+    compiled_function = _load_lean(sections, kernels, path, f_globals, i, header.lean_section(i))
     if compiled_function is None:
-        if section_name("fastload", i) not in sections:
+        if header.lean_section(i) not in sections:
             which = f"variant {i} loads" if header.bundle else "loading"
             log.info(
                 "%s: %s through PyTorch's full path (Dynamo, AOTAutograd, Inductor): %s",
@@ -250,12 +250,12 @@ def _load_lean(
     kernels: Kernels,
     path: str,
     module_globals: dict[str, Any] | None,
-    variant: int = 0,
+    variant: int,
+    lean_section: str,
 ) -> Any:
     """The lean path of :mod:`..lean` for one variant, or None to load
     through PyTorch's full path."""
-    fastload = section_name("fastload", variant)
-    if fastload not in sections or not kernels:
+    if lean_section not in sections or not kernels:
         return None
     # TORCH_PRECOMPILE_LEAN=0: the full path (TORCH_PRECOMPILE_FAST_LOAD, its old name, too)
     if os.environ.get("TORCH_PRECOMPILE_LEAN", os.environ.get("TORCH_PRECOMPILE_FAST_LOAD")) == "0":
@@ -265,7 +265,7 @@ def _load_lean(
     suffix = section_name("", variant)
     try:
         return lean.load_lean_compiled_function(
-            sections[fastload],
+            sections[lean_section],
             kernels,
             sections.reader_of(section_name("compiled", variant)),  # read to re-save only
             f"<torch_precompile {path}{suffix}>",

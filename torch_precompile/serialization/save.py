@@ -2,7 +2,7 @@
 
 Sections written (docs/FORMAT.md): ``compiled`` (``compiled.<i>`` for variant
 ``i`` of a bundle), ``skeleton`` and ``weights`` for a module (``self`` for
-another bound object), ``fastload`` / ``fastload.<i>`` where the lean path
+another bound object), ``lean`` / ``lean.<i>`` where the lean path
 applies, and one ``kernel/<key>`` section per shipped C++ kernel. The header is
 a :class:`~.header.Header`.
 """
@@ -23,7 +23,7 @@ import torch
 from .. import _compat
 from ..distributed.placement import describe as describe_layout
 from ..distributed.shards import code_file_parts, save_shard
-from ..file.header import KERNEL_PREFIX, Header, VariantRecord, section_name
+from ..file.header import KERNEL_PREFIX, LEAN_SECTION, Header, VariantRecord, section_name
 from ..file.write import write_artifact
 from ..guards import Guards, unmet_by
 from ..runtime.artifact import PrecompiledArtifact
@@ -67,7 +67,7 @@ def save(
         kind = "object"
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
 
-    # Each variant the lean path handles gets its "fastload" section and brings its
+    # Each variant the lean path handles gets its "lean" section and brings its
     # kernels; the others' kernels are looked up for PyTorch's full path.
     kernels: dict[str, bytes | memoryview] = {}
     refusals: list[str | None] = []
@@ -78,7 +78,7 @@ def save(
         if fast is None:
             slow.append(variant)
             continue
-        sections[section_name("fastload", i)] = fast[0]
+        sections[section_name(LEAN_SECTION, i)] = fast[0]
         kernels.update(fast[1])
     kernels.update(_full_path_kernels(slow))
     for key in sorted(kernels):
@@ -189,7 +189,7 @@ def _warn_if_standin_falls_short(
 def _lean_sections(
     artifact: PrecompiledArtifact,
 ) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
-    """The ``fastload`` section and kernels that let a CPU or CUDA artifact (inference
+    """The ``lean`` section and kernels that let a CPU or CUDA artifact (inference
     or training, or one variant of a bundle, bound to the bundle's model) load without
     a compiler, Inductor, AOTAutograd or Triton's compiler; or None and why not."""
     if artifact.device_type not in ("cpu", "cuda"):

@@ -402,7 +402,7 @@ def unpack_tensors(
     allocator (64-byte aligned, so that every tensor, at a 64-byte multiple
     offset, is aligned as eager's weights are and owns its memory), GPU tensors
     in one host-to-device copy, so a CUDA artifact's weights never exist in
-    host memory outside the file's pages (issue 16).
+    host memory outside the file's pages.
     """
     n = int.from_bytes(data[:8], "little")
     index = json.loads(bytes(data[8 : 8 + n]))

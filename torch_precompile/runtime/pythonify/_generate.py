@@ -1,6 +1,6 @@
 """``PrecompiledArtifact.to_python``: the compiled runtime as a readable Python module.
 
-In the spirit of PyTorch's "pythonify" (seed 003): the artifact's call path
+In the spirit of PyTorch's "pythonify": the artifact's call path
 (:mod:`torch_precompile.runtime.call`), printed step by step as plain Python:
 
 1. grad mode, then each guard as ``if`` statements raising the guard's own

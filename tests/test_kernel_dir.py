@@ -426,9 +426,14 @@ def test_shipped_kernels_off_skips_the_fast_path(
     with open_artifact(saved["artifact"]) as reader:
         sections = file_load._Sections(reader)
         kernels = file_load._kernels(reader.info.format_version, sections)
-        assert file_load._load_lean(sections, kernels, str(saved["artifact"]), None) is not None
+        assert (
+            file_load._load_lean(sections, kernels, str(saved["artifact"]), None, 0, "lean")
+            is not None
+        )
         monkeypatch.setenv("TORCH_PRECOMPILE_SHIPPED_KERNELS", "0")
-        assert file_load._load_lean(sections, kernels, str(saved["artifact"]), None) is None
+        assert (
+            file_load._load_lean(sections, kernels, str(saved["artifact"]), None, 0, "lean") is None
+        )
 
 
 def test_prune_touches_only_kernel_directories(

@@ -179,6 +179,9 @@ def _as_version_1(src: Path, dst: Path) -> None:
     old.update({k: variant[k] for k in ("timings", "external_refs")})
     old.update(guards_text=meta["guards_text"], sizes=meta["sizes"], cudagraphs=False)
     old["globals"] = {"module": meta["globals_module"], "names": meta["global_names"]}
+    old["fast_load_refusal"] = variant["lean_refusal"]  # version 1's names (also version 2's)
+    for name in [n for n in sections if n.split(".")[0] == "lean"]:
+        sections["fastload" + name[len("lean") :]] = sections.pop(name)
     kernels = {n[len("kernel/") :]: sections.pop(n) for n in list(sections) if "kernel/" in n}
     index, offset = {}, 0
     for key, data in kernels.items():

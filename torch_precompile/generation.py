@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -63,11 +64,12 @@ def forward_calls(
                 "generate passed positional arguments to forward; compile_for_generation "
                 "supports models whose generate passes keywords (transformers 5)"
             )
+        kwargs = _with_mask(kwargs)
         calls.append(copy.deepcopy(kwargs))  # the cache is updated in place by later steps
         return forward(**kwargs)
 
     snapshot = Snapshot({"model": model}, persistent=("model",))
-    model.forward = spy  # type: ignore[method-assign]
+    model.forward = _signed(spy, forward)  # type: ignore[method-assign]
     try:
         with torch.no_grad(), _no_auto_compile(model):
             model.generate(
@@ -205,7 +207,28 @@ def generate_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iter
     """
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        return artifact(*args, **kwargs)
+        return artifact(*args, **_with_mask(kwargs))
 
-    with swapped_forward(model, forward), _no_auto_compile(model):
+    with swapped_forward(model, _signed(forward, model.forward)), _no_auto_compile(model):
         yield
+
+
+def _with_mask(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with an ``attention_mask``: ``generate`` leaves out a mask of ones (no
+    padding), and passes a left-padded batch's; one program serves both with the
+    mask an input (ones over the cache and the new tokens, as eager's default)."""
+    if kwargs.get("attention_mask") is not None or "input_ids" not in kwargs:
+        return kwargs
+    ids = kwargs["input_ids"]
+    cache = kwargs.get("past_key_values")
+    past = int(cache.get_seq_length()) if cache is not None else 0
+    mask = torch.ones(ids.shape[0], past + ids.shape[1], dtype=torch.long, device=ids.device)
+    return {**kwargs, "attention_mask": mask}
+
+
+def _signed(fn: Any, forward: Any) -> Any:
+    """``fn`` with ``forward``'s signature: ``generate`` reads the forward's parameters to
+    decide what to pass (``position_ids`` built from the mask, ``logits_to_keep``), and
+    without them a left-padded row gets the positions of an unpadded one."""
+    fn.__signature__ = inspect.signature(forward)
+    return fn

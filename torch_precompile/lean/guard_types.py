@@ -88,6 +88,10 @@ def shape_expr_ok(node: Any) -> bool:
         # An int read from an input (a StaticCache layer's ``max_cache_len``): Dynamo's
         # tree guards its type, and a value the comparison cannot take fails the check.
         return True
+    if isinstance(node, ast.Subscript) and _source_chain(node):
+        # An int argument (``L['kwargs']['logits_to_keep']``, which transformers'
+        # ``generate`` passes): its type is guarded in the tree, as above.
+        return True
     if isinstance(node, ast.Subscript):  # L['x'].size()[0]
         call, index = node.value, node.slice
         return (

@@ -69,7 +69,7 @@ def ranks(out: Path, phase: str, world: int) -> list[dict[str, Any]]:
     return results
 
 
-def measure(world: int, runs: int, tmp: Path) -> dict[str, Any]:
+def measure(world: int, runs: int, tmp: Path, per_rank: bool = True) -> dict[str, Any]:
     out = tmp / f"world{world}"
     out.mkdir()
     row: dict[str, Any] = {"world": world}
@@ -82,7 +82,7 @@ def measure(world: int, runs: int, tmp: Path) -> dict[str, Any]:
         "rank0_compile_s": build["compile_s"],
         "compiles": 1,
     }
-    if world > 1:  # one rank: compiling once is compiling per rank
+    if world > 1 and per_rank:  # one rank: compiling once is compiling per rank
         cold = {"TORCHINDUCTOR_CACHE_DIR": str(tmp / f"cache-{world}-compile-all")}
         wall = torchrun(world, "compile_all", str(out), env=cold)
         per_rank = ranks(out, "compile_all", world)
@@ -191,6 +191,11 @@ def main() -> None:
         "--table", action="store_true", help="print the README table of --out and exit"
     )
     parser.add_argument(
+        "--no-compile-per-rank",
+        action="store_true",
+        help="leave out the job where every rank compiles (the longest part on GPUs)",
+    )
+    parser.add_argument(
         "--out", default=str(ROOT / "benchmarks" / "results" / "distributed_2026-11-23_cpu.json")
     )
     args = parser.parse_args()
@@ -203,7 +208,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for world in args.worlds:
-            row = measure(world, args.runs, Path(tmp))
+            row = measure(world, args.runs, Path(tmp), per_rank=not args.no_compile_per_rank)
             rows.append(row)
             print(json.dumps(row, indent=1), flush=True)
     result = {

@@ -4,7 +4,8 @@
 #   OUT=results-dir bash benchmarks/multi_gpu.sh tp      # build, fresh load, orders (2 ranks)
 #   OUT=results-dir bash benchmarks/multi_gpu.sh dp      # data-parallel training, build + fresh load
 #   OUT=results-dir bash benchmarks/multi_gpu.sh bench   # benchmarks/distributed.py, worlds $WORLDS (default 2),
-#                                                        # $RUNS runs, within $BENCH_TIMEOUT s (default 540)
+#                                                        # $RUNS runs, within $BENCH_TIMEOUT s (default 540),
+#                                                        # extra arguments in $BENCH_ARGS
 #   OUT=results-dir bash benchmarks/multi_gpu.sh tp dp   # several steps, one archive ($OUT/results.tgz)
 #
 # Each step writes its JSON and logs under $OUT. NVLink multicast stays off.
@@ -50,10 +51,19 @@ elif [ "$step" = bench ]; then
   # Stops before the device's per-call limit, so that the archive below is still written
   # (bench.log holds each world's row as it is measured).
   timeout "${BENCH_TIMEOUT:-540}" $PY benchmarks/distributed.py --worlds ${WORLDS:-2} \
-    --runs "${RUNS:-2}" --out "$OUT/distributed_${TAG:-h100}.json" >"$OUT/bench.log" 2>&1
+    --runs "${RUNS:-2}" ${BENCH_ARGS:-} --out "$OUT/distributed_${TAG:-h100}.json" >"$OUT/bench.log" 2>&1
   echo "bench worlds ${WORLDS:-2} rc $?" >>"$OUT/steps.txt"
 fi
 done
 cat "$OUT/steps.txt"
-# one archive: the device returns a limited number of files
-tar -czf "$OUT/results.tgz" -C "$OUT" --exclude="*.tgz" . && find "$OUT" -type f ! -name "*.tgz" -delete
+# The device returns a limited number of files: every rank's JSON goes into one
+# summary.json ({"dist_job/load-2-rank0.json": {...}, ...}), the logs into one archive.
+$PY - "$OUT" <<'PYEOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+found = {str(p.relative_to(out)): json.loads(p.read_text()) for p in sorted(out.glob("*/*.json"))}
+(out / "summary.json").write_text(json.dumps(found, indent=1))
+PYEOF
+tar -czf "$OUT/logs.tgz" -C "$OUT" --exclude="*.tgz" --exclude=summary.json --exclude="*.json" . 2>/dev/null
+find "$OUT" -type f ! -name "*.tgz" ! -name summary.json ! -name steps.txt ! -name "distributed_*.json" ! -name bench.log -delete
+find "$OUT" -mindepth 1 -type d -empty -delete

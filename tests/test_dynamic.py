@@ -73,6 +73,13 @@ def test_dynamic_true_serves_batch_one_with_a_variant(tmp_path: Path) -> None:
             x = torch.randn(batch, 32)
             with torch.no_grad():
                 torch.testing.assert_close(served(x), model(x))
+    # A row sliced out of a wider batch: contiguous, but its size-1 dimension has the
+    # wider stride (eager does not care; the guards compare every dimension's stride).
+    row = torch.randn(7, 64)[:1, :32]
+    assert row.is_contiguous() and row.stride() == (64, 1)
+    for served in (artifact, Precompile.load(path)):
+        with torch.no_grad():
+            torch.testing.assert_close(served(row), model(row))
 
 
 @pytest.fixture(scope="module")

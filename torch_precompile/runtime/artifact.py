@@ -20,6 +20,23 @@ from .pythonify import write_module
 log = logging.getLogger("torch_precompile")
 
 
+def canonical_strides(value: Any) -> Any:
+    """A contiguous tensor with other strides on its size-1 dimensions (``x[i : i + 1]``
+    of a larger batch) as the same memory with contiguous strides; anything else as
+    it is. Eager computes the same on both, and the guards, recorded on a contiguous
+    example, compare the strides of every dimension."""
+    if type(value) is not torch.Tensor or value.dim() < 2 or not value.is_contiguous():
+        return value
+    strides, step = [], 1
+    for size in reversed(value.shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    strides.reverse()
+    if tuple(strides) == value.stride():
+        return value
+    return value.as_strided(value.shape, strides)
+
+
 def variant_label(artifact: PrecompiledArtifact) -> str:
     """``inference, static`` / ``training, dynamic``: what kind of variant this is."""
     dynamic = bool(artifact.guards.of_kind(RangeGuard))
@@ -51,6 +68,8 @@ class PrecompiledArtifact:
     _origin: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = tuple(canonical_strides(a) for a in args)
+        kwargs = {k: canonical_strides(v) for k, v in kwargs.items()}
         return self._runtime(args, kwargs)
 
     @property

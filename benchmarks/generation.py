@@ -25,6 +25,16 @@ model is still built and initialised, to drive ``generate``);
 ``precompile_shell`` (``Precompile.load(path)``, and ``generate`` driven by a
 shell of the model built on the ``meta`` device: no weights allocated or
 initialised). Greedy tokens of each mode are compared with eager's.
+``generator``: the generator artifact (``compile_generator``: the KV cache as
+plain tensors the file's runtime owns), loaded with ``Precompile.load(path)``
+and served by ``gen.generate`` in a process that never imports transformers
+(checked: the child records what it imported). ``floor``: ``import torch``,
+the CUDA context and one kernel, what every mode pays. ``--batches 1,4``
+measures each batch size; a batch of more than one row is left-padded (row
+``r`` starts with ``4 r`` pad tokens), as servers send it, and every row's
+tokens are compared with eager's. ``--parallel-builds`` builds the models'
+artifacts side by side before any measurement (the measurements stay one
+process at a time).
 ``--single-batch`` builds the batch-1 programs only (4 variants, not 8);
 ``--ours-mode reduce-overhead --ours-static`` builds and runs the precompile
 modes with CUDA graphs and a ``StaticCache`` (the match of ``hf_static``).
@@ -33,6 +43,9 @@ Usage (repository root)::
 
     PYTHONPATH=. python benchmarks/generation.py --models gpt2,llama --device cuda
     PYTHONPATH=. python benchmarks/generation.py --tiny --device cpu --new-tokens 4
+    PYTHONPATH=. python benchmarks/generation.py --models gpt2,llama --batches 1,4 \
+        --modes floor,eager,hf_static,precompile,generator --ours-mode reduce-overhead \
+        --ours-static --parallel-builds
 """
 
 from __future__ import annotations
@@ -54,13 +67,16 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 0
 MODES = (
+    "floor",
     "eager",
     "torch.compile",
     "hf_static",
     "precompile",
     "precompile_standalone",
     "precompile_shell",
+    "generator",
 )
+PAD_STEP = 4  # row r of a batch starts with PAD_STEP * r pad tokens
 
 
 def make_config(name: str, tiny: bool):
@@ -109,10 +125,29 @@ def build_model(a, state_path: str | None, shell: bool = False):
     if state_path is not None and not shell:
         state = torch.load(state_path, map_location=a.device, weights_only=True)
         model.load_state_dict(state)
-    model.generation_config.pad_token_id = model.config.eos_token_id
+    model.generation_config.pad_token_id = model_meta(model)["pad"]
+    return model
+
+
+def model_meta(model) -> dict:
+    """What a child that does not import transformers needs to build the same inputs."""
+    eos, vocab = model.config.eos_token_id, model.config.vocab_size
+    pad = eos if eos is not None and eos < vocab else 0  # tiny configs keep GPT-2's eos id
+    return {"vocab": vocab, "pad": pad, "eos": eos}
+
+
+def make_inputs(meta: dict, a):
+    """(ids, mask) of ``a.batch`` rows, left-padded, from a fixed seed (torch only)."""
+    import torch
+
     gen = torch.Generator().manual_seed(SEED)
-    ids = torch.randint(0, config.vocab_size, (1, a.prompt), generator=gen).to(a.device)
-    return model, ids
+    ids = torch.randint(0, meta["vocab"], (a.batch, a.prompt), generator=gen)
+    mask = torch.ones_like(ids)
+    for r in range(1, a.batch):
+        pad = min(PAD_STEP * r, a.prompt - 1)
+        ids[r, :pad] = meta["pad"]
+        mask[r, :pad] = 0
+    return ids.to(a.device), mask.to(a.device)
 
 
 def sync(device: str) -> None:
@@ -133,19 +168,99 @@ def child_build(a) -> dict:
     from torch_precompile import Precompile
     from torch_precompile.generation import compile_for_generation
 
-    model, ids = build_model(a, None)
+    model = build_model(a, None)
+    meta = model_meta(model)
+    with open(os.path.join(a.dir, "meta.json"), "w") as f:
+        json.dump(meta, f)
     torch.save(model.state_dict(), os.path.join(a.dir, "state.pt"))
-    t = time.perf_counter()
-    artifact = compile_for_generation(
-        model, ids, single_batch=a.single_batch, mode=a.ours_mode, **ours_generate_kwargs(a)
-    )
-    compile_s = time.perf_counter() - t
-    path = os.path.join(a.dir, "artifact.pt")
-    Precompile.save(path, artifact)
-    return {"compile_s": compile_s, "artifact_bytes": os.path.getsize(path)}
+    modes = a.modes.split(",")
+    out: dict = {}
+    if any(m.startswith("precompile") for m in modes):
+        a.batch = 1
+        ids, _ = make_inputs(meta, a)
+        t = time.perf_counter()
+        artifact = compile_for_generation(
+            model, ids, single_batch=a.single_batch, mode=a.ours_mode, **ours_generate_kwargs(a)
+        )
+        out["compile_s"] = time.perf_counter() - t
+        path = os.path.join(a.dir, "artifact.pt")
+        Precompile.save(path, artifact)
+        out["artifact_bytes"] = os.path.getsize(path)
+    if "generator" in modes:
+        from torch_precompile.generation import compile_generator
+
+        t = time.perf_counter()
+        generator = compile_generator(
+            model,
+            max_batch=max(int(b) for b in a.batches.split(",")),
+            max_length=a.prompt + a.new_tokens,
+            mode=a.ours_mode,
+        )
+        out["generator_compile_s"] = time.perf_counter() - t
+        path = os.path.join(a.dir, "generator.pt")
+        Precompile.save(path, generator)
+        out["generator_bytes"] = os.path.getsize(path)
+    return out
+
+
+def child_floor(a) -> dict:
+    """``import torch``, the CUDA context and one kernel: what every mode pays first."""
+    import torch
+
+    x = torch.ones(8, device=a.device)
+    (x * 2).sum().item()
+    return {"first_token_s": time.time() - a.t0, "tokens_per_s": 0.0, "tokens": []}
+
+
+def child_generator(a) -> dict:
+    """The generator artifact, served by torch and torch_precompile alone."""
+    import torch
+
+    from torch_precompile import Precompile
+
+    phases = {"imports": time.time() - a.t0}
+    with open(os.path.join(a.dir, "meta.json")) as f:
+        meta = json.load(f)
+    ids, mask = make_inputs(meta, a)
+    phases["inputs"] = time.time() - a.t0
+    gen = Precompile.load(os.path.join(a.dir, "generator.pt"))
+    sync(a.device)
+    phases["load"] = time.time() - a.t0
+
+    def run(n: int):
+        return gen.generate(
+            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, pad_token_id=meta["pad"]
+        )
+
+    with torch.no_grad():
+        run(1)
+        sync(a.device)
+        first_token_s = time.time() - a.t0
+        t = time.perf_counter()
+        run(a.new_tokens)  # warm-up (CUDA graphs are recorded here)
+        sync(a.device)
+        warmup_s = time.perf_counter() - t
+        t = time.perf_counter()
+        out = run(a.new_tokens)
+        sync(a.device)
+        dt = time.perf_counter() - t
+    heavy = ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
+    return {
+        "first_token_s": first_token_s,
+        "phases_from_spawn_s": phases,
+        "warmup_generate_s": warmup_s,
+        "generate_s": dt,
+        "tokens_per_s": a.new_tokens * a.batch / dt,
+        "tokens": out[:, a.prompt :].tolist(),
+        "imported": [m for m in heavy if m in sys.modules],
+    }
 
 
 def child_measure(a) -> dict:
+    if a.mode == "floor":
+        return child_floor(a)
+    if a.mode == "generator":
+        return child_generator(a)
     import torch
     import transformers  # noqa: F401  (timed as a phase of its own)
 
@@ -155,7 +270,9 @@ def child_measure(a) -> dict:
         sync(a.device)
         phases["cuda_init"] = time.time() - a.t0
     shell = a.mode == "precompile_shell"
-    model, ids = build_model(a, os.path.join(a.dir, "state.pt"), shell=shell)
+    model = build_model(a, os.path.join(a.dir, "state.pt"), shell=shell)
+    with open(os.path.join(a.dir, "meta.json")) as f:
+        ids, mask = make_inputs(json.load(f), a)
     phases["model"] = time.time() - a.t0
     extra: dict = {}
     extra_result: dict = {}
@@ -203,7 +320,7 @@ def child_measure(a) -> dict:
     def gen(n: int):
         return model.generate(
             ids,
-            attention_mask=torch.ones_like(ids),
+            attention_mask=mask,
             max_new_tokens=n,
             min_new_tokens=n,
             do_sample=False,
@@ -233,8 +350,8 @@ def child_measure(a) -> dict:
         "phases_from_spawn_s": phases,
         "warmup_generate_s": warmup_s,
         "generate_s": dt,
-        "tokens_per_s": a.new_tokens / dt,
-        "tokens": out[0, ids.shape[1] :].tolist(),
+        "tokens_per_s": a.new_tokens * a.batch / dt,
+        "tokens": out[:, ids.shape[1] :].tolist(),
         **extra_result,
     }
 
@@ -247,51 +364,55 @@ def child(a) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def spawn(a, role: str, model: str, workdir: str, mode: str = "") -> dict:
-    caches = tempfile.mkdtemp(prefix="caches-")
-    env = dict(os.environ)
-    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
-    env["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    argv = (
-        [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--child",
-            role,
-            "--model",
-            model,
-            "--dir",
-            workdir,
-            "--mode",
-            mode,
-            "--new-tokens",
-            str(a.new_tokens),
-            "--prompt",
-            str(a.prompt),
-            "--device",
-            a.device,
-        ]
+def child_argv(a, role: str, model: str, workdir: str, mode: str, batch: int) -> list[str]:
+    return (
+        [sys.executable, os.path.abspath(__file__), "--child", role, "--model", model]
+        + ["--dir", workdir, "--mode", mode, "--new-tokens", str(a.new_tokens)]
+        + ["--prompt", str(a.prompt), "--device", a.device, "--batch", str(batch)]
+        + ["--batches", a.batches, "--modes", a.modes]
         + (["--tiny"] if a.tiny else [])
         + (["--single-batch"] if a.single_batch else [])
         + (["--ours-static"] if a.ours_static else [])
         + (["--ours-mode", a.ours_mode] if a.ours_mode else [])
         + (["--profile-load"] if a.profile_load else [])
     )
+
+
+def start(a, role: str, model: str, workdir: str, mode: str = "", batch: int = 1):
+    """A child process with empty compiler caches, and what ``finish`` needs."""
+    caches = tempfile.mkdtemp(prefix="caches-")
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
+    env["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     t0 = time.time()
-    argv += ["--t0", repr(t0)]
+    argv = [*child_argv(a, role, model, workdir, mode, batch), "--t0", repr(t0)]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    return proc, t0, caches
+
+
+def finish(a, started) -> dict:
+    proc, t0, caches = started
     try:
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=a.timeout)
-        lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+        stdout, stderr = proc.communicate(timeout=max(1.0, a.timeout - (time.time() - t0)))
+        lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
         if lines:
             result = json.loads(lines[-1][len("RESULT ") :])
         else:
-            result = {"error": f"exit {p.returncode}, no result", "stderr": p.stderr[-3000:]}
+            result = {"error": f"exit {proc.returncode}, no result", "stderr": stderr[-3000:]}
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
         result = {"error": f"timeout after {a.timeout} s"}
     result["process_s"] = time.time() - t0
     shutil.rmtree(caches, ignore_errors=True)
     return result
+
+
+def spawn(a, role: str, model: str, workdir: str, mode: str = "", batch: int = 1) -> dict:
+    return finish(a, start(a, role, model, workdir, mode, batch))
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -315,7 +436,7 @@ def parent(a) -> None:
         else "cpu",
         "torch": torch.__version__,
         "argv": sys.argv,
-        "batch": 1,
+        "batches": a.batches,
         "prompt": a.prompt,
         "new_tokens": a.new_tokens,
         "tiny": a.tiny,
@@ -331,84 +452,107 @@ def parent(a) -> None:
     except ImportError:
         pass
     modes = [m for m in a.modes.split(",") if m]
-    for model in [m for m in a.models.split(",") if m]:
-        workdir = tempfile.mkdtemp(prefix=f"gen-{model}-")
+    batches = [int(b) for b in a.batches.split(",")]
+    models = [m for m in a.models.split(",") if m]
+    workdirs = {m: tempfile.mkdtemp(prefix=f"gen-{m}-") for m in models}
+    builds = {}
+    if a.parallel_builds:  # side by side, before any measurement
+        started = {m: start(a, "build", m, workdirs[m]) for m in models}
+        builds = {m: finish(a, started[m]) for m in models}
+    for model in models:
+        workdir = workdirs[model]
         entry: dict = {}
-        print(f"[{model}] build ...", flush=True)
-        entry["build"] = spawn(a, "build", model, workdir)
+        if model not in builds:
+            print(f"[{model}] build ...", flush=True)
+            builds[model] = spawn(a, "build", model, workdir)
+        entry["build"] = builds[model]
         print(
             f"[{model}] build: "
             + json.dumps({k: v for k, v in entry["build"].items() if k != "traceback"})[:500],
             flush=True,
         )
         results["models"][model] = entry
-        for mode in modes:
-            if mode.startswith("precompile") and "error" in entry["build"]:
-                entry[mode] = {"error": "build failed: " + entry["build"]["error"]}
-                continue
-            runs = []
-            for _ in range(a.repeats):
-                r = spawn(a, "measure", model, workdir, mode)
-                runs.append(r)
-                print(
-                    f"[{model}] {mode}: "
-                    + json.dumps(
-                        {k: v for k, v in r.items() if k not in ("tokens", "load_profile")}
-                    )[:600],
-                    flush=True,
-                )
-            entry[mode] = summarize(runs)
-            write(a, results, modes)  # what is measured so far survives a time limit
-        eager_tokens = next(
-            (r["tokens"] for r in entry.get("eager", {}).get("runs", []) if "tokens" in r), None
-        )
-        for mode in modes:
-            toks = [r.get("tokens") for r in entry.get(mode, {}).get("runs", []) if "tokens" in r]
-            if eager_tokens is not None and toks:
-                entry[mode]["tokens_equal_eager"] = all(t == eager_tokens for t in toks)
-                entry[mode]["tokens_matching_prefix"] = min(
-                    next((i for i, (x, y) in enumerate(zip(t, eager_tokens)) if x != y), len(t))
-                    for t in toks
-                )
+        for batch in batches:
+            for mode in modes:
+                key = f"{mode} b{batch}"
+                if mode != "floor" and "error" in entry["build"]:
+                    entry[key] = {"error": "build failed: " + entry["build"]["error"]}
+                    continue
+                if mode == "floor" and batch != batches[0]:
+                    continue
+                runs = []
+                for _ in range(a.repeats):
+                    r = spawn(a, "measure", model, workdir, mode, batch)
+                    runs.append(r)
+                    shown = {k: v for k, v in r.items() if k not in ("tokens", "load_profile")}
+                    print(f"[{model}] {key}: " + json.dumps(shown)[:600], flush=True)
+                entry[key] = summarize(runs)
+                write(a, results, modes, batches)  # what is measured survives a time limit
+            eager = next(
+                (
+                    r["tokens"]
+                    for r in entry.get(f"eager b{batch}", {}).get("runs", [])
+                    if "tokens" in r
+                ),
+                None,
+            )
+            for mode in modes:
+                e = entry.get(f"{mode} b{batch}", {})
+                toks = [r["tokens"] for r in e.get("runs", []) if r.get("tokens")]
+                if eager is not None and toks and mode != "eager":
+                    e["tokens_equal_eager"] = all(t == eager for t in toks)
+                    e["rows_equal_eager"] = [sum(x == y for x, y in zip(t, eager)) for t in toks]
         results["models"][model] = entry
         shutil.rmtree(workdir, ignore_errors=True)
-        write(a, results, modes)
+        write(a, results, modes, batches)
 
 
-def write(a, results: dict, modes: list[str]) -> None:
-
+def write(a, results: dict, modes: list[str], batches: list[int]) -> None:
     table = [
-        f"Generation, batch 1, prompt {a.prompt}, {a.new_tokens} new tokens, greedy; "
+        f"Generation, prompt {a.prompt}, {a.new_tokens} new tokens, greedy, batches "
+        f"{a.batches} (left-padded: row r starts with {PAD_STEP} r pad tokens); "
         f"device {results['device_name']}, torch {results['torch']}, "
         f"transformers {results.get('transformers')}; median of {a.repeats} fresh "
-        "process(es), empty compiler caches",
+        "process(es), empty compiler caches. tokens/s counts every row's tokens.",
         "",
-        "| model | mode | first token from spawn (s) | tokens/s | tokens == eager | note |",
-        "|---|---|---:|---:|---|---|",
+        "| model | batch | mode | first token from spawn (s) | tokens/s | rows == eager | note |",
+        "|---|---:|---|---:|---:|---|---|",
     ]
     for model, entry in results["models"].items():
         b = entry["build"]
-        note = (
-            f"build: compile_for_generation {b['compile_s']:.1f} s, "
-            f"file {b['artifact_bytes'] / 1e6:.1f} MB"
-            if "error" not in b
-            else f"build error: {b['error'][:200]}"
-        )
-        table.append(f"| {model} | build | | | | {note} |")
-        for mode in modes:
-            e = entry.get(mode, {})
-            if "first_token_s" in e:
-                run = next(r for r in e["runs"] if "error" not in r)
-                phases = ", ".join(
-                    f"{k} {v:.2f}" for k, v in run.get("phases_from_spawn_s", {}).items()
+        if "error" in b:
+            note = f"build error: {str(b['error'])[:200]}"
+        else:
+            note = "; ".join(
+                f"{what} {b[k]:.1f} s, file {b[size] / 1e6:.1f} MB"
+                for what, k, size in (
+                    ("compile_for_generation", "compile_s", "artifact_bytes"),
+                    ("compile_generator", "generator_compile_s", "generator_bytes"),
                 )
-                table.append(
-                    f"| {model} | {mode} | {e['first_token_s']:.2f} | {e['tokens_per_s']:.1f} | "
-                    f"{e.get('tokens_equal_eager', '')} | from spawn: {phases} |"
-                )
-            else:
-                err = str(e.get("error", "")).replace("|", "/").replace("\n", " ")[:200]
-                table.append(f"| {model} | {mode} | | | | error: {err} |")
+                if k in b
+            )
+        table.append(f"| {model} | | build | | | | {note} |")
+        for batch in batches:
+            for mode in modes:
+                e = entry.get(f"{mode} b{batch}")
+                if e is None:
+                    continue
+                if "first_token_s" in e:
+                    run = next(r for r in e["runs"] if "error" not in r)
+                    phases = ", ".join(
+                        f"{k} {v:.2f}" for k, v in run.get("phases_from_spawn_s", {}).items()
+                    )
+                    if run.get("imported"):
+                        phases += f"; imported {run['imported']}"
+                    rows = e.get("rows_equal_eager")
+                    same = "" if rows is None else f"{min(rows)}/{batch}"
+                    table.append(
+                        f"| {model} | {batch} | {mode} | {e['first_token_s']:.2f} | "
+                        f"{e['tokens_per_s']:.1f} | {same} | {phases} |"
+                    )
+                else:
+                    err = str(e.get("error", "")).replace("|", "/").replace("\n", " ")[:200]
+                    table.append(f"| {model} | {batch} | {mode} | | | | error: {err} |")
     md = "\n".join(table)
     results["table_md"] = md
     print(md)
@@ -430,6 +574,10 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--batches", default="1", help="batch sizes (rows left-padded), e.g. 1,4")
+    p.add_argument(
+        "--parallel-builds", action="store_true", help="build every model before measuring"
+    )
     p.add_argument("--tiny", action="store_true", help="tiny configs, for a quick end-to-end check")
     p.add_argument("--single-batch", action="store_true", help="build the batch-1 programs only")
     p.add_argument("--ours-mode", default=None, help="compile_for_generation's mode")
@@ -446,6 +594,7 @@ def main() -> None:
     p.add_argument("--model", default="gpt2", help=argparse.SUPPRESS)
     p.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     p.add_argument("--mode", default="", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .. import _compat, _distributed, _system, _trace
+from .. import _compat, _distributed, _generator, _system, _trace
 from .._artifact import PrecompiledArtifact
 from .._config_standin import standins_in_guards
 from .._errors import ArtifactCorruptedError, GuardError, KernelDirectoryError
@@ -77,16 +77,20 @@ def load(
                 _load_variant(header, i, guards[i], sections, kernels, bound, path)
                 for i in range(len(header.variants))
             ]
+        generator = _generator.records(sections, path)
     except BaseException:
         reader.close()
         raise
     reader.settle()  # a re-save reads compiled from the bytes loaded, later
     artifact = bundle_variants(variants) if header.bundle else variants[0]
-    return dataclasses.replace(  # the loaded artifact, with where and how long it took
+    artifact = dataclasses.replace(  # the loaded artifact, with where and how long it took
         artifact,
         timings={**artifact.timings, "load": time.perf_counter() - start},
         _origin={"path": os.path.abspath(path), "created": header.created},
     )
+    if generator is not None:  # compile_generator's file: the generator around its step
+        return _generator.from_sections(artifact, *generator, path)
+    return artifact
 
 
 class _Sections:

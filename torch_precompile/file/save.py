@@ -24,6 +24,7 @@ from .. import _compat, _distributed
 from .._artifact import PrecompiledArtifact
 from ..guards import Guards, unmet_by
 from . import standin
+from .._generator import Generator, sections_of
 from .header import KERNEL_PREFIX, Header, VariantRecord, section_name
 from .write import write_artifact
 
@@ -41,6 +42,10 @@ def save(
     sign_key: bytes | str | None = None,
 ) -> None:
     """Write ``artifact`` to one file, atomically (weights included)."""
+    extra_sections: dict[str, bytes] = {}
+    if isinstance(artifact, Generator):  # its step, with the generator's records
+        extra_sections = sections_of(artifact)
+        artifact = artifact.step
     _check_save_arguments(artifact, bytecode, guards)
     variants = artifact.variants or (artifact,)
     sections: dict[str, bytes] = {
@@ -82,6 +87,7 @@ def save(
     for key in sorted(kernels):
         sections[KERNEL_PREFIX + key] = kernels[key]
 
+    sections.update(extra_sections)
     sizes = {n: len(data) for n, data in sections.items() if not n.startswith(KERNEL_PREFIX)}
     if kernels:
         sizes["kernels"] = sum(len(data) for data in kernels.values())

@@ -342,5 +342,6 @@ def records(sections: Any, path: str) -> tuple[bytes, bytes | None] | None:
     """A file's generator record and tokenizer (``None`` in a file of another kind)."""
     if SPEC_SECTION not in sections:
         return None
-    tokenizer = sections[TOKENIZER_SECTION] if TOKENIZER_SECTION in sections else None
-    return bytes(sections[SPEC_SECTION]), None if tokenizer is None else bytes(tokenizer)
+    if TOKENIZER_SECTION not in sections:
+        return bytes(sections[SPEC_SECTION]), None
+    return bytes(sections[SPEC_SECTION]), bytes(sections[TOKENIZER_SECTION])

@@ -151,7 +151,7 @@ def compile_generator(
         ids = torch.randint(0, 2, (b, s), device=device)
         mask = torch.zeros((b, max_length), dtype=torch.long, device=device)
         mask[:, : s + 1] = 1
-        positions = torch.arange(1, s + 1, device=device).expand(b, s).contiguous()
+        positions = torch.arange(1, s + 1, device=device).repeat(b, 1)  # no view: no _base guard
         start = torch.tensor(1, device=device)
         cache = [
             torch.zeros((b, h, max_length, d), dtype=getattr(torch, dtype), device=device)

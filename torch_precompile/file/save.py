@@ -22,9 +22,9 @@ import torch
 
 from .. import _compat, _distributed
 from .._artifact import PrecompiledArtifact
+from .._generator import Generator, sections_of
 from ..guards import Guards, unmet_by
 from . import standin
-from .._generator import Generator, sections_of
 from .header import KERNEL_PREFIX, Header, VariantRecord, section_name
 from .write import write_artifact
 

@@ -282,9 +282,7 @@ def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_family_left_padded_greedy_equals_transformers(
-    families: dict[str, Any], name: str
-) -> None:
+def test_family_left_padded_greedy_equals_transformers(families: dict[str, Any], name: str) -> None:
     torch.manual_seed(0)
     case = _build(FAMILIES[name](), families["root"]["path"] / f"{name}.pt")
     ids, mask = _prompts(3, 10, seed=7)

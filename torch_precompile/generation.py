@@ -210,6 +210,7 @@ def generate_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iter
     with swapped_forward(model, forward), _no_auto_compile(model):
         yield
 
+
 from ._generator_build import compile_generator  # noqa: E402  (a generator that serves itself)
 
 __all__ += ["compile_generator"]

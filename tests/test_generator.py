@@ -9,6 +9,8 @@ neither it nor the compiler (Dynamo, Inductor's compiler, sympy) was imported.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +276,16 @@ def test_cli_prints_text_with_only_tokenizers_beside_torch(
     ids = torch.tensor([[5, 6, 7]])
     want = _hf(case["model"], ids, torch.ones_like(ids), 3)
     assert proc.stdout.strip() == ",".join(str(t) for t in want[0].tolist())
+    # Past max_length: a one-line error and exit status 1, nothing printed before it.
+    command = [sys.executable, "-m", "torch_precompile", "generate", path, "--ids", "5,6,7"]
+    long = subprocess.run(
+        [*command, "--max-new-tokens", str(MAX_LENGTH)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert long.returncode == 1 and long.stdout == "", (long.stdout, long.stderr)
+    assert "max_length=40" in long.stderr and "shorten" in long.stderr, long.stderr
 
 
 @pytest.fixture(scope="module")

@@ -194,13 +194,15 @@ def _generate(args: argparse.Namespace) -> int:
             print(text[len(shown) :], end="", flush=True)
             shown = text
 
+    prompt = torch.tensor([ids])
+    generator._check(prompt, None, args.max_new_tokens, 0)  # a refusal before any output
     if tokenizer is None:
         print(",".join(str(t) for t in ids), end="", flush=True)
     else:
         shown = tokenizer.decode(ids)
         print(shown, end="", flush=True)
     generator.generate(
-        torch.tensor([ids]),
+        prompt,
         max_new_tokens=args.max_new_tokens,
         do_sample=args.do_sample,
         temperature=args.temperature,

@@ -24,6 +24,7 @@ from ._errors import (
     ArtifactVersionError,
     CaptureError,
     DistributedLayoutError,
+    GenerationLimitError,
     GuardError,
     IncompatibleSystemError,
     KernelDirectoryError,
@@ -36,6 +37,7 @@ from .distributed.data_parallel import shard_parameters
 from .distributed.shards import save_shard
 from .guards import Guard, Guards
 from .runtime.artifact import PrecompiledArtifact
+from .runtime.generator import Generator
 from .stages.aot_autograd import AOTAutogradOutput
 from .stages.dynamo import DynamoOutput
 from .stages.inductor import InductorOutput
@@ -49,6 +51,8 @@ __all__ = [
     "CaptureError",
     "DistributedLayoutError",
     "DynamoOutput",
+    "GenerationLimitError",
+    "Generator",
     "Guard",
     "GuardError",
     "Guards",

@@ -92,3 +92,12 @@ class KernelDirectoryError(PrecompileError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:
         return type(self), (self.directory, self.cause)
+
+
+class GenerationLimitError(PrecompileError, ValueError):
+    """A generate call asks for more than the generator was built for.
+
+    Raised before any kernel runs: more rows than ``max_batch``, or a prompt
+    plus new tokens longer than ``max_length`` (the key/value cache's size).
+    The message names the limit and says how to build a larger generator.
+    """

@@ -38,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_build(sub)
+    _add_generate(sub)
     p_inspect = sub.add_parser(
         "inspect", help="print an artifact's header (never unpickles: safe on untrusted files)"
     )
@@ -62,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "build":
             return _build(args)
+        if args.command == "generate":
+            return _generate(args)
         if args.command == "inspect":
             return _inspect(args.path, as_json=args.json, verify=args.verify)
         return _bench(
@@ -128,6 +131,89 @@ def _build(args: argparse.Namespace) -> int:
         inputs=args.input,
         seed=args.seed,
     )
+    return 0
+
+
+def _add_generate(sub: Any) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text (or token ids) with a file of compile_generator, streaming",
+    )
+    p.add_argument("path", help="a file saved from compile_generator")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--prompt", help="the prompt text (the file must hold a tokenizer)")
+    which.add_argument("--ids", help="the prompt's token ids, comma-separated: 1,2,3")
+    p.add_argument("--max-new-tokens", type=int, default=20, help="at most this many (default 20)")
+    p.add_argument("--do-sample", action="store_true", help="sample (default: greedy)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampling")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    """Load a generator and print its continuation of one prompt as it is made: the
+    text (prompt included) with its tokenizer, else the token ids."""
+    import torch
+
+    from ..runtime.generator import Generator
+    from .file.load import load
+
+    generator = load(args.path)
+    if not isinstance(generator, Generator):
+        raise ValueError(
+            f"{args.path} is not a generator: build one with "
+            "torch_precompile.generation.compile_generator"
+        )
+    tokenizer = None
+    if args.prompt is not None:
+        tokenizer = generator.tokenizer()
+        ids = tokenizer.encode(args.prompt).ids
+    else:
+        ids = [int(t) for t in args.ids.split(",") if t.strip()]
+    if not ids:
+        raise ValueError("the prompt is empty: give at least one token")
+    eos = set(generator.spec.eos_token_id)
+    tokens = list(ids)
+    shown = ""
+    ended = False
+
+    def show(token: torch.Tensor) -> None:
+        nonlocal shown, ended
+        if ended:
+            return
+        value = int(token[0])
+        ended = value in eos
+        if tokenizer is None:
+            print(("," if tokens else "") + str(value), end="", flush=True)
+            tokens.append(value)
+            return
+        tokens.append(value)
+        text = tokenizer.decode(tokens)
+        if not text.endswith("\ufffd"):  # a character's bytes still to come
+            print(text[len(shown) :], end="", flush=True)
+            shown = text
+
+    prompt = torch.tensor([ids])
+    generator._check(prompt, None, args.max_new_tokens, 0)  # a refusal before any output
+    if tokenizer is None:
+        print(",".join(str(t) for t in ids), end="", flush=True)
+    else:
+        shown = tokenizer.decode(ids)
+        print(shown, end="", flush=True)
+    generator.generate(
+        prompt,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=args.do_sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        streamer=show,
+    )
+    if tokenizer is not None and tokenizer.decode(tokens) != shown:
+        print(tokenizer.decode(tokens)[len(shown) :], end="")
+    print()
     return 0
 
 

@@ -31,6 +31,7 @@ from ..file.header import KERNEL_PREFIX, Header, section_name
 from ..file.layout import looks_like_artifact
 from ..file.read import ArtifactReader, open_artifact, read_file, read_prefix
 from ..guards import Guards, Source, TensorGuard, hooks_entry
+from ..runtime import generator as _generator
 from ..runtime import machine as _system
 from ..runtime.artifact import PrecompiledArtifact
 from ..runtime.bundle import bundle_variants
@@ -80,16 +81,20 @@ def load(
                 _load_variant(header, i, guards[i], sections, kernels, bound, path)
                 for i in range(len(header.variants))
             ]
+        generator = _generator.records(sections, path)
     except BaseException:
         reader.close()
         raise
     reader.settle()  # a re-save reads compiled from the bytes loaded, later
     artifact = bundle_variants(variants) if header.bundle else variants[0]
-    return dataclasses.replace(  # the loaded artifact, with where and how long it took
+    artifact = dataclasses.replace(  # the loaded artifact, with where and how long it took
         artifact,
         timings={**artifact.timings, "load": time.perf_counter() - start},
         _origin={"path": os.path.abspath(path), "created": header.created},
     )
+    if generator is not None:  # compile_generator's file: the generator around its step
+        return _generator.from_sections(artifact, *generator, path)
+    return artifact
 
 
 class _Sections:

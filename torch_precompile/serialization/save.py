@@ -27,6 +27,7 @@ from ..file.header import KERNEL_PREFIX, LEAN_SECTION, Header, VariantRecord, se
 from ..file.write import write_artifact
 from ..guards import Guards, unmet_by
 from ..runtime.artifact import PrecompiledArtifact
+from ..runtime.generator import Generator, sections_of
 from ..standin import module as standin
 
 log = logging.getLogger("torch_precompile")
@@ -43,6 +44,10 @@ def save(
     sign_key: bytes | str | None = None,
 ) -> None:
     """Write ``artifact`` to one file, atomically (weights included)."""
+    extra_sections: dict[str, bytes] = {}
+    if isinstance(artifact, Generator):  # its step, with the generator's records
+        extra_sections = sections_of(artifact)
+        artifact = artifact.step
     _check_save_arguments(artifact, bytecode, guards)
     variants = artifact.variants or (artifact,)
     sections: dict[str, bytes] = {
@@ -84,6 +89,7 @@ def save(
     for key in sorted(kernels):
         sections[KERNEL_PREFIX + key] = kernels[key]
 
+    sections.update(extra_sections)
     sizes = {n: len(data) for n, data in sections.items() if not n.startswith(KERNEL_PREFIX)}
     if kernels:
         sizes["kernels"] = sum(len(data) for data in kernels.values())

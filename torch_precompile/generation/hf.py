@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from ._api import Precompile
-from .runtime.artifact import PrecompiledArtifact
-from .stages.snapshot import Snapshot, swapped_forward
+from .._api import Precompile
+from ..runtime.artifact import PrecompiledArtifact
+from ..stages.snapshot import Snapshot, swapped_forward
 
 log = logging.getLogger("torch_precompile")
 

@@ -1,0 +1,304 @@
+"""compile_generator: a decoder language model's generator that serves itself.
+
+Tiny random models (2 layers, width 64, 1000 tokens). Greedy tokens are
+compared with transformers' own ``generate`` on the same weights; serving runs
+in fresh processes where transformers cannot be imported, and checks that
+neither it nor the compiler (Dynamo, Inductor's compiler, sympy) was imported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from conftest import run_script  # noqa: E402
+
+from torch_precompile import Precompile  # noqa: E402
+from torch_precompile._errors import GenerationLimitError  # noqa: E402
+from torch_precompile.generation import compile_generator  # noqa: E402
+from torch_precompile.runtime.generator import Generator  # noqa: E402
+
+MAX_BATCH, MAX_LENGTH = 4, 40
+SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4)
+SMALL |= dict(vocab_size=1000, max_position_embeddings=128, initializer_range=0.5)
+SMALL |= dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def _llama() -> Any:
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(num_key_value_heads=2, **SMALL))
+
+
+def _gpt2() -> Any:
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128, initializer_range=0.5
+    )
+    config.bos_token_id, config.eos_token_id, config.pad_token_id = 1, 2, 0
+    return transformers.GPT2LMHeadModel(config)
+
+
+FAMILIES = {
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(num_key_value_heads=2, **SMALL)
+    ),
+    # A window shorter than the cache: later tokens attend to the last 12 only.
+    "mistral": lambda: transformers.MistralForCausalLM(
+        transformers.MistralConfig(num_key_value_heads=2, sliding_window=12, **SMALL)
+    ),
+    "phi3": lambda: transformers.Phi3ForCausalLM(
+        transformers.Phi3Config(num_key_value_heads=2, **SMALL)
+    ),
+    "gemma": lambda: transformers.GemmaForCausalLM(
+        transformers.GemmaConfig(num_key_value_heads=1, head_dim=16, **SMALL)
+    ),
+    "gpt_neox": lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**SMALL)),
+}
+
+
+def _tokenizer() -> Any:
+    """A byte-level BPE trained here (no download), as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<pad>", "<bos>", "<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    corpus = ["the cat sat on the mat", "a generator serves itself", "héllo wörld"] * 20
+    tok.train_from_iterator(corpus, trainer)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>"
+    )
+
+
+def _build(model: Any, path: Path, **kwargs: Any) -> dict[str, Any]:
+    model.eval()
+    generator = compile_generator(model, max_batch=MAX_BATCH, max_length=MAX_LENGTH, **kwargs)
+    Precompile.save(path, generator)
+    return {"model": model, "path": path, "loaded": Precompile.load(path), **kwargs}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("generator")
+    torch.manual_seed(0)
+    return {
+        "gpt2": _build(_gpt2(), root / "gpt2.pt", tokenizer=_tokenizer()),
+        "llama": _build(_llama(), root / "llama.pt"),
+    }
+
+
+def _prompts(batch: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random prompts, row i left-padded by i * length // (batch + 1) tokens (id 0)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 1000, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    for i in range(batch):
+        pad = i * length // (batch + 1)
+        ids[i, :pad], mask[i, :pad] = 0, 0
+    return ids, mask
+
+
+def _hf(model: Any, ids: torch.Tensor, mask: torch.Tensor, new: int, **kw: Any) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(
+            ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0, **kw
+        )
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize(
+    ("batch", "length", "new"),
+    [(1, 1, 8), (MAX_BATCH, 9, 10), (2, MAX_LENGTH - 5, 5), (3, 2, MAX_LENGTH - 2)],
+)
+def test_greedy_equals_transformers_generate(
+    built: dict[str, dict[str, Any]], name: str, batch: int, length: int, new: int
+) -> None:
+    case = built[name]
+    ids, mask = _prompts(batch, length)
+    want = _hf(case["model"], ids, mask, new, eos_token_id=None)
+    got = case["loaded"].generate(ids, mask, max_new_tokens=new, eos_token_id=None)
+    assert torch.equal(got, want), (got, want)
+    assert len(set(want[:, length:].flatten().tolist())) > 3  # not one repeated token
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_end_of_sequence_and_min_new_tokens_as_transformers(
+    built: dict[str, dict[str, Any]], name: str
+) -> None:
+    case = built[name]
+    ids, mask = _prompts(3, 6, seed=1)
+    free = _hf(case["model"], ids, mask, 12, eos_token_id=None)
+    # An end token that row 1 makes at its 4th new token: it stops there and is
+    # padded while the others go on; with min_new_tokens the token is barred.
+    eos = int(free[1, 6 + 3])
+    for extra in ({}, {"min_new_tokens": 6}):
+        want = _hf(case["model"], ids, mask, 12, eos_token_id=eos, **extra)
+        got = case["loaded"].generate(ids, mask, max_new_tokens=12, eos_token_id=eos, **extra)
+        assert torch.equal(got, want), (extra, got, want)
+    # Every row ends: the result ends where the last one did, as generate's.
+    first = free[:, 6 + 2].tolist()
+    want = _hf(case["model"], ids, mask, 12, eos_token_id=first)
+    got = case["loaded"].generate(ids, mask, max_new_tokens=12, eos_token_id=first)
+    assert torch.equal(got, want) and got.shape[1] < 6 + 12, (got, want)
+
+
+def test_top_k_1_is_greedy_and_a_streamer_sees_each_step(
+    built: dict[str, dict[str, Any]],
+) -> None:
+    gen = built["llama"]["loaded"]
+    ids, mask = _prompts(MAX_BATCH, 7, seed=2)
+    greedy = gen.generate(ids, mask, max_new_tokens=9, eos_token_id=None)
+    seen: list[torch.Tensor] = []
+    sampled = gen.generate(
+        ids,
+        mask,
+        max_new_tokens=9,
+        do_sample=True,
+        top_k=1,
+        temperature=0.7,
+        seed=5,
+        eos_token_id=None,
+        streamer=seen.append,
+    )
+    assert torch.equal(sampled, greedy)
+    assert torch.equal(torch.stack(seen, 1), greedy[:, 7:])
+
+
+def test_past_the_limits_a_typed_error_before_any_kernel(
+    built: dict[str, dict[str, Any]],
+) -> None:
+    gen: Generator = built["gpt2"]["loaded"]
+    calls: list[int] = []
+    step = gen.step
+    gen.step = lambda *a, **k: calls.append(1)  # type: ignore[method-assign]
+    try:
+        with pytest.raises(GenerationLimitError, match=r"max_batch=4.*split the batch"):
+            gen.generate(torch.ones((MAX_BATCH + 1, 3), dtype=torch.long), max_new_tokens=2)
+        with pytest.raises(GenerationLimitError, match=r"max_length=40.*shorten"):
+            gen.generate(torch.ones((1, MAX_LENGTH - 3), dtype=torch.long), max_new_tokens=4)
+        with pytest.raises(ValueError, match="pad on the left"):
+            gen.generate(torch.ones((2, 3), dtype=torch.long), torch.tensor([[1, 1, 1], [1, 1, 0]]))
+    finally:
+        gen.step = step  # type: ignore[method-assign]
+    assert calls == []
+
+
+_SERVE = """
+import sys
+sys.modules["transformers"] = None  # not importable here
+import json
+import torch
+from torch_precompile import Precompile
+
+cases = json.loads(sys.argv[1])
+out = {}
+for name, case in cases.items():
+    gen = Precompile.load(case["path"])
+    ids, mask = torch.tensor(case["ids"]), torch.tensor(case["mask"])
+    greedy = gen.generate(ids, mask, max_new_tokens=case["new"], eos_token_id=None)
+    sampled = gen.generate(
+        ids, mask, max_new_tokens=case["new"], do_sample=True, temperature=0.9, top_k=50,
+        top_p=0.9, seed=11, eos_token_id=None,
+    )
+    out[name] = {"type": type(gen).__name__, "greedy": greedy.tolist(), "sampled": sampled.tolist()}
+out["imported"] = [
+    m for m in ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
+    if sys.modules.get(m) is not None
+]
+print(json.dumps(out))
+"""
+
+
+def test_serves_without_transformers_or_the_compiler_and_a_seed_reproduces(
+    built: dict[str, dict[str, Any]],
+) -> None:
+    cases, want = {}, {}
+    for i, name in enumerate(("gpt2", "llama")):
+        ids, mask = _prompts(MAX_BATCH, 8, seed=3 + i)
+        want[name] = _hf(built[name]["model"], ids, mask, 10, eos_token_id=None).tolist()
+        cases[name] = {
+            "path": str(built[name]["path"]),
+            "ids": ids.tolist(),
+            "mask": mask.tolist(),
+            "new": 10,
+        }
+    runs = [json.loads(run_script(_SERVE, json.dumps(cases)).stdout.splitlines()[-1])]
+    runs.append(json.loads(run_script(_SERVE, json.dumps(cases)).stdout.splitlines()[-1]))
+    for out in runs:
+        assert out["imported"] == [], out["imported"]
+        for name in cases:
+            assert out[name]["type"] == "Generator"
+            assert out[name]["greedy"] == want[name], name
+    for name in cases:  # the same seed, the same tokens, in another process
+        assert runs[0][name]["sampled"] == runs[1][name]["sampled"], name
+        assert runs[0][name]["sampled"] != want[name], name
+
+
+_CLI = """
+import sys
+sys.modules["transformers"] = None
+from torch_precompile._cli import main
+code = main(sys.argv[1:])
+imported = [
+    m for m in ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
+    if sys.modules.get(m) is not None
+]
+print("IMPORTED", imported, "tokenizers" in sys.modules, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_cli_prints_text_with_only_tokenizers_beside_torch(
+    built: dict[str, dict[str, Any]],
+) -> None:
+    case = built["gpt2"]
+    tokenizer = case["tokenizer"]
+    prompt = "the cat sat"
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+    want = _hf(case["model"], ids, torch.ones_like(ids), 7)
+    text = tokenizer.backend_tokenizer.decode(want[0].tolist())
+    path = str(case["path"])
+    proc = run_script(_CLI, "generate", path, "--prompt", prompt, "--max-new-tokens", "7")
+    assert proc.stdout == text + "\n", (proc.stdout, text)
+    assert "IMPORTED [] True" in proc.stderr, proc.stderr
+    proc = run_script(_CLI, "generate", path, "--ids", "5,6,7", "--max-new-tokens", "3")
+    ids = torch.tensor([[5, 6, 7]])
+    want = _hf(case["model"], ids, torch.ones_like(ids), 3)
+    assert proc.stdout.strip() == ",".join(str(t) for t in want[0].tolist())
+    # Past max_length: a one-line error and exit status 1, nothing printed before it.
+    command = [sys.executable, "-m", "torch_precompile", "generate", path, "--ids", "5,6,7"]
+    long = subprocess.run(
+        [*command, "--max-new-tokens", str(MAX_LENGTH)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert long.returncode == 1 and long.stdout == "", (long.stdout, long.stderr)
+    assert "max_length=40" in long.stderr and "shorten" in long.stderr, long.stderr
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return {"root": {"path": tmp_path_factory.mktemp("families")}}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_left_padded_greedy_equals_transformers(families: dict[str, Any], name: str) -> None:
+    torch.manual_seed(0)
+    case = _build(FAMILIES[name](), families["root"]["path"] / f"{name}.pt")
+    ids, mask = _prompts(3, 10, seed=7)
+    new = 20  # past the Mistral window of 12
+    want = _hf(case["model"], ids, mask, new, eos_token_id=None)
+    got = case["loaded"].generate(ids, mask, max_new_tokens=new, eos_token_id=None)
+    assert torch.equal(got, want), (name, got, want)

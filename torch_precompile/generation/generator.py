@@ -1,0 +1,194 @@
+"""Building a :class:`~torch_precompile.runtime.generator.Generator` (transformers present).
+
+The step compiled is :class:`_Step`: the model's forward over a static key/value
+cache whose tensors are arguments (a ``StaticCache`` made inside the traced
+forward around them, so its writes go into the caller's tensors and nothing
+is allocated), returning the last position's logits. Four variants are bundled,
+batch 1 and 2..N by prompt 1 (a decode step, or a one-token prompt) and 2..L.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import torch
+
+from .._api import Precompile
+from ..runtime.generator import Generator, GeneratorSpec
+
+log = logging.getLogger("torch_precompile")
+
+
+class _Step(torch.nn.Module):
+    """``(input_ids, attention_mask, position_ids, start, *cache) -> last logits``.
+
+    ``attention_mask`` covers the whole cache, ``(batch, max_length)``;
+    ``start`` (a 0-d tensor) is where the tokens go in the cache; ``cache`` is
+    keys and values of each layer, ``(batch, heads, max_length, head_dim)``.
+    """
+
+    def __init__(self, model: torch.nn.Module, max_length: int) -> None:
+        super().__init__()
+        self.model = model
+        self.max_length = max_length
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        start: torch.Tensor,
+        *cache: torch.Tensor,
+    ) -> torch.Tensor:
+        from transformers.cache_utils import Cache, StaticLayer
+
+        layers = []
+        for keys, values in zip(cache[0::2], cache[1::2]):
+            layer = StaticLayer(self.max_length)
+            layer.keys, layer.values = keys, values
+            layer.dtype, layer.device = keys.dtype, keys.device
+            layer.batch_size, layer.num_heads = keys.shape[0], keys.shape[1]
+            layer.k_head_dim, layer.v_head_dim = keys.shape[-1], values.shape[-1]
+            layer.cumulative_length = start.clone()  # update() adds to it in place
+            layer.is_initialized = True
+            layers.append(layer)
+        # The decoder's forward without transformers' output capturing, whose context
+        # variable the compiled code would otherwise write back (a read of the
+        # library at serve time); the head on the last position only.
+        decoder = self.model.get_decoder()
+        hidden = inspect.unwrap(type(decoder).forward)(
+            decoder,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=Cache(layers=layers),
+            use_cache=True,
+        ).last_hidden_state
+        logits = self.model.get_output_embeddings()(hidden[:, -1:, :])
+        softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
+
+def _cache_layout(model: torch.nn.Module, max_length: int) -> tuple[list[tuple[int, int]], str]:
+    """Heads and head dimension of each cache tensor, and the cache's dtype, from one
+    eager step of the model on a ``StaticCache``."""
+    from transformers.cache_utils import StaticCache
+
+    cache = StaticCache(model.config, max_cache_len=max_length)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        model(
+            input_ids=torch.zeros((1, 1), dtype=torch.long, device=device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+    shapes: list[tuple[int, int]] = []
+    dtype = None
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values):
+            shapes.append((int(t.shape[1]), int(t.shape[-1])))
+            dtype = t.dtype
+    return shapes, str(dtype).removeprefix("torch.")
+
+
+def _free_size(taken: set[int], low: int, high: int) -> int:
+    """A size in ``low..high`` equal to none of ``taken`` (Dynamo's duck sizing
+    would tie a dynamic size to an equal static one and specialise it)."""
+    for n in range(low, high + 1):
+        if n not in taken:
+            return n
+    raise ValueError(
+        f"no example size in {low}..{high} differs from the model's sizes: use a larger max_length"
+    )
+
+
+def compile_generator(
+    model: torch.nn.Module,
+    *,
+    max_batch: int,
+    max_length: int,
+    mode: str | None = None,
+    tokenizer: Any = None,
+    verbose: bool = False,
+) -> Generator:
+    """A generator for a decoder language model (``...ForCausalLM``) that serves itself.
+
+    Batches of 1..``max_batch`` rows, prompt plus new tokens up to ``max_length``
+    positions; save it with ``Precompile.save(path, generator)`` and
+    ``Precompile.load(path)`` returns it, ready to ``generate`` without the
+    model's library. ``tokenizer`` (a fast transformers tokenizer) is saved
+    with it for text in, text out.
+    """
+    if max_batch < 1 or max_length < 2:
+        raise ValueError(
+            f"max_batch must be 1 or more and max_length 2 or more, got "
+            f"{max_batch} and {max_length}"
+        )
+    tokenizer_json = None
+    if tokenizer is not None:
+        backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(
+            tokenizer, "_tokenizer", None
+        )
+        if backend is None or not hasattr(backend, "to_str"):
+            raise TypeError(
+                f"tokenizer {type(tokenizer).__name__} has no tokenizers backend: pass a fast "
+                "tokenizer (AutoTokenizer.from_pretrained(..., use_fast=True))"
+            )
+        tokenizer_json = backend.to_str().encode()
+    shapes, dtype = _cache_layout(model, max_length)
+    device = next(model.parameters()).device
+    step = _Step(model, max_length).eval()
+    taken = {int(d) for t in (*model.parameters(), *model.buffers()) for d in t.shape}
+    taken |= {n for s in shapes for n in s} | {max_length, len(shapes)}
+    prompt = _free_size(taken, 2, max_length)
+    batch = _free_size(taken | {prompt}, 2, 10**6)
+
+    def example(b: int, s: int) -> tuple[Any, ...]:
+        ids = torch.randint(0, 2, (b, s), device=device)
+        mask = torch.zeros((b, max_length), dtype=torch.long, device=device)
+        mask[:, : s + 1] = 1
+        positions = torch.arange(1, s + 1, device=device).repeat(b, 1)  # no view: no _base guard
+        start = torch.tensor(1, device=device)
+        cache = [
+            torch.zeros((b, h, max_length, d), dtype=getattr(torch, dtype), device=device)
+            for h, d in shapes
+        ]
+        return (ids, mask, positions, start, *cache)
+
+    variants = []
+    with torch.no_grad():
+        for b in (batch, 1):
+            for s in (prompt, 1):
+                log.info("generator: compiling the step at batch %d, length %d", b, s)
+                variants.append(
+                    Precompile.compile(
+                        step,
+                        example(b, s),
+                        dynamic=True,
+                        size_one=False,
+                        mode=mode,
+                        verbose=verbose,
+                    )
+                )
+    config = model.config
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    pad = getattr(model.generation_config, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(config, "pad_token_id", None)
+    spec = GeneratorSpec(
+        max_batch=max_batch,
+        max_length=max_length,
+        kv_shapes=tuple(shapes),
+        dtype=dtype,
+        device=str(device),
+        eos_token_id=tuple([eos] if isinstance(eos, int) else (eos or [])),
+        pad_token_id=pad,
+        model_type=str(getattr(config, "model_type", "")),
+    )
+    return Generator(Precompile.precompile(variants), spec, tokenizer_json)

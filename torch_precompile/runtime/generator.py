@@ -1,0 +1,347 @@
+"""A generator served with torch alone: the decode loop around one precompiled step.
+
+:func:`~torch_precompile.generation.compile_generator` compiles a step of a
+decoder language model over a static key/value cache held in plain tensors;
+this module runs it and imports neither the model's library nor the
+compiler. :class:`Generator` owns the cache (``max_batch`` x ``max_length``
+per layer, allocated on the first call and reused: entries of earlier calls
+are masked), runs the prompt through the step (prefill), then one token at a
+time (decode), greedy or sampled on the device, and stops rows at an end of
+sequence token as transformers' ``generate`` does.
+
+Left padding: each row's positions count its own tokens (the cumulative sum
+of its attention mask, less one), so a padded row computes as it would alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .._errors import ArtifactCorruptedError, GenerationLimitError
+
+# The file sections a generator adds to its step's artifact.
+SPEC_SECTION = "generator"
+TOKENIZER_SECTION = "generator-tokenizer"
+
+# Without a streamer, whether every row has finished is read back from the
+# device every this many tokens only (the extra tokens are cut off).
+_EOS_CHECK_EVERY = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratorSpec:
+    """What a generator file records beside its step: limits, cache layout, token ids."""
+
+    max_batch: int
+    max_length: int
+    kv_shapes: tuple[
+        tuple[int, int], ...
+    ]  # per cache tensor, keys and values of each layer: (heads, head_dim)
+    dtype: str  # the cache's dtype, e.g. "float32"
+    device: str
+    eos_token_id: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    model_type: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "kind": "decoder-generator", "version": 1}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> GeneratorSpec:
+        try:
+            if data.get("kind") != "decoder-generator" or data.get("version") != 1:
+                raise ValueError("not a version-1 decoder generator record")
+            return cls(
+                max_batch=int(data["max_batch"]),
+                max_length=int(data["max_length"]),
+                kv_shapes=tuple((int(h), int(d)) for h, d in data["kv_shapes"]),
+                dtype=str(data["dtype"]),
+                device=str(data["device"]),
+                eos_token_id=tuple(int(t) for t in data["eos_token_id"]),
+                pad_token_id=None if data["pad_token_id"] is None else int(data["pad_token_id"]),
+                model_type=str(data.get("model_type", "")),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ArtifactCorruptedError(
+                f"{where}: the '{SPEC_SECTION}' section is not a generator record ({exc}); "
+                "build the generator again with compile_generator and Precompile.save"
+            ) from None
+
+
+class Generator:
+    """``generate(input_ids, ...)`` on a precompiled step; ``step`` is the raw artifact.
+
+    ``step(input_ids, attention_mask, position_ids, start, *cache)`` returns the
+    logits of each row's last position, ``(batch, 1, vocab)``; the cache
+    tensors are written in place at positions ``start .. start + length - 1``.
+    """
+
+    def __init__(self, step: Any, spec: GeneratorSpec, tokenizer_json: bytes | None = None) -> None:
+        self.step = step
+        self.spec = spec
+        self.tokenizer_json = tokenizer_json
+        self._cache: list[torch.Tensor] | None = None
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return (
+            f"Generator({s.model_type or 'decoder'}, max_batch={s.max_batch}, "
+            f"max_length={s.max_length}, {s.dtype} on {s.device})"
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The raw step (see the class docstring)."""
+        return self.step(*args, **kwargs)
+
+    def cache(self) -> list[torch.Tensor]:
+        """The key/value tensors, ``max_batch`` rows each, allocated on first use."""
+        if self._cache is None:
+            dtype = getattr(torch, self.spec.dtype)
+            self._cache = [
+                torch.zeros(
+                    (self.spec.max_batch, heads, self.spec.max_length, dim),
+                    dtype=dtype,
+                    device=self.spec.device,
+                )
+                for heads, dim in self.spec.kv_shapes
+            ]
+        return self._cache
+
+    def tokenizer(self) -> Any:
+        """The ``tokenizers.Tokenizer`` saved with the generator (``tokenizers`` imported here)."""
+        if self.tokenizer_json is None:
+            raise ValueError(
+                "this generator was built without a tokenizer: pass token ids, or build it "
+                "with compile_generator(..., tokenizer=...)"
+            )
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(self.tokenizer_json.decode())
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        max_new_tokens: int = 20,
+        min_new_tokens: int = 0,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        eos_token_id: int | Sequence[int] | None = -1,
+        pad_token_id: int | None = -1,
+        streamer: Any = None,
+    ) -> torch.Tensor:
+        """Generate up to ``max_new_tokens`` per row: ``(batch, prompt + new)`` token ids.
+
+        As transformers' ``generate``: rows padded on the left (``attention_mask``
+        0), a row stops at an ``eos_token_id`` (default: the model's; ``None``:
+        never) and is filled with ``pad_token_id`` afterwards; the result ends
+        when every row has stopped. ``do_sample=True`` samples from the
+        distribution warped by ``temperature``, ``top_k`` then ``top_p``, with a
+        generator seeded by ``seed`` (the same seed, the same tokens). A
+        ``streamer`` is called with each step's ``(batch,)`` tokens (or its
+        ``put``, then ``end``, as transformers' streamers).
+        """
+        spec = self.spec
+        ids, mask = self._check(input_ids, attention_mask, max_new_tokens, min_new_tokens)
+        eos = _eos_ids(spec.eos_token_id if eos_token_id == -1 else eos_token_id)
+        pad = spec.pad_token_id if pad_token_id == -1 else pad_token_id
+        if pad is None:
+            pad = eos[0] if eos else 0
+        device = torch.device(spec.device)
+        ids, mask = ids.to(device), mask.to(device)
+        batch, prompt = ids.shape
+        if max_new_tokens == 0:
+            return ids.clone()
+        cache = [t[:batch] for t in self.cache()]
+        full = torch.zeros((batch, spec.max_length), dtype=torch.long, device=device)
+        full[:, :prompt] = mask
+        positions = mask.cumsum(-1) - 1
+        positions.masked_fill_(mask == 0, 1)
+        eos_t = torch.tensor(eos or [-1], dtype=torch.long, device=device)
+        sampler = _Sampler(do_sample, temperature, top_k, top_p, seed, device)
+        put, end = _streamer_calls(streamer)
+        out = torch.full((batch, max_new_tokens), pad, dtype=torch.long, device=device)
+        running = torch.ones(batch, dtype=torch.bool, device=device)
+        last_pos = positions[:, -1:].clone()
+        start = torch.zeros((), dtype=torch.long, device=device)
+        step_ids, step_pos = ids, positions
+        steps = max_new_tokens
+        for i in range(max_new_tokens):
+            logits = self.step(step_ids, full, step_pos, start, *cache)[:, -1, :].float()
+            if eos and i < min_new_tokens:
+                logits[:, eos_t] = -float("inf")
+            token = sampler(logits)
+            token = torch.where(running, token, torch.full_like(token, pad))
+            out[:, i] = token
+            if put is not None:
+                put(token)
+            if eos:
+                running &= ~torch.isin(token, eos_t)
+            at = prompt + i
+            if i + 1 == max_new_tokens:
+                break
+            check = put is not None or (i + 1) % _EOS_CHECK_EVERY == 0
+            if eos and check and not bool(running.any()):
+                steps = i + 1
+                break
+            full[:, at] = 1
+            start = start + step_ids.shape[1]
+            last_pos = last_pos + 1
+            step_ids, step_pos = token[:, None], last_pos
+        if end is not None:
+            end()
+        new = out[:, :steps]
+        if eos and steps > 1:
+            # Tokens past the step where every row had stopped are cut, as generate
+            # stops there: the first step whose token ends the last running row.
+            ended = torch.isin(new, eos_t).cumsum(-1) > 0
+            ended = torch.cat([torch.zeros_like(ended[:, :1]), ended[:, :-1]], dim=1)
+            alive = (~ended).any(0)
+            keep = int(alive.nonzero().max()) + 1 if bool(alive.any()) else 1
+            new = new[:, :keep]
+        return torch.cat([ids, new], dim=1)
+
+    def _check(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        max_new_tokens: int,
+        min_new_tokens: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        spec = self.spec
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            raise ValueError("input_ids must be a (batch, prompt) tensor of token ids")
+        batch, prompt = input_ids.shape
+        if batch < 1 or prompt < 1:
+            raise ValueError(f"input_ids is empty, shape {tuple(input_ids.shape)}")
+        if batch > spec.max_batch:
+            raise GenerationLimitError(
+                f"{batch} rows asked for, the generator was built for at most max_batch="
+                f"{spec.max_batch}: split the batch, or build it again with a larger max_batch"
+            )
+        if max_new_tokens < 0 or min_new_tokens < 0:
+            raise ValueError("max_new_tokens and min_new_tokens must be 0 or more")
+        if prompt + max_new_tokens > spec.max_length:
+            raise GenerationLimitError(
+                f"a prompt of {prompt} plus max_new_tokens={max_new_tokens} is "
+                f"{prompt + max_new_tokens} positions, the generator's cache holds max_length="
+                f"{spec.max_length}: shorten the prompt or max_new_tokens, or build it again "
+                "with a larger max_length"
+            )
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
+                f"{tuple(input_ids.shape)}: they must be the same"
+            )
+        mask = attention_mask.long()
+        if bool((mask[:, -1] == 0).any()):
+            raise ValueError(
+                "a row's last token is padding: pad on the left (tokenizer padding_side='left')"
+            )
+        return input_ids.long(), mask
+
+
+class _Sampler:
+    """Greedy (argmax) or sampling after temperature, top-k and top-p, on the device."""
+
+    def __init__(
+        self,
+        do_sample: bool,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        seed: int | None,
+        device: torch.device,
+    ) -> None:
+        if do_sample and temperature <= 0:
+            raise ValueError(f"temperature must be positive when sampling, got {temperature}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be 1 or more, got {top_k}")
+        self.do_sample, self.temperature, self.top_k, self.top_p = (
+            do_sample,
+            temperature,
+            top_k,
+            top_p,
+        )
+        self.generator = None
+        if do_sample:
+            self.generator = torch.Generator(device=device)
+            if seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.do_sample:
+            return logits.argmax(-1)
+        scores = logits / self.temperature
+        if self.top_k is not None and self.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, self.top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, -float("inf"))
+        if self.top_p is not None and self.top_p < 1:
+            ordered, order = torch.sort(scores, descending=False, dim=-1)
+            cumulative = ordered.softmax(-1).cumsum(-1)
+            drop = cumulative <= 1 - self.top_p
+            drop[:, -1] = False  # keep at least one token
+            scores = scores.masked_fill(drop.scatter(1, order, drop), -float("inf"))
+        probs = scores.softmax(-1)
+        return torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+
+
+def _eos_ids(value: int | Sequence[int] | None) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def _streamer_calls(streamer: Any) -> tuple[Callable[[torch.Tensor], Any] | None, Any]:
+    if streamer is None:
+        return None, None
+    if hasattr(streamer, "put"):
+        return streamer.put, getattr(streamer, "end", None)
+    return streamer, None
+
+
+def from_sections(step: Any, spec_json: bytes, tokenizer: bytes | None, where: str) -> Generator:
+    """The generator a file holds: its loaded step and its records."""
+    try:
+        data = json.loads(spec_json)
+    except ValueError as exc:
+        raise ArtifactCorruptedError(
+            f"{where}: the '{SPEC_SECTION}' section is not JSON ({exc}); build the generator "
+            "again with compile_generator and Precompile.save"
+        ) from None
+    return Generator(step, GeneratorSpec.from_json(data, where), tokenizer)
+
+
+def sections_of(generator: Generator) -> dict[str, bytes]:
+    """The sections a generator adds to its step's file."""
+    sections = {SPEC_SECTION: json.dumps(generator.spec.to_json()).encode()}
+    if generator.tokenizer_json is not None:
+        sections[TOKENIZER_SECTION] = generator.tokenizer_json
+    return sections
+
+
+def records(sections: Any, path: str) -> tuple[bytes, bytes | None] | None:
+    """A file's generator record and tokenizer (``None`` in a file of another kind)."""
+    if SPEC_SECTION not in sections:
+        return None
+    if TOKENIZER_SECTION not in sections:
+        return bytes(sections[SPEC_SECTION]), None
+    return bytes(sections[SPEC_SECTION]), bytes(sections[TOKENIZER_SECTION])

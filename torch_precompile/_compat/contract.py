@@ -14,6 +14,17 @@ An entry is ``"module:attr.path"`` (``"module"`` alone for a module).
 ``alternatives`` are other places where some supported torch keeps the same
 thing (any one resolving is enough); ``cuda`` entries are checked only on a
 CUDA build. Importing this module imports nothing from PyTorch.
+
+Members count too: a class entry lists the members ``_compat/`` reads off
+its objects (``ShapeEnv``'s ``_maybe_evaluate_static``, ``nn.Module``'s
+``_parameters``), a use ``"a|b"`` where the code takes whichever the
+installed torch has. Private attributes read off objects that only exist at
+run time (a tensor's ``mark_dynamic`` marks, a module's hook dicts) and
+Dynamo's guard source strings (parsed by ``guards/_source.py``, the one
+owner of that grammar) are checked by a probe that builds a real object or
+runs a tiny capture. :data:`RECEIVERS` names the variables that hold a
+private class's objects in ``_compat/``: every member read off one must be
+listed as a use of its class (a layout test checks that).
 """
 
 from __future__ import annotations
@@ -35,7 +46,8 @@ class PrivateName:
     cuda: bool = False
     after: str = ""  # a module that must be imported first (as the package's code path does)
     since: str = ""  # the first torch that has it (checked from there on)
-    probe: str = ""  # a call of ours checked by running it (a C++ signature is not readable)
+    probe: str = ""  # a check run on a real object (a C++ signature, a run-time attribute)
+    attrs: tuple[str, ...] = ()  # private attributes set at run time: checked by the probe
 
     def places(self) -> tuple[str, ...]:
         return (self.name, *self.alternatives)
@@ -49,8 +61,9 @@ def _n(
     after: str = "",
     since: str = "",
     probe: str = "",
+    attrs: tuple[str, ...] = (),
 ) -> PrivateName:
-    return PrivateName(name, tuple(uses), alternatives, cuda, after, since, probe)
+    return PrivateName(name, tuple(uses), alternatives, cuda, after, since, probe, attrs)
 
 
 _DYN, _FT, _IND = "torch._dynamo", "torch._functorch", "torch._inductor"
@@ -95,14 +108,59 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n("torch._dispatch.python:enable_python_dispatcher"),
     _n("torch._decomp.decompositions_for_rng:PhiloxStateTracker"),
     _n("torch.fx.experimental._config", "backed_size_oblivious"),
+    # Members of private classes, read off the objects private APIs return.
+    _n(
+        "torch.fx.experimental.symbolic_shapes:ShapeEnv",
+        "optimization_hint|size_hint",  # joint.optimization_hint: 2.12+ | 2.11
+        "_maybe_evaluate_static",
+        "var_to_range",
+        "var_to_sources",
+        "replacements",
+        "guards",
+    ),
+    _n("torch.fx:Graph", "_tracer_cls", "_codegen"),  # joint.py copies a graph
+    _n("torch:Tensor", "_is_view"),
+    _n("torch:UntypedStorage", "_cdata"),
+    _n("torch._C:_FunctionBase", "_materialize_non_diff_grads"),  # lean/autograd.py
+    # nn.Module internals: the hooks check (hooks.py), the stand-in (file/standin.py).
+    _n(
+        "torch.nn:Module",
+        "_parameters",
+        "_buffers",
+        "_modules",
+        "_non_persistent_buffers_set",
+        "_forward_pre_hooks",
+        "_forward_hooks",
+        "_backward_pre_hooks",
+        "_backward_hooks",
+        probe="nn.Module internals",
+    ),
+    _n("torch.nn.modules.module:_global_forward_pre_hooks"),
+    _n("torch.nn.modules.module:_global_forward_hooks"),
+    _n("torch.nn.modules.module:_global_backward_pre_hooks"),
+    _n("torch.nn.modules.module:_global_backward_hooks"),
+    _n(
+        "torch.distributed.device_mesh:DeviceMesh",
+        "_dim_group_names",
+        "_flatten_rank_map",
+        "_layout",
+        "_thread_id",
+    ),
     _n("torch.distributed._ops.device_mesh", after="torch.distributed.tensor"),
+    _n("torch.distributed.tensor:DTensor", "_spec"),
     _n(
         "torch.compiler.config",
         "compile_on_one_rank",
         alternatives=("torch.distributed.config",),  # before torch 2.14
     ),
     # --- Dynamo: capture, guards, the AOTCompiledFunction format ---
-    _n(f"{_DYN}:mark_dynamic", "min", "max"),  # torch-precompile build --dynamic
+    _n(
+        f"{_DYN}:mark_dynamic",
+        "min",
+        "max",
+        probe="mark_dynamic's marks",  # torch-precompile build --dynamic
+        attrs=("_dynamo_dynamic_indices", "_dynamo_dynamic_range"),
+    ),
     _n(f"{_DYN}.decorators:_DimRange"),  # mark_dynamic's range, built for a min without max
     _n("torch.utils._sympy.numbers:int_oo"),
     _n(
@@ -114,11 +172,17 @@ CONTRACT: tuple[PrivateName, ...] = (
     ),
     _n(f"{_DYN}.compiled_autograd:_disable"),
     _n(f"{_DYN}.convert_frame:_get_signature"),
-    _n(f"{_DYN}.convert_frame:fullgraph_capture"),
+    _n(f"{_DYN}.convert_frame:fullgraph_capture", probe="guard source strings"),
     _n(f"{_DYN}.convert_frame:get_compile_id"),
     _n(f"{_DYN}.convert_frame:get_traced_fn"),
     _n(f"{_DYN}.aot_compile:AOTCompilePickler.reducer_override"),
     _n(f"{_DYN}.aot_compile:AOTCompiledFunction", "_artifacts", "_extra_globals"),
+    _n(
+        f"{_FT}.aot_autograd:JointWithDescriptors",
+        "_aot_state",
+        "_aot_graph_capture",
+        "graph_module",
+    ),
     _n(f"{_DYN}.aot_compile:AOTCompiledFunction.deserialize", "f_globals"),
     _n(f"{_DYN}.aot_compile:AOTCompiledFunction.serialize"),
     _n(
@@ -135,6 +199,8 @@ CONTRACT: tuple[PrivateName, ...] = (
         "backend_name",
     ),
     _n(f"{_DYN}.aot_compile:bind_locals"),
+    # capture.py names the graph module's backend as Dynamo's own capture does.
+    _n(f"{_DYN}.aot_compile", probe="gm._backend_id", attrs=("_backend_id",)),
     _n(f"{_DYN}.aot_compile_types:BundledAOTAutogradSerializableCallable", "compiled_fn"),
     _n(f"{_DYN}.eval_frame:set_enable_dynamic"),
     _n(f"{_DYN}.exc:Unsupported"),
@@ -196,6 +262,13 @@ CONTRACT: tuple[PrivateName, ...] = (
         "serializable",
     ),
     _n(f"{_FT}.aot_autograd:preserve_rng_state"),
+    # lean/runtime.py marks inputs as AOTAutograd's runtime wrapper does.
+    _n(
+        f"{_FT}._aot_autograd.runtime_wrappers",
+        probe="t._dynamo_propagated_dynamic_indices",
+        attrs=("_dynamo_propagated_dynamic_indices",),
+        since="2.13",  # torch 2.11 marks nothing (the mark is then unread, and harmless)
+    ),
     _n(f"{_FT}._aot_autograd.runtime_wrappers:SerializableCompiledFunction", "serialize"),
     _n(
         f"{_FT}._aot_autograd.aot_autograd_result:GenericAOTAutogradResult",
@@ -286,7 +359,9 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_IND}.compile_fx:run_pre_grad_passes"),
     _n(f"{_IND}.decomposition:select_decomp_table"),
     _n(f"{_IND}.virtualized:V.set_fake_mode"),
-    _n(f"{_IND}.ir:argsort_sym", alternatives=(f"{_IND}.utils:argsort_sym",)),
+    # joint.py patches both (ir imports it from utils): each must be there.
+    _n(f"{_IND}.ir:argsort_sym"),
+    _n(f"{_IND}.utils:argsort_sym"),
     _n(
         f"{_IND}.output_code:CompiledFxGraph",
         "source_code",
@@ -311,6 +386,14 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_IND}.runtime.cache_dir_utils:triton_cache_dir"),
     _n(f"{_IND}.runtime.runtime_utils:triton_hash_to_path_key"),
     _n(f"{_IND}.runtime.triton_heuristics:StaticTritonCompileResult.can_statically_launch"),
+    _n(
+        f"{_IND}.runtime.triton_heuristics:CachingAutotuner",
+        "launchers",
+        "inductor_meta",
+        probe="launcher._is_static",  # lean/triton_kernels.py ships only static launchers
+        attrs=("_is_static",),
+    ),
+    _n("torch._C:_dynamo.guards._torchinductor_pyobject_tensor_data_ptr"),
     # Names Inductor's generated wrapper imports (stood in for at a lean load).
     _n(f"{_IND}.hooks:run_intermediate_hooks"),
     _n(f"{_IND}.utils:maybe_profile"),
@@ -342,7 +425,10 @@ def _assigned(cls: type) -> set[str]:
 
 def _has(obj: Any, use: str) -> bool | None:
     """Whether ``obj`` offers ``use``: a config key, a parameter, a field or a member
-    (None: it cannot be told, a C++ callable's keyword parameters)."""
+    (None: it cannot be told, a C++ callable's keyword parameters); ``"a|b"``: either."""
+    if "|" in use:
+        answers = [_has(obj, one) for one in use.split("|")]
+        return True if any(answers) else None if None in answers else False
     config = getattr(obj, "_config", None)
     if isinstance(config, dict):  # a torch config module
         return use in config
@@ -359,7 +445,8 @@ def _has(obj: Any, use: str) -> bool | None:
         params = inspect.signature(obj).parameters
     except (TypeError, ValueError):
         return None if callable(obj) else False
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    # A function's **kwargs takes any keyword; a class's does not make a member.
+    if not isinstance(obj, type) and any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return True
     return use in params
 
@@ -373,9 +460,109 @@ def _tensor_guards_probe(tensor_guards: type) -> None:
         raise RuntimeError("TensorGuards no longer checks sizes as given")
 
 
-# Keyword parameters of C++ callables cannot be read: these calls are run instead.
+def _module_internals_probe(module_cls: type) -> None:
+    """The dicts file/standin.py and hooks.py read off a module hold what they say."""
+    import torch
+
+    lin = torch.nn.Linear(2, 2)
+    lin.register_buffer("kept", torch.zeros(1))
+    lin.register_buffer("dropped", torch.zeros(1), persistent=False)
+    lin.add_module("child", torch.nn.Identity())
+    lin.register_forward_hook(lambda *a: None)
+    checks = {
+        "_parameters": set(lin._parameters) == {"weight", "bias"},
+        "_buffers": set(lin._buffers) == {"kept", "dropped"},
+        "_non_persistent_buffers_set": set(lin._non_persistent_buffers_set) == {"dropped"},
+        "_modules": set(lin._modules) == {"child"},
+        "_forward_hooks": len(lin._forward_hooks) == 1 and not lin._forward_pre_hooks,
+        "_backward_hooks": not lin._backward_hooks and not lin._backward_pre_hooks,
+    }
+    wrong = [name for name, ok in checks.items() if not ok or not isinstance(lin, module_cls)]
+    if wrong:
+        raise RuntimeError(f"nn.Module's {', '.join(wrong)} no longer hold(s) what they did")
+
+
+def _mark_dynamic_probe(mark_dynamic: Any) -> None:
+    """The marks capture.py and lean_guard_leaves.py read off a marked tensor."""
+    import torch
+
+    t = torch.zeros(4, 3)
+    mark_dynamic(t, 0, min=2, max=9)
+    if getattr(t, "_dynamo_dynamic_indices", None) != {0}:
+        raise RuntimeError("a marked tensor has no _dynamo_dynamic_indices {0}")
+    if not getattr(t, "_dynamo_dynamic_range", None):
+        raise RuntimeError("a marked tensor has no _dynamo_dynamic_range")
+
+
+def _guard_sources_probe(_fullgraph_capture: Any) -> None:
+    """Dynamo's guard and shape-symbol source strings of a tiny capture all parse with
+    the package's grammar (guards/_source.py) and print back the same."""
+    import torch
+
+    from torch_precompile._compat import capture
+    from torch_precompile.guards._source import Source, split_size
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.register_buffer("scale", torch.ones(3))
+            self.cfg = {"k": 2}
+            self.items = [1.5]
+
+        def forward(self, x: torch.Tensor, xs: list[torch.Tensor]) -> torch.Tensor:
+            return self.lin(x) * self.scale * self.cfg["k"] + xs[0] * self.items[0]
+
+    x = torch.ones(4, 3)
+    torch._dynamo.mark_dynamic(x, 0)
+    cap = capture.fullgraph_capture(Tiny(), (x, [torch.ones(4, 3)]), {}, dynamic=None)
+    texts = {g.name for g in cap.guards if g.name} | set(cap.input_sources)
+    sizes = [s for all_ in capture.shape_env_symbol_all_sources(cap).values() for s in all_]
+    if not any(t.startswith("L['self']._modules['lin']._parameters[") for t in texts):
+        raise RuntimeError(f"no guard names a submodule's weight as before: {sorted(texts)}")
+    if not sizes:
+        raise RuntimeError("the marked dimension has no symbol source")
+    for text in sizes:
+        split = split_size(text)
+        if split is None:
+            raise RuntimeError(f"a shape symbol's source does not parse: {text!r}")
+        texts.add(split[0])
+    wrong = [t for t in texts if (s := Source.parse(t)) is None or str(s) != t]
+    if wrong:
+        raise RuntimeError(f"guard source strings our grammar does not read: {sorted(wrong)}")
+
+
+def _mentions(module: str, text: str) -> Any:
+    """A probe of an attribute torch sets or reads at run time on objects no small
+    check can build (a CUDA launcher, an input at a compiled call): torch's own
+    source still writes it so."""
+
+    def probe(_obj: Any) -> None:
+        if text not in inspect.getsource(importlib.import_module(module)):
+            raise RuntimeError(f"{module} no longer has {text!r}")
+
+    return probe
+
+
+# Keyword parameters of C++ callables and attributes set at run time cannot be read
+# off a class: these checks are run instead.
 _PROBES = {
     "TensorGuards(*tensors, dynamic_dims_sizes=, dynamic_dims_strides=)": _tensor_guards_probe,
+    "nn.Module internals": _module_internals_probe,
+    "mark_dynamic's marks": _mark_dynamic_probe,
+    "guard source strings": _guard_sources_probe,
+    "launcher._is_static": _mentions(f"{_IND}.runtime.triton_heuristics", "._is_static = True"),
+    "gm._backend_id": _mentions(f"{_DYN}.aot_compile", "._backend_id"),
+    "t._dynamo_propagated_dynamic_indices": _mentions(
+        f"{_SCHEMAS[: -len('.schemas')]}.runtime_wrappers", "_dynamo_propagated_dynamic_indices"
+    ),
+}
+
+# Variables that hold a private class's objects in _compat/: each member read off
+# one must be a use of that class's entry (tests/test_torch_contract.py).
+RECEIVERS = {
+    "shape_env": "torch.fx.experimental.symbolic_shapes:ShapeEnv",
+    "jd": "torch._functorch.aot_autograd:JointWithDescriptors",
 }
 
 

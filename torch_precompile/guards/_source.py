@@ -19,7 +19,9 @@ _ROOT = re.compile(r"([LG])\['([^']+)'\]")
 _STEP = re.compile(r"\.(\w+)|\['([^']*)'\]|\[(-?\d+)\]")
 _SIZE = re.compile(r"(.*)\.size\(\)\[(\d+)\]")
 _ITEM = re.compile(r"\[(?:'([^']*)'|(-?\d+))\]")
-_MODULE_ITEM = re.compile(r"\._(?:modules|parameters|buffers)\['([^']*)'\]")
+MODULE_TABLES = ("_modules", "_parameters", "_buffers")
+"""nn.Module's tables in Dynamo's sources: ``L['self']._modules['l1']._parameters['w']``."""
+_MODULE_ITEM = re.compile(rf"\.(?:{'|'.join(MODULE_TABLES)})\['([^']*)'\]")
 
 ROOT_SOURCE = "L['self']"
 

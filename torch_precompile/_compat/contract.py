@@ -101,7 +101,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n("torch.utils._pytree:tree_leaves"),
     _n("torch.utils._python_dispatch:TorchDispatchMode"),
     _n("torch._guards:CompileContext"),
-    _n("torch._guards:Guard"),
+    _n("torch._guards:Guard", "obj_weakref", "create_fn"),  # obj_weakref: see guard_manager
     _n("torch._guards:TracingContext.get"),
     _n("torch._guards:compile_context"),
     _n("torch._guards:tracing"),
@@ -209,6 +209,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_DYN}.guards:GuardsStatePickler._unpickle_module"),
     _n(f"{_DYN}.guards:GuardsStatePickler.reducer_override"),
     _n(f"{_DYN}.hooks:Hooks", "guard_filter_fn"),
+    _n(f"{_DYN}.types:GuardFilterEntry", "name", "guard_type", "is_global", "orig_guard"),
     _n(f"{_DYN}.mutation_guard:GenerationTracker.generation"),
     _n(f"{_DYN}.package:SourceInfo", "inlined_sources"),
     _n(f"{_DYN}.package:load_guard_manager"),

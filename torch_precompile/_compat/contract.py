@@ -15,16 +15,12 @@ An entry is ``"module:attr.path"`` (``"module"`` alone for a module).
 thing (any one resolving is enough); ``cuda`` entries are checked only on a
 CUDA build. Importing this module imports nothing from PyTorch.
 
-Members count too: a class entry lists the members ``_compat/`` reads off
-its objects (``ShapeEnv``'s ``_maybe_evaluate_static``, ``nn.Module``'s
-``_parameters``), a use ``"a|b"`` where the code takes whichever the
-installed torch has. Private attributes read off objects that only exist at
-run time (a tensor's ``mark_dynamic`` marks, a module's hook dicts) and
-Dynamo's guard source strings (parsed by ``guards/_source.py``, the one
-owner of that grammar) are checked by a probe that builds a real object or
-runs a tiny capture. :data:`RECEIVERS` names the variables that hold a
-private class's objects in ``_compat/``: every member read off one must be
-listed as a use of its class (a layout test checks that).
+Members count too: a class entry lists the members read off its objects
+(``ShapeEnv._maybe_evaluate_static``), ``"a|b"`` where the code takes either.
+Attributes set at run time (``attrs``: a tensor's ``mark_dynamic`` marks) and
+Dynamo's guard source grammar (owned by ``guards/_source.py``) are checked by
+a probe (``contract_probes.py``) on a real object or a tiny capture.
+:data:`RECEIVERS` names variables holding a private class's objects.
 """
 
 from __future__ import annotations
@@ -34,6 +30,8 @@ import importlib
 import inspect
 import re
 from typing import Any
+
+from .contract_probes import PROBES as _PROBES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,8 +358,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_IND}.compile_fx:run_pre_grad_passes"),
     _n(f"{_IND}.decomposition:select_decomp_table"),
     _n(f"{_IND}.virtualized:V.set_fake_mode"),
-    # joint.py patches both (ir imports it from utils): each must be there.
-    _n(f"{_IND}.ir:argsort_sym"),
+    _n(f"{_IND}.ir:argsort_sym"),  # joint.py patches both places
     _n(f"{_IND}.utils:argsort_sym"),
     _n(
         f"{_IND}.output_code:CompiledFxGraph",
@@ -451,113 +448,6 @@ def _has(obj: Any, use: str) -> bool | None:
         return True
     return use in params
 
-
-def _tensor_guards_probe(tensor_guards: type) -> None:
-    import torch
-
-    t = torch.zeros(2, 3)
-    guards = tensor_guards(t, dynamic_dims_sizes=[[2, 3]], dynamic_dims_strides=[[3, 1]])
-    if not guards.check(t) or guards.check(torch.zeros(3, 2)):
-        raise RuntimeError("TensorGuards no longer checks sizes as given")
-
-
-def _module_internals_probe(module_cls: type) -> None:
-    """The dicts file/standin.py and hooks.py read off a module hold what they say."""
-    import torch
-
-    lin = torch.nn.Linear(2, 2)
-    lin.register_buffer("kept", torch.zeros(1))
-    lin.register_buffer("dropped", torch.zeros(1), persistent=False)
-    lin.add_module("child", torch.nn.Identity())
-    lin.register_forward_hook(lambda *a: None)
-    checks = {
-        "_parameters": set(lin._parameters) == {"weight", "bias"},
-        "_buffers": set(lin._buffers) == {"kept", "dropped"},
-        "_non_persistent_buffers_set": set(lin._non_persistent_buffers_set) == {"dropped"},
-        "_modules": set(lin._modules) == {"child"},
-        "_forward_hooks": len(lin._forward_hooks) == 1 and not lin._forward_pre_hooks,
-        "_backward_hooks": not lin._backward_hooks and not lin._backward_pre_hooks,
-    }
-    wrong = [name for name, ok in checks.items() if not ok or not isinstance(lin, module_cls)]
-    if wrong:
-        raise RuntimeError(f"nn.Module's {', '.join(wrong)} no longer hold(s) what they did")
-
-
-def _mark_dynamic_probe(mark_dynamic: Any) -> None:
-    """The marks capture.py and lean_guard_leaves.py read off a marked tensor."""
-    import torch
-
-    t = torch.zeros(4, 3)
-    mark_dynamic(t, 0, min=2, max=9)
-    if getattr(t, "_dynamo_dynamic_indices", None) != {0}:
-        raise RuntimeError("a marked tensor has no _dynamo_dynamic_indices {0}")
-    if not getattr(t, "_dynamo_dynamic_range", None):
-        raise RuntimeError("a marked tensor has no _dynamo_dynamic_range")
-
-
-def _guard_sources_probe(_fullgraph_capture: Any) -> None:
-    """Dynamo's guard and shape-symbol source strings of a tiny capture all parse with
-    the package's grammar (guards/_source.py) and print back the same."""
-    import torch
-
-    from torch_precompile._compat import capture
-    from torch_precompile.guards._source import Source, split_size
-
-    class Tiny(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = torch.nn.Linear(3, 3)
-            self.register_buffer("scale", torch.ones(3))
-            self.cfg = {"k": 2}
-            self.items = [1.5]
-
-        def forward(self, x: torch.Tensor, xs: list[torch.Tensor]) -> torch.Tensor:
-            return self.lin(x) * self.scale * self.cfg["k"] + xs[0] * self.items[0]
-
-    x = torch.ones(4, 3)
-    torch._dynamo.mark_dynamic(x, 0)
-    cap = capture.fullgraph_capture(Tiny(), (x, [torch.ones(4, 3)]), {}, dynamic=None)
-    texts = {g.name for g in cap.guards if g.name} | set(cap.input_sources)
-    sizes = [s for all_ in capture.shape_env_symbol_all_sources(cap).values() for s in all_]
-    if not any(t.startswith("L['self']._modules['lin']._parameters[") for t in texts):
-        raise RuntimeError(f"no guard names a submodule's weight as before: {sorted(texts)}")
-    if not sizes:
-        raise RuntimeError("the marked dimension has no symbol source")
-    for text in sizes:
-        split = split_size(text)
-        if split is None:
-            raise RuntimeError(f"a shape symbol's source does not parse: {text!r}")
-        texts.add(split[0])
-    wrong = [t for t in texts if (s := Source.parse(t)) is None or str(s) != t]
-    if wrong:
-        raise RuntimeError(f"guard source strings our grammar does not read: {sorted(wrong)}")
-
-
-def _mentions(module: str, text: str) -> Any:
-    """A probe of an attribute torch sets or reads at run time on objects no small
-    check can build (a CUDA launcher, an input at a compiled call): torch's own
-    source still writes it so."""
-
-    def probe(_obj: Any) -> None:
-        if text not in inspect.getsource(importlib.import_module(module)):
-            raise RuntimeError(f"{module} no longer has {text!r}")
-
-    return probe
-
-
-# Keyword parameters of C++ callables and attributes set at run time cannot be read
-# off a class: these checks are run instead.
-_PROBES = {
-    "TensorGuards(*tensors, dynamic_dims_sizes=, dynamic_dims_strides=)": _tensor_guards_probe,
-    "nn.Module internals": _module_internals_probe,
-    "mark_dynamic's marks": _mark_dynamic_probe,
-    "guard source strings": _guard_sources_probe,
-    "launcher._is_static": _mentions(f"{_IND}.runtime.triton_heuristics", "._is_static = True"),
-    "gm._backend_id": _mentions(f"{_DYN}.aot_compile", "._backend_id"),
-    "t._dynamo_propagated_dynamic_indices": _mentions(
-        f"{_SCHEMAS[: -len('.schemas')]}.runtime_wrappers", "_dynamo_propagated_dynamic_indices"
-    ),
-}
 
 # Variables that hold a private class's objects in _compat/: each member read off
 # one must be a use of that class's entry (tests/test_torch_contract.py).

@@ -214,3 +214,139 @@ def test_every_keyword_and_config_key_passed_is_in_the_contract() -> None:
 def test_no_entry_is_listed_twice() -> None:
     names = [entry.name for entry in contract.CONTRACT]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+# ------------------------------------------------- members and private attributes
+
+# Private attributes torch reads off objects, also read in standin/module.py.
+_MEMBER_FILES = (*sorted(COMPAT.rglob("*.py")), COMPAT.parent / "standin" / "module.py")
+
+
+def _own_names() -> set[str]:
+    """Names the package defines itself: functions, classes, its own attributes."""
+    own: set[str] = set()
+    for path in COMPAT.parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+            ):
+                own.add(node.attr)
+    return own
+
+
+def _member_reads() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Members read off objects in ``_compat/`` and standin/module.py: those of a
+    :data:`contract.RECEIVERS` variable (variable -> members), and every private one
+    (``x._name``, ``getattr(x, "_name")``) not the package's own (name -> files)."""
+    own = _own_names()
+    received: dict[str, set[str]] = {}
+    private: dict[str, set[str]] = {}
+    for path in _MEMBER_FILES:
+        where = path.relative_to(COMPAT.parent).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                base, attr = node.value, node.attr
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr", "setattr")
+                and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+            ):
+                base, attr = node.args[0], node.args[1].value
+            else:
+                continue
+            if isinstance(base, ast.Name) and base.id in contract.RECEIVERS:
+                received.setdefault(base.id, set()).add(attr)
+            dotted = _dotted(base) or ""
+            if (
+                attr.startswith("_")
+                and not attr.startswith("__")
+                and not attr.startswith("_torch_precompile")
+                and dotted not in ("self", "cls")
+                and dotted.split(".")[0] != "torch"  # module chains: the test above
+                and attr not in own
+            ):
+                private.setdefault(attr, set()).add(where)
+    return received, private
+
+
+def _uses_of(name: str) -> set[str]:
+    return {
+        one for e in contract.CONTRACT if e.name == name for use in e.uses for one in use.split("|")
+    }
+
+
+def test_the_member_scan_finds_what_it_must() -> None:
+    received, private = _member_reads()
+    assert "_maybe_evaluate_static" in received["shape_env"]
+    assert "_aot_graph_capture" in received["jd"]
+    for name in ("_tracer_cls", "_dynamo_dynamic_indices", "_global_forward_hooks", "_is_static"):
+        assert name in private, name
+    assert "standin/module.py" in private["_non_persistent_buffers_set"]
+    assert "_fail_unless" not in private  # the package's own
+    assert "_ShapeEnv_nothing" not in _uses_of("torch.fx.experimental.symbolic_shapes:ShapeEnv")
+
+
+def test_every_member_of_a_private_object_is_in_the_contract() -> None:
+    received, _ = _member_reads()
+    absent = sorted(
+        f"{contract.RECEIVERS[var]}: {attr} (read off {var})"
+        for var, attrs in received.items()
+        for attr in attrs
+        if attr not in _uses_of(contract.RECEIVERS[var])
+    )
+    assert not absent, "add these uses to CONTRACT in _compat/contract.py:\n  " + "\n  ".join(
+        absent
+    )
+
+
+def test_every_private_attribute_read_is_in_the_contract() -> None:
+    _, private = _member_reads()
+    entries = contract.CONTRACT
+    listed = {u for e in entries for use in (*e.uses, *e.attrs) for u in use.split("|")}
+    listed |= {p.rpartition(":")[2].rpartition(".")[2] for e in entries for p in e.places()}
+    absent = sorted(
+        f"{name} (in {', '.join(sorted(private[name]))})" for name in private if name not in listed
+    )
+    assert not absent, "add to CONTRACT in _compat/contract.py:\n  " + "\n  ".join(absent)
+
+
+def test_every_run_time_attribute_has_a_probe() -> None:
+    unchecked = [e.name for e in contract.CONTRACT if e.attrs and e.probe not in contract._PROBES]
+    assert not unchecked, unchecked
+
+
+def test_a_member_of_a_class_is_not_taken_for_a_constructor_keyword() -> None:
+    """ShapeEnv's constructor takes ``**kwargs``: a member it lacks is still reported;
+    ``"a|b"`` is met by either."""
+    shape_env = "torch.fx.experimental.symbolic_shapes:ShapeEnv"
+    found = contract.problems((PrivateName(shape_env, ("no_such_member",)),))
+    assert found == [f"changed: {shape_env} has no no_such_member"]
+    assert contract.problems((PrivateName(shape_env, ("no_such_member|guards",)),)) == []
+
+
+def test_the_source_grammar_probe_fails_on_a_grammar_change(monkeypatch) -> None:
+    """Dynamo's guard sources of a tiny capture parse; a source form the grammar does
+    not know (here: pretend module items are new) is reported by name."""
+    from torch_precompile.guards import _source
+
+    entry = next(e for e in contract.CONTRACT if e.probe == "guard source strings")
+    assert contract.problems((entry,)) == []
+    parse = _source.Source.parse.__func__
+
+    def without_module_items(cls: type, text: str) -> _source.Source | None:
+        return None if "._modules[" in text else parse(cls, text)
+
+    monkeypatch.setattr(_source.Source, "parse", classmethod(without_module_items))
+    (line,) = contract.problems((entry,))
+    assert "guard source strings our grammar does not read" in line
+    assert "L['self']._modules['lin']" in line

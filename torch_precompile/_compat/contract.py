@@ -14,6 +14,13 @@ An entry is ``"module:attr.path"`` (``"module"`` alone for a module).
 ``alternatives`` are other places where some supported torch keeps the same
 thing (any one resolving is enough); ``cuda`` entries are checked only on a
 CUDA build. Importing this module imports nothing from PyTorch.
+
+Members count too: a class entry lists the members read off its objects
+(``ShapeEnv._maybe_evaluate_static``), ``"a|b"`` where the code takes either.
+Attributes set at run time (``attrs``: a tensor's ``mark_dynamic`` marks) and
+Dynamo's guard source grammar (owned by ``guards/_source.py``) are checked by
+a probe (``contract_probes.py``) on a real object or a tiny capture.
+:data:`RECEIVERS` names variables holding a private class's objects.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import importlib
 import inspect
 import re
 from typing import Any
+
+from .contract_probes import PROBES as _PROBES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +44,8 @@ class PrivateName:
     cuda: bool = False
     after: str = ""  # a module that must be imported first (as the package's code path does)
     since: str = ""  # the first torch that has it (checked from there on)
-    probe: str = ""  # a call of ours checked by running it (a C++ signature is not readable)
+    probe: str = ""  # a check run on a real object (a C++ signature, a run-time attribute)
+    attrs: tuple[str, ...] = ()  # private attributes set at run time: checked by the probe
 
     def places(self) -> tuple[str, ...]:
         return (self.name, *self.alternatives)
@@ -49,8 +59,9 @@ def _n(
     after: str = "",
     since: str = "",
     probe: str = "",
+    attrs: tuple[str, ...] = (),
 ) -> PrivateName:
-    return PrivateName(name, tuple(uses), alternatives, cuda, after, since, probe)
+    return PrivateName(name, tuple(uses), alternatives, cuda, after, since, probe, attrs)
 
 
 _DYN, _FT, _IND = "torch._dynamo", "torch._functorch", "torch._inductor"
@@ -88,21 +99,66 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n("torch.utils._pytree:tree_leaves"),
     _n("torch.utils._python_dispatch:TorchDispatchMode"),
     _n("torch._guards:CompileContext"),
-    _n("torch._guards:Guard"),
+    _n("torch._guards:Guard", "obj_weakref", "create_fn"),  # obj_weakref: see guard_manager
     _n("torch._guards:TracingContext.get"),
     _n("torch._guards:compile_context"),
     _n("torch._guards:tracing"),
     _n("torch._dispatch.python:enable_python_dispatcher"),
     _n("torch._decomp.decompositions_for_rng:PhiloxStateTracker"),
     _n("torch.fx.experimental._config", "backed_size_oblivious"),
+    # Members of private classes, read off the objects private APIs return.
+    _n(
+        "torch.fx.experimental.symbolic_shapes:ShapeEnv",
+        "optimization_hint|size_hint",  # joint.optimization_hint: 2.12+ | 2.11
+        "_maybe_evaluate_static",
+        "var_to_range",
+        "var_to_sources",
+        "replacements",
+        "guards",
+    ),
+    _n("torch.fx:Graph", "_tracer_cls", "_codegen"),  # joint.py copies a graph
+    _n("torch:Tensor", "_is_view"),
+    _n("torch:UntypedStorage", "_cdata"),
+    _n("torch._C:_FunctionBase", "_materialize_non_diff_grads"),  # lean/autograd.py
+    # nn.Module internals: the hooks check (hooks.py), the stand-in (standin/module.py).
+    _n(
+        "torch.nn:Module",
+        "_parameters",
+        "_buffers",
+        "_modules",
+        "_non_persistent_buffers_set",
+        "_forward_pre_hooks",
+        "_forward_hooks",
+        "_backward_pre_hooks",
+        "_backward_hooks",
+        probe="nn.Module internals",
+    ),
+    _n("torch.nn.modules.module:_global_forward_pre_hooks"),
+    _n("torch.nn.modules.module:_global_forward_hooks"),
+    _n("torch.nn.modules.module:_global_backward_pre_hooks"),
+    _n("torch.nn.modules.module:_global_backward_hooks"),
+    _n(
+        "torch.distributed.device_mesh:DeviceMesh",
+        "_dim_group_names",
+        "_flatten_rank_map",
+        "_layout",
+        "_thread_id",
+    ),
     _n("torch.distributed._ops.device_mesh", after="torch.distributed.tensor"),
+    _n("torch.distributed.tensor:DTensor", "_spec"),
     _n(
         "torch.compiler.config",
         "compile_on_one_rank",
         alternatives=("torch.distributed.config",),  # before torch 2.14
     ),
     # --- Dynamo: capture, guards, the AOTCompiledFunction format ---
-    _n(f"{_DYN}:mark_dynamic", "min", "max"),  # torch-precompile build --dynamic
+    _n(
+        f"{_DYN}:mark_dynamic",
+        "min",
+        "max",
+        probe="mark_dynamic's marks",  # torch-precompile build --dynamic
+        attrs=("_dynamo_dynamic_indices", "_dynamo_dynamic_range"),
+    ),
     _n(f"{_DYN}.decorators:_DimRange"),  # mark_dynamic's range, built for a min without max
     _n("torch.utils._sympy.numbers:int_oo"),
     _n(
@@ -114,11 +170,17 @@ CONTRACT: tuple[PrivateName, ...] = (
     ),
     _n(f"{_DYN}.compiled_autograd:_disable"),
     _n(f"{_DYN}.convert_frame:_get_signature"),
-    _n(f"{_DYN}.convert_frame:fullgraph_capture"),
+    _n(f"{_DYN}.convert_frame:fullgraph_capture", probe="guard source strings"),
     _n(f"{_DYN}.convert_frame:get_compile_id"),
     _n(f"{_DYN}.convert_frame:get_traced_fn"),
     _n(f"{_DYN}.aot_compile:AOTCompilePickler.reducer_override"),
     _n(f"{_DYN}.aot_compile:AOTCompiledFunction", "_artifacts", "_extra_globals"),
+    _n(
+        f"{_FT}.aot_autograd:JointWithDescriptors",
+        "_aot_state",
+        "_aot_graph_capture",
+        "graph_module",
+    ),
     _n(f"{_DYN}.aot_compile:AOTCompiledFunction.deserialize", "f_globals"),
     _n(f"{_DYN}.aot_compile:AOTCompiledFunction.serialize"),
     _n(
@@ -135,6 +197,8 @@ CONTRACT: tuple[PrivateName, ...] = (
         "backend_name",
     ),
     _n(f"{_DYN}.aot_compile:bind_locals"),
+    # capture.py names the graph module's backend as Dynamo's own capture does.
+    _n(f"{_DYN}.aot_compile", probe="gm._backend_id", attrs=("_backend_id",)),
     _n(f"{_DYN}.aot_compile_types:BundledAOTAutogradSerializableCallable", "compiled_fn"),
     _n(f"{_DYN}.eval_frame:set_enable_dynamic"),
     _n(f"{_DYN}.exc:Unsupported"),
@@ -143,6 +207,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_DYN}.guards:GuardsStatePickler._unpickle_module"),
     _n(f"{_DYN}.guards:GuardsStatePickler.reducer_override"),
     _n(f"{_DYN}.hooks:Hooks", "guard_filter_fn"),
+    _n(f"{_DYN}.types:GuardFilterEntry", "name", "guard_type", "is_global", "orig_guard"),
     _n(f"{_DYN}.mutation_guard:GenerationTracker.generation"),
     _n(f"{_DYN}.package:SourceInfo", "inlined_sources"),
     _n(f"{_DYN}.package:load_guard_manager"),
@@ -196,6 +261,13 @@ CONTRACT: tuple[PrivateName, ...] = (
         "serializable",
     ),
     _n(f"{_FT}.aot_autograd:preserve_rng_state"),
+    # lean/runtime.py marks inputs as AOTAutograd's runtime wrapper does.
+    _n(
+        f"{_FT}._aot_autograd.runtime_wrappers",
+        probe="t._dynamo_propagated_dynamic_indices",
+        attrs=("_dynamo_propagated_dynamic_indices",),
+        since="2.13",  # torch 2.11 marks nothing (the mark is then unread, and harmless)
+    ),
     _n(f"{_FT}._aot_autograd.runtime_wrappers:SerializableCompiledFunction", "serialize"),
     _n(
         f"{_FT}._aot_autograd.aot_autograd_result:GenericAOTAutogradResult",
@@ -286,7 +358,8 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_IND}.compile_fx:run_pre_grad_passes"),
     _n(f"{_IND}.decomposition:select_decomp_table"),
     _n(f"{_IND}.virtualized:V.set_fake_mode"),
-    _n(f"{_IND}.ir:argsort_sym", alternatives=(f"{_IND}.utils:argsort_sym",)),
+    _n(f"{_IND}.ir:argsort_sym"),  # joint.py patches both places
+    _n(f"{_IND}.utils:argsort_sym"),
     _n(
         f"{_IND}.output_code:CompiledFxGraph",
         "source_code",
@@ -311,6 +384,14 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_IND}.runtime.cache_dir_utils:triton_cache_dir"),
     _n(f"{_IND}.runtime.runtime_utils:triton_hash_to_path_key"),
     _n(f"{_IND}.runtime.triton_heuristics:StaticTritonCompileResult.can_statically_launch"),
+    _n(
+        f"{_IND}.runtime.triton_heuristics:CachingAutotuner",
+        "launchers",
+        "inductor_meta",
+        probe="launcher._is_static",  # lean/triton_kernels.py ships only static launchers
+        attrs=("_is_static",),
+    ),
+    _n("torch._C:_dynamo.guards._torchinductor_pyobject_tensor_data_ptr"),
     # Names Inductor's generated wrapper imports (stood in for at a lean load).
     _n(f"{_IND}.hooks:run_intermediate_hooks"),
     _n(f"{_IND}.utils:maybe_profile"),
@@ -342,7 +423,10 @@ def _assigned(cls: type) -> set[str]:
 
 def _has(obj: Any, use: str) -> bool | None:
     """Whether ``obj`` offers ``use``: a config key, a parameter, a field or a member
-    (None: it cannot be told, a C++ callable's keyword parameters)."""
+    (None: it cannot be told, a C++ callable's keyword parameters); ``"a|b"``: either."""
+    if "|" in use:
+        answers = [_has(obj, one) for one in use.split("|")]
+        return True if any(answers) else None if None in answers else False
     config = getattr(obj, "_config", None)
     if isinstance(config, dict):  # a torch config module
         return use in config
@@ -359,23 +443,17 @@ def _has(obj: Any, use: str) -> bool | None:
         params = inspect.signature(obj).parameters
     except (TypeError, ValueError):
         return None if callable(obj) else False
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    # A function's **kwargs takes any keyword; a class's does not make a member.
+    if not isinstance(obj, type) and any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return True
     return use in params
 
 
-def _tensor_guards_probe(tensor_guards: type) -> None:
-    import torch
-
-    t = torch.zeros(2, 3)
-    guards = tensor_guards(t, dynamic_dims_sizes=[[2, 3]], dynamic_dims_strides=[[3, 1]])
-    if not guards.check(t) or guards.check(torch.zeros(3, 2)):
-        raise RuntimeError("TensorGuards no longer checks sizes as given")
-
-
-# Keyword parameters of C++ callables cannot be read: these calls are run instead.
-_PROBES = {
-    "TensorGuards(*tensors, dynamic_dims_sizes=, dynamic_dims_strides=)": _tensor_guards_probe,
+# Variables that hold a private class's objects in _compat/: each member read off
+# one must be a use of that class's entry (tests/test_torch_contract.py).
+RECEIVERS = {
+    "shape_env": "torch.fx.experimental.symbolic_shapes:ShapeEnv",
+    "jd": "torch._functorch.aot_autograd:JointWithDescriptors",
 }
 
 

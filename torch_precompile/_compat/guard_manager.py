@@ -136,6 +136,12 @@ def _pruning_key_order_sources(
     """
 
     def wrapped(entries: Sequence[Any]) -> list[bool]:
+        # The filtered build records each guarded object again. An object that a
+        # property makes anew on each read (transformers' config.per_layer_config
+        # view) is then another one than the first build's, still alive: torch 2.11
+        # asserts they are identical. The second build records its own.
+        for e in entries:
+            e.orig_guard.obj_weakref = None
         keep = list(guard_filter(entries))
         kept[:] = [e.orig_guard for e, k in zip(entries, keep) if k]
         kept_names = [guard_filter_entry_source(e) for e, k in zip(entries, keep) if k]

@@ -256,6 +256,20 @@ def _compiler_config_extra(cfx: Any, inductor_config: Any, dynamo_gm: torch.fx.G
     return cfx.create_compiler_config_extra(dynamo_gm)
 
 
+def optimization_hint(shape_env: Any, expr: Any) -> int | None:
+    """The example's value of ``expr``, read without adding a guard (None: no hint,
+    an unbacked size on torch 2.11).
+
+    torch 2.13 and 2.14 have ``ShapeEnv.optimization_hint`` (with a fallback for
+    unbacked sizes); torch 2.11 has ``size_hint``, which substitutes the example's
+    sizes. Only a layout heuristic reads it: ties break by position.
+    """
+    if hasattr(shape_env, "optimization_hint"):
+        return int(shape_env.optimization_hint(expr))
+    hint = shape_env.size_hint(expr, allow_none=True)
+    return None if hint is None else int(hint)
+
+
 def _argsort_sym_without_guards(
     shape_env: Any, seq: Sequence[Any], *, reverse: bool = False
 ) -> list[int]:
@@ -276,7 +290,8 @@ def _argsort_sym_without_guards(
         known = shape_env._maybe_evaluate_static(sympy.Lt(a, b))
         if known is not None:
             return bool(known)
-        return shape_env.optimization_hint(a) < shape_env.optimization_hint(b)
+        hint_a, hint_b = optimization_hint(shape_env, a), optimization_hint(shape_env, b)
+        return hint_a is not None and hint_b is not None and hint_a < hint_b
 
     def cmp(a: tuple[int, Any], b: tuple[int, Any]) -> int:
         if less(a[1], b[1]):

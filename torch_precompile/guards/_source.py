@@ -15,11 +15,15 @@ import re
 import sys
 from typing import Any
 
+from .._compat.contract_probes import register_probe
+
 _ROOT = re.compile(r"([LG])\['([^']+)'\]")
 _STEP = re.compile(r"\.(\w+)|\['([^']*)'\]|\[(-?\d+)\]")
 _SIZE = re.compile(r"(.*)\.size\(\)\[(\d+)\]")
 _ITEM = re.compile(r"\[(?:'([^']*)'|(-?\d+))\]")
-_MODULE_ITEM = re.compile(r"\._(?:modules|parameters|buffers)\['([^']*)'\]")
+MODULE_TABLES = ("_modules", "_parameters", "_buffers")
+"""nn.Module's tables in Dynamo's sources: ``L['self']._modules['l1']._parameters['w']``."""
+_MODULE_ITEM = re.compile(rf"\.(?:{'|'.join(MODULE_TABLES)})\['([^']*)'\]")
 
 ROOT_SOURCE = "L['self']"
 
@@ -200,3 +204,43 @@ def split_size(text: str) -> tuple[str, int] | None:
     """``L['x'].size()[1]`` (Dynamo's source of a symbolic size) -> ``("L['x']", 1)``."""
     m = _SIZE.fullmatch(text)
     return (m.group(1), int(m.group(2))) if m else None
+
+
+def grammar_probe(_fullgraph_capture: Any) -> None:
+    """Dynamo's guard and shape-symbol source strings of a tiny capture all parse with
+    this grammar and print back the same (the contract's probe of it)."""
+    import torch
+
+    from .._compat import capture
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.register_buffer("scale", torch.ones(3))
+            self.cfg = {"k": 2}
+            self.items = [1.5]
+
+        def forward(self, x: torch.Tensor, xs: list[torch.Tensor]) -> torch.Tensor:
+            return self.lin(x) * self.scale * self.cfg["k"] + xs[0] * self.items[0]
+
+    x = torch.ones(4, 3)
+    capture.mark_dynamic(x, 0, None, None)
+    cap = capture.fullgraph_capture(Tiny(), (x, [torch.ones(4, 3)]), {}, dynamic=None)
+    texts = {g.name for g in cap.guards if g.name} | set(cap.input_sources)
+    sizes = [s for all_ in capture.shape_env_symbol_all_sources(cap).values() for s in all_]
+    if not any(t.startswith("L['self']._modules['lin']._parameters[") for t in texts):
+        raise RuntimeError(f"no guard names a submodule's weight as before: {sorted(texts)}")
+    if not sizes:
+        raise RuntimeError("the marked dimension has no symbol source")
+    for text in sizes:
+        split = split_size(text)
+        if split is None:
+            raise RuntimeError(f"a shape symbol's source does not parse: {text!r}")
+        texts.add(split[0])
+    wrong = [t for t in texts if (s := Source.parse(t)) is None or str(s) != t]
+    if wrong:
+        raise RuntimeError(f"guard source strings our grammar does not read: {sorted(wrong)}")
+
+
+register_probe("guard source strings", grammar_probe)

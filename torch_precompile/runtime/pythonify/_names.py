@@ -7,6 +7,7 @@ import keyword
 import re
 
 from ...guards import Source
+from ...guards._source import MODULE_TABLES
 
 MODULE_NAMES = frozenset(
     [
@@ -51,8 +52,7 @@ def model_path(source: Source) -> str:
         kind, key = steps[i]
         nxt = steps[i + 1] if i + 1 < len(steps) else None
         name = str(nxt[1]) if nxt is not None else ""
-        tables = ("_modules", "_parameters", "_buffers")
-        if kind == "attr" and key in tables and nxt and nxt[0] == "item" and _is_name(name):
+        if kind == "attr" and key in MODULE_TABLES and nxt and nxt[0] == "item" and _is_name(name):
             out.append(f".{name}")
             i += 2
             continue

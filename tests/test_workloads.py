@@ -400,3 +400,17 @@ def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> No
         _, prompt, new = case.split()
         assert shape == [1, int(prompt) + int(new)], case
         assert equal, f"{case}: tokens differ from eager's"
+
+
+def test_a_static_cache_file_refuses_a_dynamic_cache_naming_both(static_cache_file: str) -> None:
+    from torch_precompile._errors import GuardError
+    from torch_precompile.generation import generate_with
+
+    model = _decoder("gpt2")
+    loaded = Precompile.load(static_cache_file, model=model)
+    x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), generate_with(model, loaded), pytest.raises(GuardError) as info:
+        model.generate(x, max_new_tokens=3, do_sample=False)
+    text = str(info.value)
+    assert "built for a StaticCache cache, generate gave a DynamicCache" in text, text
+    assert 'cache_implementation="static"' in text, text

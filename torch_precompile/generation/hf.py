@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from .._api import Precompile
+from .._errors import CaptureError, GuardError
 from ..runtime.artifact import PrecompiledArtifact
 from ..stages.snapshot import Snapshot, swapped_forward
 
@@ -103,6 +104,13 @@ def compile_for_generation(
     (half the variants, for a server that generates one sequence at a time).
     The model and its config are left as they were.
     """
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        raise CaptureError(
+            f"{type(model).__name__} is an encoder-decoder model: compile_for_generation "
+            "supports decoder-only models (its decode step reads an encoder-decoder cache "
+            "it cannot capture yet); run this model's generate eagerly, or precompile its "
+            "encoder alone with Precompile.compile"
+        )
     if input_ids.dim() != 2 or input_ids.shape[1] < 2:
         raise ValueError(
             f"input_ids must be a (batch, length) prompt of at least 2 tokens, "
@@ -206,7 +214,10 @@ def generate_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iter
     the file's. The model's own forward is back after the block.
     """
 
+    expected = _cache_class(artifact)
+
     def forward(*args: Any, **kwargs: Any) -> Any:
+        _check_cache(expected, kwargs.get("past_key_values"))
         return artifact(*args, **_with_mask(kwargs))
 
     with swapped_forward(model, _signed(forward, model.forward)), _no_auto_compile(model):
@@ -232,3 +243,39 @@ def _signed(fn: Any, forward: Any) -> Any:
     without them a left-padded row gets the positions of an unpadded one."""
     fn.__signature__ = inspect.signature(forward)
     return fn
+
+
+def _cache_class(artifact: PrecompiledArtifact) -> str | None:
+    """The class of ``past_key_values`` the artifact's variants were captured with
+    (by name, as their guards describe the example call)."""
+    for variant in artifact.variants or (artifact,):
+        for step in getattr(getattr(variant, "_runtime", None), "checks", ()):
+            parameters = getattr(step, "parameters", None)
+            if not isinstance(parameters, dict):
+                continue
+            keywords = parameters.get("kwargs", {})
+            call = {
+                **parameters,
+                **(keywords.get("dict", {}) if isinstance(keywords, dict) else {}),
+            }
+            desc = call.get("past_key_values")
+            if isinstance(desc, dict) and (desc.get("object") or desc.get("dataclass")):
+                return desc.get("object") or desc.get("dataclass")
+    return None
+
+
+def _check_cache(expected: str | None, cache: Any) -> None:
+    """Refuse a cache of another class than the artifact's, naming both."""
+    if expected is None or cache is None or type(cache).__qualname__ == expected:
+        return
+    given = type(cache).__qualname__
+    hint = (
+        'pass cache_implementation="static" to generate'
+        if "Static" in expected
+        else "call generate without cache_implementation"
+    )
+    raise GuardError(
+        f"the artifact was built for a {expected} cache, generate gave a {given}: {hint}, "
+        f"or build again with compile_for_generation(..., cache_implementation=...) for "
+        f"the {given}"
+    )

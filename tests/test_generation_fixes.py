@@ -1,0 +1,118 @@
+"""Generation on an artifact agrees with eager beyond full-mask batches: left-padded
+rows (``generate`` passes ``position_ids`` built from the mask only when it sees the
+model's forward signature), calls without ``attention_mask``, a cache of another
+class than the artifact's (refused, naming both), encoder-decoder models (refused at
+build)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_precompile import Precompile
+from torch_precompile._errors import CaptureError, GuardError
+
+T = pytest.importorskip("transformers")
+
+VOCAB = 1000
+
+
+def _model(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = T.GPT2Config(
+            n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64,
+            bos_token_id=None, eos_token_id=None,
+        )  # fmt: skip
+        return T.GPT2LMHeadModel(cfg).eval()
+    cfg = T.LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64,
+        bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    return T.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    from torch_precompile.generation import compile_for_generation
+
+    model = _model(request.param)
+    prompt = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        artifact = compile_for_generation(model, prompt)
+    path = str(tmp_path_factory.mktemp(request.param) / "gen.pt")
+    Precompile.save(path, artifact)
+    return request.param, model, Precompile.load(path, model=model)
+
+
+def _both(model, loaded, x, **kw):
+    from torch_precompile.generation import generate_with
+
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, **kw)
+    kw.update(output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        eager = model.generate(x, **kw)
+        with generate_with(model, loaded):
+            ours = model.generate(x, **kw)
+    return eager, ours
+
+
+def test_left_padded_rows_equal_eager(built) -> None:
+    kind, model, loaded = built
+    x = torch.randint(0, VOCAB, (3, 7), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(x)
+    mask[1, :2] = 0  # rows padded on the left by 0, 2 and 5 tokens
+    mask[2, :5] = 0
+    eager, ours = _both(model, loaded, x, attention_mask=mask, pad_token_id=0)
+    for row in range(3):
+        assert torch.equal(eager.sequences[row], ours.sequences[row]), f"{kind} row {row}"
+    for step, (e, o) in enumerate(zip(eager.scores, ours.scores)):
+        assert torch.allclose(e, o, atol=1e-4), f"{kind} step {step}: {(e - o).abs().max()}"
+
+
+def test_generate_without_attention_mask_equals_eager(built) -> None:
+    kind, model, loaded = built
+    for shape in ((1, 5), (2, 9)):
+        x = torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(5))
+        eager, ours = _both(model, loaded, x)
+        assert torch.equal(eager.sequences, ours.sequences), f"{kind} {shape}"
+        for e, o in zip(eager.scores, ours.scores):
+            assert torch.allclose(e, o, atol=1e-4), f"{kind} {shape}"
+
+
+def test_generate_keeps_the_forward_signature(built) -> None:
+    import inspect
+
+    from torch_precompile.generation import generate_with
+
+    _, model, loaded = built
+    own = inspect.signature(model.forward)
+    with generate_with(model, loaded):
+        assert inspect.signature(model.forward) == own
+    assert "forward" not in model.__dict__
+
+
+def test_a_cache_of_another_class_is_refused_naming_both(built) -> None:
+    from torch_precompile.generation import generate_with
+
+    _, model, loaded = built
+    x = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad(), generate_with(model, loaded), pytest.raises(GuardError) as info:
+        model.generate(x, max_new_tokens=3, do_sample=False, cache_implementation="static")
+    text = str(info.value)
+    assert "built for a DynamicCache" in text and "StaticCache" in text, text
+    assert "cache_implementation" in text, text
+
+
+def test_an_encoder_decoder_model_is_refused_at_build() -> None:
+    from torch_precompile.generation import compile_for_generation
+
+    cfg = T.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2,
+        decoder_start_token_id=0,
+    )  # fmt: skip
+    model = T.T5ForConditionalGeneration(cfg).eval()
+    x = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(7))
+    with pytest.raises(CaptureError, match="encoder-decoder"):
+        compile_for_generation(model, x)

@@ -15,6 +15,8 @@ import re
 import sys
 from typing import Any
 
+import torch
+
 _ROOT = re.compile(r"([LG])\['([^']+)'\]")
 _STEP = re.compile(r"\.(\w+)|\['([^']*)'\]|\[(-?\d+)\]")
 _SIZE = re.compile(r"(.*)\.size\(\)\[(\d+)\]")
@@ -129,6 +131,8 @@ class Source:
                 return UNRESOLVED
             obj = getattr(module, self.root)
         for kind, key in self.steps:
+            if kind != "attr" and isinstance(key, str) and isinstance(obj, torch.Tensor):
+                return MISSING  # a tensor where a dict was captured (indexing it warns)
             try:
                 obj = getattr(obj, key) if kind == "attr" else obj[key]  # type: ignore[arg-type]
             except Exception:

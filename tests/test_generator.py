@@ -248,7 +248,7 @@ def test_serves_without_transformers_or_the_compiler_and_a_seed_reproduces(
 _CLI = """
 import sys
 sys.modules["transformers"] = None
-from torch_precompile._cli import main
+from torch_precompile.cli.main import main
 code = main(sys.argv[1:])
 imported = [
     m for m in ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")

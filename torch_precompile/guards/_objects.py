@@ -228,6 +228,16 @@ class HooksGuard(Guard):
                     "model eagerly while it is registered"
                 )
             what = describe_source(src)
+            if _hook_name(hook).startswith(_OUTPUT_CAPTURING):
+                return (
+                    f"{what} has a {words} ({_hook_name(hook)}) that transformers installs "
+                    "on every layer the first time the model runs with output_attentions or "
+                    "output_hidden_states (eager generate(output_attentions=True), say) and "
+                    "never removes; the compiled code runs no hooks: give the artifact a model "
+                    "that has not run with those outputs (load with model= another instance, "
+                    "or without model=), and keep that instance for the eager calls that "
+                    "need attentions"
+                )
             return (
                 f"{what} has a {words} ({_hook_name(hook)}): the compiled code calls {what} "
                 "without hooks (none was registered at capture), so it would not run it; remove "
@@ -247,6 +257,11 @@ class HooksGuard(Guard):
     @classmethod
     def _from_untyped(cls, data: Mapping[str, Any]) -> Guard:
         return cls(data["phase"], data["expr"], tuple(str(s) for s in data["expected"] or ()))
+
+
+# The forward hooks Hugging Face transformers installs to collect attentions and
+# hidden states (it leaves them on the model).
+_OUTPUT_CAPTURING = "transformers.utils.output_capturing."
 
 
 def _hook_name(hook: Any) -> str:

@@ -47,13 +47,20 @@ class RangeGuard(Guard):
         if size is None or (self.min <= size and (self.max is None or size <= self.max)):
             return None
         value = _resolve(self.source, call)
-        return render(self._outside(str(size), shape_text(tuple(value.shape))))
+        note = self.note if size < self._note_below else ""
+        return render(self._outside(str(size), shape_text(tuple(value.shape)), note))
 
-    def _outside(self, got: str, got_shape: str) -> Parts:
+    @property
+    def _note_below(self) -> int:
+        """The note speaks of sizes below this: 2 for the specialised sizes 0 and 1,
+        else the range's minimum (sizes excluded while capturing)."""
+        return 2 if self.note.startswith(" (0/1 ") else self.min
+
+    def _outside(self, got: str, got_shape: str, note: str) -> Parts:
         hi = "inf" if self.max is None else str(self.max)
         return [
             f"{describe_source(self.source)}: dimension {self.dim} must be in [{self.min}, {hi}] "
-            "(the range recorded at capture), got ", got, f"{self.note}; shape ", got_shape,
+            "(the range recorded at capture), got ", got, note, "; shape ", got_shape,
         ]  # fmt: skip
 
     def python(self, read: Reader) -> list[str] | None:
@@ -62,8 +69,17 @@ class RangeGuard(Guard):
             return None
         size = f"{x}.shape[{self.dim}]"
         cond = f"{size} < {self.min}" + ("" if self.max is None else f" or {size} > {self.max}")
-        msg = self._outside(Code(size), Code(f"tuple({x}.shape)"))
-        return [f"{self.symbol} = {size}", f"if {cond}:", "    " + self.raise_line(msg)]
+        if not self.note:
+            msg = self._outside(Code(size), Code(f"tuple({x}.shape)"), "")
+            return [f"{self.symbol} = {size}", f"if {cond}:", "    " + self.raise_line(msg)]
+        note = f"{self.symbol}_note"
+        msg = self._outside(Code(size), Code(f"tuple({x}.shape)"), Code(note))
+        return [
+            f"{self.symbol} = {size}",
+            f"if {cond}:",
+            f"    {note} = {self.note!r} if {self.symbol} < {self._note_below} else ''",
+            "    " + self.raise_line(msg),
+        ]
 
     @classmethod
     def _from_untyped(cls, data: Mapping[str, Any]) -> Guard:

@@ -15,6 +15,8 @@ import re
 import sys
 from typing import Any
 
+import torch
+
 from .._compat.contract_probes import register_probe
 
 _ROOT = re.compile(r"([LG])\['([^']+)'\]")
@@ -133,6 +135,8 @@ class Source:
                 return UNRESOLVED
             obj = getattr(module, self.root)
         for kind, key in self.steps:
+            if kind != "attr" and isinstance(key, str) and isinstance(obj, torch.Tensor):
+                return MISSING  # a tensor where a dict was captured (indexing it warns)
             try:
                 obj = getattr(obj, key) if kind == "attr" else obj[key]  # type: ignore[arg-type]
             except Exception:

@@ -327,11 +327,46 @@ class VariantRuntime:
                 if served:
                     self._last = i
                     return result
-        failures = []
-        for i, (variant, label) in enumerate(zip(self.variants, self.labels)):
+        failures: list[str] = []
+        for i, variant in enumerate(self.variants):
             failure, result = variant.runtime.try_call(args, kwargs)
             if failure is None:
                 self._last = i
                 return result
-            failures.append(f"variant {i} ({label}): {failure}")
-        raise GuardError("no variant's guards hold for this call:\n  " + "\n  ".join(failures))
+            failures.append(str(failure))
+        raise GuardError(self._refusal(failures, args, kwargs))
+
+    def _refusal(self, failures: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The variant closest to the call (the fewest guards broken) and what differs,
+        then each other distinct failure once."""
+        distances = [_broken(v.runtime, args, kwargs) for v in self.variants]
+        closest = min(range(len(failures)), key=lambda i: (distances[i], i))
+        alike = [i for i, f in enumerate(failures) if f == failures[closest]]
+        names = ", ".join(f"{i} ({self.labels[i]})" for i in alike)
+        lines = [
+            f"no variant's guards hold for this call; the closest, variant{'s' * (len(alike) > 1)} "
+            f"{names}: {failures[closest]}"
+        ]
+        seen = {failures[closest]}
+        for i, failure in enumerate(failures):
+            if failure not in seen:
+                seen.add(failure)
+                lines.append(f"variant {i} ({self.labels[i]}): {failure}")
+        return "\n  ".join(lines)
+
+
+def _broken(runtime: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """How many of a variant's guards the call breaks (a call it cannot bind: many)."""
+    try:
+        _, frame = runtime._check(args, kwargs)
+        call = call_of(list(runtime.guards), frame.f_locals)
+        return sum(1 for g in runtime.guards if _breaks(g, call))
+    except Exception:
+        return 1 << 30
+
+
+def _breaks(guard: Any, call: Any) -> bool:
+    try:
+        return guard.problem(call) is not None
+    except Exception:
+        return True

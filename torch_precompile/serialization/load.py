@@ -30,7 +30,8 @@ from ..distributed.placement import Layout
 from ..file.header import KERNEL_PREFIX, Header, section_name
 from ..file.layout import looks_like_artifact
 from ..file.read import ArtifactReader, open_artifact, read_file, read_prefix
-from ..guards import Guards, Source, TensorGuard, hooks_entry
+from ..guards import Guards, Source, TensorGuard, hooks_entry, unmet_by
+from ..guards._python import dtype_name
 from ..runtime import generator as _generator
 from ..runtime import machine as _system
 from ..runtime.artifact import PrecompiledArtifact
@@ -333,6 +334,8 @@ def _check_model(skeleton: dict[str, Any], guards: list[Guards], model: Any, pat
     problem = standin.tree_difference(skeleton, model)
     if problem is None:
         problem = _weight_shape_difference(guards, model)
+    if problem is None:
+        problem = _missing_attribute(guards, model)
     if problem is not None:
         raise GuardError(
             f"{path}: model= is not the model this artifact was captured from: {problem}; "
@@ -360,7 +363,25 @@ def _weight_shape_difference(guards: list[Guards], model: torch.nn.Module) -> st
             got = tuple(t.shape)
             if len(expected) != len(got) or any(e not in (-1, a) for e, a in zip(expected, got)):
                 return f"{table[:-1]} {name!r} has shape {got}, the captured model's {g.shape}"
+            if g.dtype and dtype_name(t.dtype) != g.dtype:
+                return (
+                    f"{table[:-1]} {name!r} has dtype {dtype_name(t.dtype)}, "
+                    f"the captured model's {g.dtype}"
+                )
     return None
+
+
+def _missing_attribute(guards: list[Guards], model: torch.nn.Module) -> str | None:
+    """The first attribute a guard of every variant reads that ``model`` lacks (another
+    architecture: a Mistral for a Qwen2). Values that differ are left to the calls:
+    a model may legitimately change them after load (``model.eval()``)."""
+    per_variant = []
+    for variant_guards in guards:
+        missing = [p for p in unmet_by(list(variant_guards), model) if p.endswith(": missing")]
+        if not missing:
+            return None
+        per_variant.append(missing[0])
+    return per_variant[0] if per_variant else None
 
 
 def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:

@@ -184,11 +184,11 @@ def _warn_if_standin_falls_short(
     if all(per_variant):
         log.warning(
             "%s: Precompile.load(path) without model= will refuse every call: the file "
-            "cannot carry what %d guard(s) of the compiled code read (first: %s); load it "
-            "with model=your_module, or make that attribute a plain value",
+            "cannot carry what %d guard(s) of the compiled code read (%s); load it "
+            "with model=your_module, or make those attributes plain values",
             os.fspath(path),
             len(problems),
-            problems[0],
+            "; ".join(problems),
         )
 
 

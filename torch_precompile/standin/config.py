@@ -32,7 +32,9 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import logging
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -62,6 +64,21 @@ def find(module: str, qualname: str, import_missing: bool = True) -> Any:
     return obj
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """No warnings and no log records while reading a config's class-level names:
+    reading is ours, not the user's (Hugging Face's deprecated ``torch_dtype`` and
+    ``use_return_dict`` warn on each read)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
 def class_level_values(config: Any) -> tuple[dict[str, Any], list[str]]:
     """What ``config`` answers beyond its instance dict: ``({name: value}, methods)``.
 
@@ -78,7 +95,8 @@ def class_level_values(config: Any) -> tuple[dict[str, Any], list[str]]:
         if name in own or (name.startswith("__") and name.endswith("__")):
             continue
         try:
-            value = getattr(config, name)
+            with _quiet():  # a deprecated property says so on every read
+                value = getattr(config, name)
         except Exception:
             continue
         if callable(value) and not isinstance(value, type):

@@ -9,9 +9,11 @@ bytes (no pickle); tied parameters stay tied.
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import json
+import pathlib
 import types
 import warnings
 from typing import Any
@@ -30,6 +32,8 @@ from .config import (
 )
 
 _PLAIN = (bool, int, float, str, type(None))
+_PATHS = (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
+_PATH_NAMES = [cls.__name__ for cls in _PATHS]
 _SKIP_ATTRS = frozenset(
     {
         "_parameters",
@@ -82,12 +86,17 @@ def _encode_object(value: Any, memo: dict[int, int], depth: int) -> list[Any]:
     if type(value) in (tuple, list, set, frozenset):
         items = [encode_value(v, memo, depth + 1) for v in value]
         return ["seq", {"type": type(value).__name__, "items": items}]
-    if type(value) is dict:
+    if type(value) in (dict, collections.OrderedDict):
         pairs = [
             [encode_value(k, memo, depth + 1), encode_value(v, memo, depth + 1)]
             for k, v in value.items()
         ]
-        return ["map", {"pairs": pairs}]
+        payload: dict[str, Any] = {"pairs": pairs}
+        if type(value) is collections.OrderedDict:  # Dynamo guards the exact type
+            payload["type"] = "OrderedDict"
+        return ["map", payload]
+    if type(value) in _PATHS:  # from_pretrained(Path(...)) keeps the path in the config
+        return ["path", [type(value).__name__, str(value)]]
     if isinstance(value, torch.dtype):
         return ["dtype", str(value).replace("torch.", "")]
     if isinstance(value, torch.device):
@@ -192,7 +201,10 @@ def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
             items
         )
     if tag == "map":
-        return {decode_value(k, memo): decode_value(v, memo) for k, v in payload["pairs"]}
+        cls = collections.OrderedDict if payload.get("type") == "OrderedDict" else dict
+        return cls((decode_value(k, memo), decode_value(v, memo)) for k, v in payload["pairs"])
+    if tag == "path":
+        return _PATHS[_PATH_NAMES.index(payload[0])](payload[1])
     if tag == "dtype":
         return getattr(torch, payload)
     if tag == "device":
@@ -285,8 +297,13 @@ def tree_difference(skeleton: dict[str, Any], model: torch.nn.Module) -> str | N
         for table, kind in (("params", "parameter"), ("buffers", "buffer")):
             have = mod._parameters if table == "params" else mod._buffers
             for name in [*entry[table], *have]:
-                if (name in entry[table]) != (name in have):
-                    where = "missing from the model" if name in entry[table] else "new"
+                # A name set to None (``q_proj.bias = None``) holds no tensor.
+                in_file = entry[table].get(name) is not None
+                in_model = have.get(name) is not None
+                if in_file != in_model:
+                    where = "missing from the model" if in_file else "new"
+                    if name in entry[table] and name in have:
+                        where += " (None on one side)"
                     full = f"{path}.{name}" if path else name
                     return f"{kind} {full!r} is {where}"
     for path in live:

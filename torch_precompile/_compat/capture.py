@@ -74,6 +74,14 @@ def mark_dynamic(tensor: torch.Tensor, dim: int, low: int | None, high: int | No
     torch._dynamo.mark_dynamic(tensor, dim, min=low, max=high)
 
 
+def mark_static_address(tensor: torch.Tensor) -> None:
+    """``torch._dynamo.mark_static_address`` (no guard on the address): the compiled
+    graph reads and writes ``tensor`` where it is. Under CUDA graphs an input that is
+    not static is copied into the graph's own memory, so writes to it (a KV cache
+    the step updates in place) would not reach the caller's tensor."""
+    torch._dynamo.mark_static_address(tensor, guard=False)
+
+
 def size_oblivious_context(enabled: bool) -> Any:
     """ShapeEnv setting that keeps 0 and 1 inside a dynamic size's range."""
     if not enabled:

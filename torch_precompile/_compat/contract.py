@@ -159,6 +159,7 @@ CONTRACT: tuple[PrivateName, ...] = (
         probe="mark_dynamic's marks",  # torch-precompile build --dynamic
         attrs=("_dynamo_dynamic_indices", "_dynamo_dynamic_range"),
     ),
+    _n(f"{_DYN}:mark_static_address", ("guard",)),  # a generator's KV cache, read in place
     _n(f"{_DYN}.decorators:_DimRange"),  # mark_dynamic's range, built for a min without max
     _n("torch.utils._sympy.numbers:int_oo"),
     _n(

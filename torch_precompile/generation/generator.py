@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import _compat
 from .._api import Precompile
 from ..runtime.generator import Generator, GeneratorSpec
 
@@ -157,6 +158,8 @@ def compile_generator(
             torch.zeros((b, h, max_length, d), dtype=getattr(torch, dtype), device=device)
             for h, d in shapes
         ]
+        for tensor in cache:  # written in place by every step, CUDA graphs or not
+            _compat.mark_static_address(tensor)
         return (ids, mask, positions, start, *cache)
 
     variants = []

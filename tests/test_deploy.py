@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import torch
-from examples.library_models import SENTENCE_BATCHES, sentence_transformer
 
+from tests.fixtures.library_models import SENTENCE_BATCHES, sentence_transformer
 from torch_precompile import GuardError, Precompile
 from torch_precompile.guards._source import MISSING, Source
 
@@ -270,7 +270,8 @@ def unet_saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ``from_pretrained`` given a ``pathlib.Path`` (its config keeps the path), captured and
     saved."""
     import diffusers
-    from examples.library_models import diffusers_model
+
+    from tests.fixtures.library_models import diffusers_model
 
     root = tmp_path_factory.mktemp("unet-disk")
     built, args = diffusers_model("unet_cond")
@@ -292,3 +293,71 @@ def test_unet_from_saved_directory(unet_saved: dict[str, Any], how: str) -> None
     with torch.no_grad():
         got = loaded(*unet_saved["args"]).sample
     torch.testing.assert_close(got, unet_saved["want"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def pipeline_parts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A pipeline's other parts as a deployment reads them: the VAE (its decoder
+    serves) and a CLIP text encoder, each written with ``save_pretrained`` and read back
+    with ``from_pretrained``, captured and saved."""
+    import diffusers
+    import transformers
+
+    from tests.fixtures.library_models import diffusers_model
+
+    root = tmp_path_factory.mktemp("parts-disk")
+    _, vae_args = diffusers_model("vae_decoder")  # its latents; the VAE is built below
+    vae = diffusers.AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16),
+        latent_channels=4, norm_num_groups=4, sample_size=16,
+    )  # fmt: skip
+    vae.save_pretrained(root / "vae")
+    torch.manual_seed(0)
+    text = transformers.CLIPTextModel(
+        transformers.CLIPTextConfig(
+            vocab_size=99,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=16,
+        )
+    )
+    text.save_pretrained(root / "text_encoder")
+    ids = torch.randint(0, 99, (2, 7), generator=torch.Generator().manual_seed(0))
+    parts = {
+        "vae_decoder": (
+            lambda: diffusers.AutoencoderKL.from_pretrained(root / "vae").decoder.eval(),
+            vae_args,
+            lambda out: out,
+        ),
+        "text_encoder": (
+            lambda: transformers.CLIPTextModel.from_pretrained(root / "text_encoder").eval(),
+            (ids,),
+            lambda out: out.last_hidden_state,
+        ),
+    }
+    out = {}
+    for name, (read, args, result) in parts.items():
+        model = read()
+        with torch.no_grad():
+            artifact = Precompile.compile(model, args)
+            want = result(model(*args))
+        Precompile.save(root / f"{name}.pt", artifact)
+        out[name] = {"read": read, "args": args, "result": result, "want": want,
+                     "path": str(root / f"{name}.pt")}  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("how", ["standalone", "model"])
+@pytest.mark.parametrize("part", ["vae_decoder", "text_encoder"])
+def test_pipeline_part_from_saved_directory(
+    pipeline_parts: dict[str, Any], part: str, how: str
+) -> None:
+    case = pipeline_parts[part]
+    model = case["read"]()  # a fresh read of the directory, as a serving process does
+    loaded = Precompile.load(case["path"], model=model if how == "model" else None)
+    with torch.no_grad():
+        got = case["result"](loaded(*case["args"]))
+    torch.testing.assert_close(got, case["want"], atol=1e-5, rtol=1e-5)

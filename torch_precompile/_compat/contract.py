@@ -1,14 +1,12 @@
 """Every private PyTorch name the package touches, in one list, and its check.
 
-``_compat/`` is the only code that reaches into PyTorch's internals; this
-list names each thing it reaches (a module, a module attribute, a class
-member) and, where it matters, the keyword parameters, dataclass fields or
-config keys it uses. :func:`problems` resolves every entry on the installed
-torch and returns each one that is missing or changed, all of them at once,
-so that a new PyTorch release is judged by one readable report
-(``tests/test_torch_contract.py``), not by a user. A layout test keeps the
-list complete: a ``torch._...`` name used in ``_compat/`` but absent here
-fails it.
+``_compat/`` and ``lean/`` are the only code that reaches into PyTorch's
+internals; this list names each thing they reach (a module, an attribute, a
+class member) and the keyword parameters, dataclass fields or config keys used.
+:func:`problems` resolves every entry on the installed torch and returns each
+one missing or changed, all at once: a new PyTorch release is judged by one
+readable report (``tests/test_torch_contract.py``), not by a user. A layout test keeps the
+list complete: a ``torch._...`` name used there but absent here fails it.
 
 An entry is ``"module:attr.path"`` (``"module"`` alone for a module).
 ``alternatives`` are other places where some supported torch keeps the same
@@ -159,7 +157,7 @@ CONTRACT: tuple[PrivateName, ...] = (
         probe="mark_dynamic's marks",  # torch-precompile build --dynamic
         attrs=("_dynamo_dynamic_indices", "_dynamo_dynamic_range"),
     ),
-    _n(f"{_DYN}:mark_static_address", ("guard",)),  # a generator's KV cache, read in place
+    _n(f"{_DYN}:mark_static_address", "guard"),  # a generator's KV cache, read in place
     _n(f"{_DYN}.decorators:_DimRange"),  # mark_dynamic's range, built for a min without max
     _n("torch.utils._sympy.numbers:int_oo"),
     _n(

@@ -157,7 +157,7 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from ..runtime.generator import Generator
-    from .file.load import load
+    from ..serialization.load import load
 
     generator = load(args.path)
     if not isinstance(generator, Generator):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.fixtures.hf_models import tiny_decoder
 from torch_precompile import Precompile
 from torch_precompile._errors import CaptureError, GuardError
 
@@ -17,27 +18,11 @@ T = pytest.importorskip("transformers")
 VOCAB = 1000
 
 
-def _model(kind: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if kind == "gpt2":
-        cfg = T.GPT2Config(
-            n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64,
-            bos_token_id=None, eos_token_id=None,
-        )  # fmt: skip
-        return T.GPT2LMHeadModel(cfg).eval()
-    cfg = T.LlamaConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64,
-        bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
-    return T.LlamaForCausalLM(cfg).eval()
-
-
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     from torch_precompile.generation import compile_for_generation
 
-    model = _model(request.param)
+    model = tiny_decoder(request.param)
     prompt = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         artifact = compile_for_generation(model, prompt)

@@ -13,6 +13,7 @@ import textwrap
 import pytest
 import torch
 
+from tests.fixtures.hf_models import tiny_decoder
 from torch_precompile import Precompile
 
 T = pytest.importorskip("transformers")
@@ -224,27 +225,11 @@ def test_dynamic_serves_size_one_to_max_in_a_fresh_process(gpt2_dynamic_file: st
     assert result["heavy"] == []
 
 
-def _decoder(kind: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if kind == "gpt2":
-        cfg = T.GPT2Config(
-            n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64,
-            bos_token_id=None, eos_token_id=None,
-        )  # fmt: skip
-        return T.GPT2LMHeadModel(cfg).eval()
-    cfg = T.LlamaConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64,
-        bos_token_id=None, eos_token_id=None,
-    )  # fmt: skip
-    return T.LlamaForCausalLM(cfg).eval()
-
-
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def generation_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     from torch_precompile.generation import compile_for_generation
 
-    model = _decoder(request.param)
+    model = tiny_decoder(request.param)
     # 16 tokens: the models' head dimension, which Dynamo's duck sizing would tie a
     # cache of that length to (compile_for_generation picks another example length).
     prompt = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
@@ -264,14 +249,14 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
         """
         import json, sys, torch
         from contextlib import nullcontext
-        from tests.test_workloads import _decoder
+        from tests.fixtures.hf_models import tiny_decoder
         from torch_precompile import Precompile
         from torch_precompile.generation import generate_with
-        model = _decoder(sys.argv[1])
+        model = tiny_decoder(sys.argv[1])
         model.load_state_dict(torch.load(sys.argv[2] + ".weights"))
         out = {}
         with torch.device("meta"):  # a shell to drive generate: no weights allocated
-            shell = _decoder(sys.argv[1])
+            shell = tiny_decoder(sys.argv[1])
         for how in ("model", "standalone", "shell"):
             loaded = Precompile.load(sys.argv[2], **({"model": model} if how == "model" else {}))
             for b, p in [(1, 1), (1, 7), (3, 1), (3, 7)]:
@@ -343,7 +328,7 @@ def static_cache_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     """GPT-2 for ``generate(cache_implementation="static")``, batch-1 programs only."""
     from torch_precompile.generation import compile_for_generation
 
-    model = _decoder("gpt2")
+    model = tiny_decoder("gpt2")
     prompt = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(1))
     artifact = compile_for_generation(
         model, prompt, single_batch=True, cache_implementation="static"
@@ -362,10 +347,10 @@ def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> No
     result = _run(
         """
         import json, sys, torch
-        from tests.test_workloads import _decoder
+        from tests.fixtures.hf_models import tiny_decoder
         from torch_precompile import Precompile
         from torch_precompile.generation import generate_with
-        model = _decoder("gpt2")
+        model = tiny_decoder("gpt2")
         out = {}
         for how in ("model", "standalone"):
             loaded = Precompile.load(sys.argv[1], **({"model": model} if how == "model" else {}))
@@ -406,7 +391,7 @@ def test_a_static_cache_file_refuses_a_dynamic_cache_naming_both(static_cache_fi
     from torch_precompile._errors import GuardError
     from torch_precompile.generation import generate_with
 
-    model = _decoder("gpt2")
+    model = tiny_decoder("gpt2")
     loaded = Precompile.load(static_cache_file, model=model)
     x = torch.randint(0, VOCAB, (1, 7), generator=torch.Generator().manual_seed(2))
     with torch.no_grad(), generate_with(model, loaded), pytest.raises(GuardError) as info:

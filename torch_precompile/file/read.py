@@ -135,6 +135,8 @@ class ArtifactReader:
         self._mapping = True
         self._views: dict[str, memoryview] = {}
         self._lock = threading.Lock()
+        self._checking: dict[str, tuple[threading.Thread, list[bool]]] = {}
+        self._forget_after_check: set[str] = set()
         weakref.finalize(self, f.close)
 
     def __enter__(self) -> ArtifactReader:
@@ -145,6 +147,7 @@ class ArtifactReader:
 
     def settle(self) -> None:
         """Drop the mapping and the views (held views keep it); later reads read the file."""
+        self._join()
         with self._lock:
             self._mapping = False
             self._views.clear()
@@ -174,6 +177,48 @@ class ArtifactReader:
                     self._views[name] = found
             return found
 
+    def view_checked_beside(self, name: str) -> memoryview:
+        """Section ``name`` as a read-only view of the mapped file, checked against its
+        SHA-256 on a thread while the caller copies it out (hashlib lets go of the GIL):
+        :meth:`finish` waits for the check and raises if it failed. Nothing read through
+        this view may be handed out before :meth:`finish` returns."""
+        with self._lock:
+            found = self._views.get(name)
+            if found is not None or not self._mapping:
+                return found if found is not None else self._checked_view(name)
+            entry, view = self._entry(name), self._mapped_view(name)
+            verdict: list[bool] = []
+            thread = threading.Thread(
+                target=lambda: verdict.append(_hash_matches(name, entry, view)),
+                name=f"torch_precompile-sha256-{name}",
+                daemon=True,
+            )
+            thread.start()
+            self._checking[name] = (thread, verdict)
+            self._views[name] = view
+            return view
+
+    def finish(self) -> None:
+        """Wait for the checks :meth:`view_checked_beside` started; ``ArtifactCorruptedError``
+        for a section that failed. Then the sections forgotten meanwhile are dropped."""
+        failed = self._join()
+        if failed:
+            raise corrupted(self.path, f"section {failed[0]!r} fails its SHA-256 check")
+        for name in sorted(self._forget_after_check):
+            self.forget(name)
+        self._forget_after_check.clear()
+
+    def _join(self) -> list[str]:
+        """Wait for every check on a thread; the names of the sections that failed."""
+        with self._lock:
+            checking, self._checking = self._checking, {}
+        failed = []
+        for name, (thread, verdict) in checking.items():
+            thread.join()
+            if verdict != [True]:
+                failed.append(name)
+        return failed
+
     def read(self, name: str) -> bytes:
         """The bytes of section ``name`` (a copy of :meth:`view`); ``KeyError`` if there is none."""
         return bytes(self.view(name))
@@ -182,6 +227,9 @@ class ArtifactReader:
         """Drop the view of ``name`` once used (the weights, copied out at load):
         its pages leave this process's resident memory."""
         with self._lock:
+            if name in self._checking:  # its check still reads the pages
+                self._forget_after_check.add(name)
+                return
             view = self._views.pop(name, None)
             entry = self.info.section(name)
             if view is None or entry is None or self._map is None:
@@ -194,24 +242,38 @@ class ArtifactReader:
             if end > first and hasattr(mmap, "MADV_DONTNEED"):
                 self._map.madvise(mmap.MADV_DONTNEED, first, end - first)
 
-    def _checked_view(self, name: str) -> memoryview:
+    def _entry(self, name: str) -> dict[str, Any]:
         entry = self.info.section(name)
         if entry is None:
             raise KeyError(name)
         if self._f is None:
             raise ValueError(f"the reader of {self.path!r} is closed")
+        return entry
+
+    def _mapped_view(self, name: str) -> memoryview:
+        entry = self._entry(name)
+        assert self._f is not None
         start, length = self.info.data_start + entry["offset"], entry["length"]
         began = time.perf_counter()
+        if self._map is None:
+            self._map = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+        if len(self._map) < start + length:
+            raise corrupted(self.path, "the file became shorter while it was read")
+        view = memoryview(self._map)[start : start + length]
+        _trace.record("read", name, length, time.perf_counter() - began)
+        return view
+
+    def _checked_view(self, name: str) -> memoryview:
+        entry = self._entry(name)
         if self._mapping:
-            if self._map is None:
-                self._map = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
-            if len(self._map) < start + length:
-                raise corrupted(self.path, "the file became shorter while it was read")
-            view = memoryview(self._map)[start : start + length]
+            view = self._mapped_view(name)
         else:
+            assert self._f is not None
+            start, length = self.info.data_start + entry["offset"], entry["length"]
+            began = time.perf_counter()
             view = memoryview(bytearray(length))
             _read_exactly(self._f, self.path, start, view)
-        _trace.record("read", name, length, time.perf_counter() - began)
+            _trace.record("read", name, length, time.perf_counter() - began)
         _verify(self.path, entry, view)
         return view
 
@@ -423,11 +485,15 @@ def _verify(path: str, entry: dict[str, Any], section: bytes | memoryview) -> No
     # Redundant with the whole-file checksum for accidents; catches a writer bug or
     # a hand-made file whose table points at the wrong bytes, and is the only
     # check of a section read after the header alone.
+    if not _hash_matches(entry["name"], entry, section):
+        raise corrupted(path, f"section {entry['name']!r} fails its SHA-256 check")
+
+
+def _hash_matches(name: str, entry: dict[str, Any], section: bytes | memoryview) -> bool:
     began = time.perf_counter()
     ok = hashlib.sha256(section).hexdigest() == entry["sha256"]
-    _trace.record("hash", entry["name"], len(section), time.perf_counter() - began)
-    if not ok:
-        raise corrupted(path, f"section {entry['name']!r} fails its SHA-256 check")
+    _trace.record("hash", name, len(section), time.perf_counter() - began)
+    return ok
 
 
 def _checked(path: str, entry: dict[str, Any], section: bytes | memoryview) -> bytes:

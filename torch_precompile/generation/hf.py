@@ -33,7 +33,7 @@ import contextlib
 import copy
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -45,7 +45,7 @@ from ..stages.snapshot import Snapshot, swapped_forward
 
 log = logging.getLogger("torch_precompile")
 
-__all__ = ["compile_for_generation", "forward_calls", "generate_with"]
+__all__ = ["compile_for_generation", "forward_calls", "generate_with", "sliding_window"]
 
 
 def forward_calls(
@@ -152,7 +152,101 @@ def compile_for_generation(
                     model, (), kwargs, dynamic=True, size_one=False, mode=mode, verbose=verbose
                 )
             )
+    batches = (1,) if single_batch else (many, 1)
+
+    own_forward = model.__dict__.get("forward")
+
+    def compile_call(kwargs: dict[str, Any]) -> PrecompiledArtifact:
+        """Compile the model's own forward (``generate_with`` has swapped it) on ``kwargs``."""
+        log.info("generation: compiling a step past the sliding window")
+        swapped = model.__dict__.pop("forward")
+        if own_forward is not None:
+            model.forward = own_forward  # type: ignore[method-assign]
+        try:
+            with torch.no_grad():
+                return Precompile.compile(
+                    model, (), kwargs, dynamic=True, size_one=False, mode=mode, verbose=verbose
+                )
+        finally:
+            model.forward = swapped  # type: ignore[method-assign]
+
+    _cover_window(model, variants, row, batches, static, compile_call, generate_kwargs)
     return Precompile.precompile(variants)
+
+
+def sliding_window(model: torch.nn.Module) -> int | None:
+    """The attention window of a model whose layers (all or some) attend to the last
+    ``window`` tokens only (Mistral, Gemma2, Phi3, Qwen2 with ``use_sliding_window``)."""
+    config = getattr(model, "config", None)
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0 or not getattr(config, "use_sliding_window", 1):
+        return None
+    return window
+
+
+def _cover_window(
+    model: torch.nn.Module,
+    variants: list[PrecompiledArtifact],
+    row: torch.Tensor,
+    batches: tuple[int, ...],
+    static: set[int],
+    compile_call: Callable[[dict[str, Any]], PrecompiledArtifact],
+    generate_kwargs: dict[str, Any],
+) -> None:
+    """Add to ``variants`` the programs a generation across the sliding window needs.
+
+    Past the window the library's cache stops growing and its mask code takes other
+    branches, which Dynamo guards. ``generate`` runs on the variants themselves (a
+    prompt ending just before the window, then steps past it; prompts at the window's
+    edge; a prompt longer than the window), and a call that none of them serves is
+    compiled from the very state the earlier variants left, so a loaded file serves
+    the same loop.
+    """
+    window = sliding_window(model)
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) or 10**9
+    if window is None or window + 16 > limit:
+        return
+    # Lengths near the window that equal no static size (duck sizing would tie them).
+    before = next((n for n in range(window - 2, 1, -1) if not {n, n + 1} & static), 2)
+    beyond = next(n for n in range(window + 2, limit) if not {n, n + 1} & static)
+    growing = _Growing(variants, compile_call)
+    for batch in batches:
+        # The prompts at the window's edge (one before, at, one past) are programs too.
+        edges = [(n, 3) for n in (window - 1, window, window + 1) if n > before]
+        for prompt, steps in ((before, window - before + 6), *edges, (beyond, 6)):
+            ids = row.repeat(1, -(-prompt // row.shape[1]))[:, :prompt].expand(batch, -1)
+            ids = ids.clone(memory_format=torch.contiguous_format)
+            with torch.no_grad(), generate_with(model, growing):  # type: ignore[arg-type]
+                model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=steps,
+                    min_new_tokens=steps,
+                    do_sample=False,
+                    **generate_kwargs,
+                )
+
+
+class _Growing:
+    """Variants that compile one more from a call none of them serves."""
+
+    def __init__(
+        self,
+        variants: list[PrecompiledArtifact],
+        compile_call: Callable[[dict[str, Any]], PrecompiledArtifact],
+    ) -> None:
+        self.variants = variants
+        self.compile_call = compile_call
+        self.bundle = Precompile.precompile(variants)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        try:
+            return self.bundle(**kwargs)
+        except GuardError:
+            # A copy: compiling runs the forward, which updates the cache in place.
+            self.variants.append(self.compile_call(copy.deepcopy(kwargs)))
+            self.bundle = Precompile.precompile(self.variants)
+            return self.variants[-1](**kwargs)
 
 
 def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:

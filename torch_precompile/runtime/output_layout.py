@@ -21,7 +21,8 @@ from .. import _compat
 
 
 def stride_orders(values: Sequence[Any]) -> list[list[int] | None]:
-    """Each output's dimensions from outermost to innermost (None: not a dense tensor)."""
+    """Each output's dimensions from outermost to innermost, by stride (None: not a
+    tensor, or one with a broadcast dimension)."""
     out: list[list[int] | None] = []
     for v in values:
         if not isinstance(v, torch.Tensor) or v.dim() < 2:
@@ -32,12 +33,15 @@ def stride_orders(values: Sequence[Any]) -> list[list[int] | None]:
         if None in strides or None in sizes or 0 in strides:
             out.append(None)
             continue
-        order = sorted(range(v.dim()), key=lambda d: (-strides[d], d))
-        out.append(order if _dense(sizes, strides, order) else None)
+        out.append(_order(strides))
     return out
 
 
-def _dense(sizes: list[int], strides: list[int], order: list[int]) -> bool:
+def _order(strides: Sequence[int]) -> list[int]:
+    return sorted(range(len(strides)), key=lambda d: (-strides[d], d))
+
+
+def _dense(sizes: Sequence[int], strides: Sequence[int], order: list[int]) -> bool:
     expected = 1
     for d in reversed(order):
         if sizes[d] != 1 and strides[d] != expected:
@@ -47,8 +51,17 @@ def _dense(sizes: list[int], strides: list[int], order: list[int]) -> bool:
 
 
 def _follows(t: torch.Tensor, order: list[int]) -> bool:
-    # Exact strides, size-1 dimensions included: Dynamo guards those too.
-    return list(t.stride()) == _strides(list(t.shape), order)
+    """Whether ``t`` is in eager's layout: the exact dense strides of ``order`` (size-1
+    dimensions included: Dynamo guards those too), or a view that keeps the order (eager
+    returns a slice of a larger tensor, a sliding-window cache's, in the same order)."""
+    strides, sizes = list(t.stride()), list(t.shape)
+    if strides == _strides(sizes, order):
+        return True
+    return (
+        0 not in strides
+        and not _dense(sizes, strides, _order(strides))
+        and (_order(strides) == order)
+    )
 
 
 def _strides(sizes: list[int], order: list[int]) -> list[int]:

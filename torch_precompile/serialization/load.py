@@ -83,8 +83,14 @@ def load(
                 for i in range(len(header.variants))
             ]
         generator = _generator.records(sections, path)
-    except BaseException:
-        reader.close()
+        reader.finish()  # the weights' checksum, computed while they were copied out
+    except BaseException as exc:
+        try:
+            reader.finish()  # bytes that fail their checksum explain any error above
+        except ArtifactCorruptedError as corrupt:
+            raise corrupt from exc
+        finally:
+            reader.close()
         raise
     reader.settle()  # a re-save reads compiled from the bytes loaded, later
     artifact = bundle_variants(variants) if header.bundle else variants[0]
@@ -123,6 +129,12 @@ class _Sections:
         """Section ``name`` as a checked read-only view of the mapped file (no copy)."""
         self._need(name)
         return self._reader.view(name)
+
+    def copied_out(self, name: str) -> memoryview:
+        """Section ``name`` as a view of the mapped file to copy out at once, its checksum
+        computed meanwhile on a thread and checked before ``load`` returns."""
+        self._need(name)
+        return self._reader.view_checked_beside(name)
 
     def forget(self, name: str) -> None:
         """Section ``name`` was copied out and is not needed again (the weights)."""
@@ -316,7 +328,7 @@ def _bind(
                 )
             return model  # the weights in the file are not even read
         skeleton = json.loads(sections["skeleton"])
-        tensors = standin.unpack_tensors(sections.mapped("weights"))
+        tensors = standin.unpack_tensors(sections.copied_out("weights"))
         sections.forget("weights")  # copied out: its pages leave this process
         if layout is not None:  # DTensors from this rank's own shard file
             return build_standin(path, layout, skeleton, tensors, sections)

@@ -88,7 +88,7 @@ def test_each_stage_keeps_the_guards_it_was_given_and_adds_its_own(staged) -> No
 
 def test_artifact_records_signature_system_timings_and_weights(staged) -> None:
     art = staged.artifact
-    assert art.signature["parameters"]["ids"]["tensor"] == {
+    assert art.signature.parameters["ids"]["tensor"] == {
         "dtype": "int64",
         "shape": [2, 32],
         "device": "cpu",

@@ -20,7 +20,7 @@ from .._errors import CaptureError
 from ..distributed.tracing import one_rank_tracing
 from ..guards import Guards, capture_guards, describe_source
 from ..runtime.signature import CallSignature, describe_inputs
-from .handoff import Handoff
+from .handoff import Handoff, hand_out
 
 log = logging.getLogger("torch_precompile")
 
@@ -247,7 +247,7 @@ def dynamo(
     return DynamoOutput(
         capture.graph_module,
         capture.graph_capture_output.bytecode,
-        handoff.handed_out(capture.graph_module),
+        hand_out(handoff, capture.graph_module),
         handoff,
     )
 

@@ -243,14 +243,14 @@ def test_light_guards_never_pass_what_dynamo_rejects(
 
     def load() -> Any:
         loaded = Precompile.load(saved["artifact"])
-        light = loaded._runtime.guard_manager.lean_guards
+        light = loaded.runtime.guard_manager.lean_guards
         assert light is not None and light._tensor_guards is not None
         if tensor_check == "python":
             light._tensor_guards = None  # the Python check alone
         return loaded
 
     art = load()
-    tiered = art._runtime.guard_manager
+    tiered = art.runtime.guard_manager
     with torch.no_grad():
         f_locals = {"self": art.module, "ids": ids}
         assert tiered.lean_guards.check(f_locals) and tiered.full.check(f_locals)
@@ -260,7 +260,7 @@ def test_light_guards_never_pass_what_dynamo_rejects(
                 mutate_model(fresh.module)
             x = new_ids(ids) if new_ids is not None else ids
             f_locals = {"self": fresh.module, "ids": x}
-            guards = fresh._runtime.guard_manager
+            guards = fresh.runtime.guard_manager
             light, full = guards.lean_guards.check(f_locals), guards.full.check(f_locals)
             assert not light, name
             assert not full, f"{name}: Dynamo's guards accept it (test premise)"
@@ -285,7 +285,7 @@ def test_light_guards_on_python_scalar_arguments(tmp_path: Path) -> None:
         expected = fn(x, alpha, n, flag)
     Precompile.save(tmp_path / "scalar.pt", artifact)
     loaded = Precompile.load(tmp_path / "scalar.pt")
-    guards = loaded._runtime.guard_manager
+    guards = loaded.runtime.guard_manager
     assert guards.lean_guards is not None
     variants = [
         (x, 0.7, n, flag),
@@ -378,7 +378,7 @@ def test_calls_under_inference_mode(saved: dict[str, Path]) -> None:
     io = torch.load(saved["io"])
     (ids,) = io["args"]
     art = Precompile.load(saved["artifact"])
-    guards = art._runtime.guard_manager
+    guards = art.runtime.guard_manager
     assert guards.lean_guards is not None
     with torch.inference_mode():
         f_locals = {"self": art.module, "ids": ids}
@@ -408,7 +408,7 @@ def test_artifact_captured_under_inference_mode(tmp_path: Path) -> None:
         expected = model(x_inf)
     Precompile.save(tmp_path / "inference_mode.pt", artifact)
     loaded = Precompile.load(tmp_path / "inference_mode.pt")
-    guards = loaded._runtime.guard_manager
+    guards = loaded.runtime.guard_manager
     assert guards.lean_guards is not None
     with torch.inference_mode():
         x_here = x.clone()

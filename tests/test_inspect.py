@@ -126,9 +126,7 @@ def test_artifact_as_text(art: dict) -> None:
     artifact = art["artifact"]
     text = artifact.as_text()
     assert "PrecompiledArtifact (inference, cpu)" in text
-    saved_to = artifact._origin[
-        "path"
-    ]  # the last file it was saved to (tests save it more than once)
+    saved_to = artifact.origin["path"]  # the last file it was saved to (tests save it again)
     assert f"\nfile: {saved_to}\n" in text and os.path.isfile(saved_to)
     assert "forward(self, ids" in text and "ids: int64[2, 32]" in text
     n_params = len(list(art["model"].parameters()))

@@ -119,7 +119,7 @@ with torch.no_grad():
 logits = out["logits"] if isinstance(out, dict) else out[0]
 print(json.dumps({
     "max_diff": (logits - io["logits"]).abs().max().item(),
-    "light_served": art._runtime.guard_manager._full is None,
+    "light_served": art.runtime.guard_manager._full is None,
     "dynamo_imported": "torch._dynamo" in sys.modules,
 }))
 """
@@ -153,8 +153,8 @@ with torch.no_grad():
     expected = build_tiny_mlp()[0](x)
 print(json.dumps({
     "max_diff": (out - expected).abs().max().item(),
-    "light": art._runtime.guard_manager.lean_guards is not None,
-    "full_built": art._runtime.guard_manager._full is not None,
+    "light": art.runtime.guard_manager.lean_guards is not None,
+    "full_built": art.runtime.guard_manager._full is not None,
 }))
 """
 

@@ -52,7 +52,7 @@ def test_shared_object_guard_is_checked_lean_as_dynamo_does(tmp_path: Path) -> N
     path = tmp_path / "shared.pt"
     Precompile.save(path, art)
     loaded = Precompile.load(path, model=model)
-    guards = loaded._runtime.guard_manager
+    guards = loaded.runtime.guard_manager
     assert type(loaded.compiled_function).__name__ == "LeanCompiledFunction"
     assert guards.lean_guards is not None
     # torch 2.14's form of the guard, translated (not a refusal of the lean path).

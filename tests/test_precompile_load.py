@@ -14,6 +14,7 @@ from tests.fixtures.models import build_transformer
 from torch_precompile import ArtifactCorruptedError, GuardError, Precompile, PrecompiledArtifact
 from torch_precompile import file as container
 from torch_precompile.cli.main import header as inspect_header
+from torch_precompile.runtime.signature import CallSignature
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_loaded_artifact_matches_eager(staged, loaded) -> None:
 
 def test_loaded_artifact_keeps_guards_and_metadata(staged, loaded) -> None:
     assert str(loaded.guards) == str(staged.artifact.guards)
-    assert loaded.signature["parameters"] == staged.artifact.signature["parameters"]
+    assert loaded.signature == staged.artifact.signature
     assert loaded.sizes["weights"] > 0 and "load" in loaded.timings
     with (
         torch.no_grad(),
@@ -168,6 +169,27 @@ def test_modules_dynamo_guards_specially_save_and_load(tmp_path, model_cls, shap
         loaded(torch.randn(3, *shape[1:]))
 
 
+def test_signature_record_is_the_header_signature(staged, loaded) -> None:
+    """The typed record writes the header's ``signature`` object and reads it back."""
+    meta, _ = container.read_artifact(staged.path)
+    on_disk = meta["variants"][0]["signature"]
+    assert on_disk == staged.artifact.signature.to_dict() == loaded.signature.to_dict()
+    assert list(on_disk) == [
+        "parameters",
+        "signature",
+        "outputs",
+        "graph_inputs",
+        "symbol_sources",
+        "output_structure",
+        "output_layouts",
+    ]
+    assert loaded.signature.graph_inputs == staged.dynamo.input_sources
+    assert loaded.signature.text.startswith("(self, ids")
+    # What torch's own files, an unbound example call or another version wrote, as it was.
+    for old in ({"signature": "(x)"}, {"args": [], "kwargs": {}, "later": 1}):
+        assert CallSignature.from_dict(old).to_dict() == old
+
+
 def _as_version_1(src: Path, dst: Path) -> None:
     """Rewrite a current file as format version 1 wrote it: a flat header, one nested
     ``kernels`` section (``u64 L | JSON {key: [offset, length]} | bytes``), no header
@@ -221,6 +243,8 @@ def test_a_version_1_file_still_loads(staged, tmp_path) -> None:
     again = tmp_path / "again.pt"
     Precompile.save(again, loaded)
     assert container.read_info(again).format_version == container.FORMAT_VERSION
+    written = container.read_artifact(again)[0]["variants"][0]["signature"]
+    assert written == container.read_artifact(old)[0]["signature"]  # version 1: at the top
     with torch.no_grad():
         torch.testing.assert_close(Precompile.load(again)(staged.example), staged.expected)
 

@@ -12,6 +12,7 @@ import gc
 import itertools
 import platform
 import types
+import weakref
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from torch_precompile import (
     Precompile,
     PrecompiledArtifact,
 )
+from torch_precompile.stages.handoff import handed_out
 
 # (stage attribute of the staged fixture, output type, types of the unpacked pieces)
 STAGES = [
@@ -88,7 +90,7 @@ def test_each_stage_keeps_the_guards_it_was_given_and_adds_its_own(staged) -> No
 
 def test_artifact_records_signature_system_timings_and_weights(staged) -> None:
     art = staged.artifact
-    assert art.signature["parameters"]["ids"]["tensor"] == {
+    assert art.signature.parameters["ids"]["tensor"] == {
         "dtype": "int64",
         "shape": [2, 32],
         "device": "cpu",
@@ -105,19 +107,47 @@ def test_artifact_records_signature_system_timings_and_weights(staged) -> None:
     assert len(list(art.buffers())) == len(list(staged.model.buffers()))
 
 
+def _ours(meta: dict) -> list[str]:
+    """The keys of a graph module's ``meta`` that hold one of this package's objects."""
+    return [k for k, v in meta.items() if type(v).__module__.startswith("torch_precompile")]
+
+
 def test_unpacked_pieces_find_their_stage_without_the_output_object(staged) -> None:
-    """No process-wide registry: the pieces carry their stage output themselves."""
+    """The seed's spelling: each stage finds the one before from the pieces alone, and
+    nothing is written to a graph module's ``meta`` or to the guards."""
     with torch.no_grad():
         gm, _, guards = Precompile.dynamo(staged.model, staged.example)
         gc.collect()  # the DynamoOutput object itself is no longer referenced by the caller
         joint, guards = Precompile.aot_autograd(gm, guards)
         gc.collect()
-        assert guards.handoff.stage == "aot_autograd"
-        assert joint.meta["torch_precompile_handoff"] is guards.handoff
+        assert not _ours(gm.meta) and not _ours(joint.meta)
+        assert not hasattr(guards, "handoff") and not hasattr(guards, "__dict__")
         compiled, guards = Precompile.inductor(joint, guards)
         gc.collect()
-        assert compiled.handoff is guards.handoff  # the compiled code alone leads on
-        art = Precompile.precompile(compiled)
+        art = Precompile.precompile(compiled)  # the compiled code alone leads on
         torch.testing.assert_close(art(staged.example), staged.expected)
     with pytest.raises(ValueError, match=r"does not come from Precompile\.dynamo"):
         Precompile.aot_autograd(torch.fx.symbolic_trace(torch.nn.Linear(2, 2)))
+
+
+def _pieces_of_a_capture() -> tuple[torch.fx.GraphModule, weakref.ref, weakref.ref]:
+    """A Dynamo graph module (its guards, output and AOT stage dropped), and weak
+    references to the model it was captured from and to its stage's handoff."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with torch.no_grad():
+        gm, _, guards = Precompile.dynamo(model, torch.randn(2, 4))
+        joint, aot_guards = Precompile.aot_autograd(gm)  # the graph alone, its guards alive
+    assert aot_guards.by_phase("aot_autograd") and joint is not gm
+    return gm, weakref.ref(model), weakref.ref(handed_out(guards))
+
+
+def test_handed_out_pieces_keep_nothing_alive() -> None:
+    """The table from pieces to their stage holds them weakly: once the caller drops a
+    stage's output and guards, its handoff (the capture, the model) is collected, and
+    the graph module alone no longer leads back."""
+    gm, model, handoff = _pieces_of_a_capture()
+    gc.collect()
+    assert handoff() is None and model() is None
+    assert handed_out(gm) is None
+    with pytest.raises(ValueError, match=r"does not come from Precompile\.dynamo"):
+        Precompile.aot_autograd(gm)

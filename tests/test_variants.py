@@ -60,14 +60,14 @@ def _which(artifact: PrecompiledArtifact, call: Any) -> tuple[int, Any]:
     ran: list[int] = []
     originals = []
     for i, variant in enumerate(artifact.variants):
-        runtime = variant._runtime
+        runtime = variant.runtime
         originals.append(runtime.call_step.fn)
         runtime.call_step.fn = _counting(runtime.call_step.fn, i, ran)
     try:
         out = call()
     finally:
         for variant, fn in zip(artifact.variants, originals):
-            variant._runtime.call_step.fn = fn
+            variant.runtime.call_step.fn = fn
     assert len(ran) == 1
     return ran[0], out
 
@@ -150,7 +150,7 @@ def test_fresh_process_bundle(
                     return fn(*args, **kwargs)
                 return call
             for i, v in enumerate(art.variants):
-                v._runtime.call_step.fn = counting(v._runtime.call_step.fn, i)
+                v.runtime.call_step.fn = counting(v.runtime.call_step.fn, i)
             with torch.no_grad():
                 for b, (x, want) in ref.items():
                     torch.testing.assert_close(art(x), want)

@@ -280,7 +280,7 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
             # Every call was served by the plain-Python guards: no variant built
             # Dynamo's guard manager (a cache's class is checked by name).
             out[f"{how} light"] = [
-                getattr(v._runtime.guard_manager, "_full", "full path") is None
+                getattr(v.runtime.guard_manager, "_full", "full path") is None
                 for v in loaded.variants
             ]
             if how == "shell":
@@ -370,7 +370,7 @@ def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> No
                             ours = model.generate(x, **kw)
                     out[f"{how} {p} {n}"] = [torch.equal(eager, ours), list(ours.shape)]
             out[f"{how} light"] = [  # no variant built Dynamo's guard manager
-                getattr(v._runtime.guard_manager, "_full", "full path") is None
+                getattr(v.runtime.guard_manager, "_full", "full path") is None
                 for v in loaded.variants
             ]
         print(json.dumps(out))

@@ -243,7 +243,7 @@ def test_dropped_guards_are_summarised_in_one_warning_line(zoo: dict[str, Any]) 
 def test_identity_guard_detects_a_changed_function(zoo: dict[str, Any]) -> None:
     """Swapping the closure's function for another one fails with a GuardError naming it."""
     artifact = zoo["decorated"][0]
-    runtime = artifact._runtime
+    runtime = artifact.runtime
     guard = next(g for g in artifact.guards if g.subject == "L['forward']")
 
     def forward(self: Any, x: Any, mask: Any = None) -> Any:  # same name, other code

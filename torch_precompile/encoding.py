@@ -150,7 +150,7 @@ def encode_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iterat
 
 def _captured_keys(artifact: PrecompiledArtifact) -> list[str] | None:
     """The keys of the features dict the artifact was captured on (None: unknown)."""
-    params = artifact.signature.get("parameters")
+    params = artifact.signature.parameters
     for desc in (params or {}).values():
         if isinstance(desc, dict) and isinstance(desc.get("dict"), dict):
             return list(desc["dict"])

@@ -319,6 +319,7 @@ def format_header(data: dict[str, Any], typed: Header) -> str:
     # Imported when used: the command line starts without torch until a command needs it.
     from ..guards import Guards
     from ..runtime.artifact import human_size, signature_lines
+    from ..runtime.signature import CallSignature
 
     system = typed.system
     signed = "signed (HMAC-SHA256)" if data["signed"] else "unsigned"
@@ -343,7 +344,8 @@ def format_header(data: dict[str, Any], typed: Header) -> str:
         ),
         "signature:",
     ]
-    lines += [f"  {line}" for line in signature_lines(typed.variants[0].signature)]
+    recorded = CallSignature.from_dict(typed.variants[0].signature)
+    lines += [f"  {line}" for line in signature_lines(recorded)]
     sizes = typed.sizes or {s["name"]: s["length"] for s in data["sections"]}
     lines.append("sizes:     " + ", ".join(f"{k} {human_size(int(v))}" for k, v in sizes.items()))
     lines += _load_paths(data, typed)
@@ -399,7 +401,7 @@ def _bench(path: str, *, iters: int, warmup: int, seed: int, as_json: bool) -> i
     runtime = artifact.runtime
     args, kwargs = example_call(
         runtime.signature,
-        artifact.signature.get("parameters", {}),
+        artifact.signature.parameters or {},
         skip_first=runtime.bound_self is not None,
         seed=seed,
     )

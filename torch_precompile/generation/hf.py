@@ -343,18 +343,15 @@ def _cache_class(artifact: PrecompiledArtifact) -> str | None:
     """The class of ``past_key_values`` the artifact's variants were captured with
     (by name, as their guards describe the example call)."""
     for variant in artifact.variants or (artifact,):
-        for step in getattr(getattr(variant, "_runtime", None), "checks", ()):
-            parameters = getattr(step, "parameters", None)
-            if not isinstance(parameters, dict):
-                continue
-            keywords = parameters.get("kwargs", {})
-            call = {
-                **parameters,
-                **(keywords.get("dict", {}) if isinstance(keywords, dict) else {}),
-            }
-            desc = call.get("past_key_values")
-            if isinstance(desc, dict) and (desc.get("object") or desc.get("dataclass")):
-                return desc.get("object") or desc.get("dataclass")
+        parameters = variant.signature.parameters or {}
+        keywords = parameters.get("kwargs", {})
+        call = {
+            **parameters,
+            **(keywords.get("dict", {}) if isinstance(keywords, dict) else {}),
+        }
+        desc = call.get("past_key_values")
+        if isinstance(desc, dict) and (desc.get("object") or desc.get("dataclass")):
+            return desc.get("object") or desc.get("dataclass")
     return None
 
 

@@ -12,23 +12,15 @@ class Guards(Sequence[Guard]):
     """An immutable, ordered collection of :class:`Guard` entries.
 
     ``capture_id`` names the Dynamo capture the entries derive from (``save``
-    uses it to refuse guards of another capture). A ``Guards`` that a stage
-    handed out also carries that stage's handoff (what the next stage needs),
-    so that a later stage given only the unpacked pieces finds it.
+    uses it to refuse guards of another capture). Weakly referable, so that the
+    stages can find, by identity, the stage that handed a collection out.
     """
 
-    __slots__ = ("_capture_id", "_entries", "_handoff")
+    __slots__ = ("__weakref__", "_capture_id", "_entries")
 
-    def __init__(
-        self,
-        entries: Sequence[Guard] = (),
-        *,
-        capture_id: str | None = None,
-        handoff: Any = None,
-    ):
+    def __init__(self, entries: Sequence[Guard] = (), *, capture_id: str | None = None):
         object.__setattr__(self, "_entries", tuple(entries))
         object.__setattr__(self, "_capture_id", capture_id)
-        object.__setattr__(self, "_handoff", handoff)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -53,12 +45,6 @@ class Guards(Sequence[Guard]):
         """Identifies the Dynamo capture these guards were derived from."""
         return self._capture_id
 
-    @property
-    def handoff(self) -> Any:
-        """What the stage that handed these guards out passes on (None for loaded or
-        built ones): its ``.stage`` names it."""
-        return self._handoff
-
     def by_phase(self, phase: str) -> Guards:
         """The entries one stage added (``dynamo``, ``aot_autograd`` or ``inductor``)."""
         if phase not in PHASES:
@@ -72,10 +58,6 @@ class Guards(Sequence[Guard]):
     def extend(self, entries: Sequence[Guard]) -> Guards:
         """A new collection with these entries appended."""
         return Guards(self._entries + tuple(entries), capture_id=self._capture_id)
-
-    def carrying(self, handoff: Any) -> Guards:
-        """The same entries, carrying a stage's handoff."""
-        return Guards(self._entries, capture_id=self._capture_id, handoff=handoff)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [g.to_json() for g in self._entries]

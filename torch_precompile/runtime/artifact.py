@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from ..guards import Guards, RangeGuard, describe_source
 from ..standin.module import module_tensors
 from .call import Runtime
 from .pythonify import write_module
+from .signature import CallSignature
 
 log = logging.getLogger("torch_precompile")
 
@@ -49,7 +50,7 @@ class PrecompiledArtifact:
     """A compiled model: callable with the model's arguments, savable to one file."""
 
     guards: Guards
-    signature: dict[str, Any]
+    signature: CallSignature
     system: dict[str, Any]
     training: bool
     device_type: str
@@ -76,6 +77,24 @@ class PrecompiledArtifact:
     def runtime(self) -> Runtime:
         """The call path this artifact runs (binding, guards, the compiled call, outputs)."""
         return self._runtime
+
+    @property
+    def origin(self) -> Mapping[str, Any]:
+        """Where the artifact was saved to or loaded from (``path``, ``created``); empty
+        before."""
+        return types.MappingProxyType(self._origin)
+
+    @property
+    def recording(self) -> Any:
+        """The stubbed run of the bytecode at precompile (what the forward writes), or
+        None (loaded artifacts)."""
+        return self._recording
+
+    def saved_as(self, path: str, created: str, sizes: Mapping[str, int]) -> None:
+        """Note the file this artifact was just written to, and its sizes there."""
+        self._sizes.clear()
+        self._sizes.update(sizes)
+        self._origin.update(path=path, created=created)
 
     @property
     def module(self) -> Any:
@@ -188,20 +207,21 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def signature_lines(sig: dict[str, Any]) -> list[str]:
+def signature_lines(sig: CallSignature) -> list[str]:
+    """The recorded signature, a line each: the forward, its example arguments, the graph."""
     lines = []
-    if "signature" in sig:
-        lines.append(f"forward{sig['signature']}")
-    for name, desc in sig.get("parameters", {}).items():
+    if sig.text is not None:
+        lines.append(f"forward{sig.text}")
+    for name, desc in (sig.parameters or {}).items():
         lines.append(f"{name}: {_short(desc)}")
-    sources = sig.get("graph_inputs")
+    sources = sig.graph_inputs
     if sources:
         kinds = [describe_source(src).split(" ", 1)[0] for src in sources]
         counts = ", ".join(
             f"{kinds.count(k)} {k}{'s' if kinds.count(k) > 1 else ''}" for k in dict.fromkeys(kinds)
         )
         lines.append(f"graph inputs: {len(sources)} ({counts})")
-    outs = sig.get("outputs")
+    outs = sig.outputs
     if outs:
         lines.append(
             "graph outputs: "

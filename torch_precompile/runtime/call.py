@@ -33,7 +33,7 @@ from ..guards import (
     hooks_entry,
 )
 from .output_layout import keep_layouts
-from .signature import make_binder
+from .signature import CallSignature, make_binder
 
 
 @dataclasses.dataclass
@@ -170,10 +170,10 @@ class Runtime:
         bound_self: Any,
         training: bool,
         grad_enabled: bool | None = None,
-        described: dict[str, Any] | None = None,
+        described: CallSignature | None = None,
     ) -> None:
-        described = described or {}  # the artifact's ``signature``: the example call, outputs
-        output_layouts: Sequence[list[int] | None] | None = described.get("output_layouts")
+        described = described or CallSignature()  # the artifact's: the example call, outputs
+        output_layouts: Sequence[list[int] | None] | None = described.output_layouts
         if output_layouts:
             _compat.wrap_compiled_graph(
                 compiled_function, lambda graph: keep_layouts(graph, output_layouts)
@@ -200,7 +200,7 @@ class Runtime:
             CheckGuards(
                 guard_manager,
                 guards,
-                described.get("parameters", {}),
+                described.parameters or {},
                 signature,
             ),
             CheckIdentities(IdentityChecks(guards, getattr(fn, "__globals__", {}))),

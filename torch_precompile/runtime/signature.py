@@ -2,13 +2,72 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .._compat.pytree import tree_leaves
+
+# Field name -> its key in the header's ``signature`` object, in the order written.
+_KEYS = {
+    "parameters": "parameters",
+    "text": "signature",
+    "args": "args",
+    "kwargs": "kwargs",
+    "outputs": "outputs",
+    "graph_inputs": "graph_inputs",
+    "symbol_sources": "symbol_sources",
+    "output_structure": "output_structure",
+    "output_layouts": "output_layouts",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSignature:
+    """What an artifact records of its example call and of its graph's inputs and outputs.
+
+    The header's ``signature`` object, typed: :meth:`to_dict` writes it and
+    :meth:`from_dict` reads it back. A field is None where the file does not
+    record it (a file of torch's ``save_compiled_function``, an older version).
+    """
+
+    # The example call by parameter name (:func:`describe_value` descriptions).
+    parameters: dict[str, Any] | None = None
+    text: str | None = None  # the traced function's signature, ``(self, ids)``
+    # The example call as given, when it did not bind to the parameters.
+    args: list[Any] | None = None
+    kwargs: dict[str, Any] | None = None
+    # Dtype and shape (or value) of each flat graph output.
+    outputs: list[dict[str, Any]] | None = None
+    # Where each graph input comes from (``L['x']``, ``L['self']._modules[...]``).
+    graph_inputs: list[str] | None = None
+    # Every input dimension each size symbol stands for (variants at size 1 use it).
+    symbol_sources: dict[str, list[str]] | None = None
+    # How the bytecode rebuilds the return value from the graph outputs (``to_python``).
+    output_structure: dict[str, Any] | None = None
+    # Eager's stride order of each graph output (None: any layout).
+    output_layouts: list[list[int] | None] | None = None
+    # Keys this version does not know, written back as they were read.
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The header's ``signature`` object: the recorded fields by their keys."""
+        recorded = {
+            key: getattr(self, name)
+            for name, key in _KEYS.items()
+            if getattr(self, name) is not None
+        }
+        return {**recorded, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CallSignature:
+        """The record a header's ``signature`` object holds (keys it lacks: None)."""
+        fields = {name: data[key] for name, key in _KEYS.items() if key in data}
+        extra = {k: v for k, v in data.items() if k not in _KEYS.values()}
+        return cls(**fields, extra=extra)
 
 
 def describe_value(value: Any) -> Any:
@@ -37,22 +96,22 @@ def describe_value(value: Any) -> Any:
 
 def describe_inputs(
     signature: inspect.Signature, bound_self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> dict[str, Any]:
+) -> CallSignature:
     """The example call's arguments by parameter name (``self`` left out)."""
     full_args = (bound_self, *args) if bound_self is not None else args
     try:
         bound = signature.bind(*full_args, **kwargs)
     except TypeError:
-        return {
-            "args": [describe_value(a) for a in args],
-            "kwargs": {k: describe_value(v) for k, v in kwargs.items()},
-        }
+        return CallSignature(
+            args=[describe_value(a) for a in args],
+            kwargs={k: describe_value(v) for k, v in kwargs.items()},
+        )
     params = {
         name: describe_value(v)
         for name, v in bound.arguments.items()
         if not (bound_self is not None and v is bound_self)
     }
-    return {"parameters": params, "signature": str(signature)}
+    return CallSignature(text=str(signature), parameters=params)
 
 
 def describe_graph_outputs(gm: torch.fx.GraphModule) -> list[Any]:

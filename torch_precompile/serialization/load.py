@@ -37,6 +37,7 @@ from ..runtime import machine as _system
 from ..runtime.artifact import PrecompiledArtifact
 from ..runtime.bundle import bundle_variants
 from ..runtime.call import Runtime
+from ..runtime.signature import CallSignature
 from ..standin import module as standin
 from ..standin.config import standins_in_guards
 
@@ -241,9 +242,10 @@ def _load_variant(
                 cudagraphs=header.cudagraphs,
                 hook_guards=hooks_entry(guards) is not None,
             )
+    signature = CallSignature.from_dict(record.signature)
     return PrecompiledArtifact(
         guards=guards,
-        signature=record.signature,
+        signature=signature,
         system=header.system,
         training=record.training,
         device_type=header.device_type,
@@ -256,7 +258,7 @@ def _load_variant(
             bound,
             record.training,
             record.grad_enabled,
-            record.signature,
+            signature,
         ),
         _sizes=dict(header.sizes),
         globals_module=header.globals_module,
@@ -419,7 +421,7 @@ def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:
     runtime = Runtime(compiled_function, Guards(), model if takes_self else None, training=True)
     return PrecompiledArtifact(
         guards=runtime.guards,
-        signature={"signature": str(signature)},
+        signature=CallSignature(text=str(signature)),
         system={},
         training=False,
         device_type=_compat.compiled_function_device_type(compiled_function),

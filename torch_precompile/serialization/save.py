@@ -112,9 +112,7 @@ def save(
     write_artifact(path, header.to_json(), sections, sign_key=sign_key)
     if layout is not None:
         save_shard(path, bound)  # the calling rank's shard file
-    artifact._sizes.clear()
-    artifact._sizes.update(sizes)
-    artifact._origin.update(path=os.path.abspath(path), created=header.created)
+    artifact.saved_as(os.path.abspath(path), header.created, sizes)
 
 
 def _check_save_arguments(
@@ -154,7 +152,7 @@ def _record(variant: PrecompiledArtifact, lean_refusal: str | None) -> VariantRe
     return VariantRecord(
         training=variant.training,
         grad_enabled=variant.runtime.grad_enabled,
-        signature=variant.signature,
+        signature=variant.signature.to_dict(),
         guards=tuple(variant.guards.to_json()),
         timings=variant.timings,
         external_refs=_compat.external_global_refs(variant.compiled_function),

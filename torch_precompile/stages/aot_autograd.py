@@ -15,7 +15,7 @@ from .._compat.pytree import tree_leaves
 from ..distributed.tracing import one_rank_tracing
 from ..guards import AutogradGuard, Guard, Guards, ShapeGuard, requires_grad_note, shape_guards
 from .dynamo import DynamoOutput, stage_timings
-from .handoff import Handoff, take_over
+from .handoff import Handoff, hand_out, take_over
 
 log = logging.getLogger("torch_precompile")
 
@@ -117,4 +117,4 @@ def aot_autograd(
         joint=jd,
         dynamo_graph=gm,
     )
-    return AOTAutogradOutput(joint_gm, handoff.handed_out(joint_gm), handoff)
+    return AOTAutogradOutput(joint_gm, hand_out(handoff, joint_gm), handoff)

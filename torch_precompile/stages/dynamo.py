@@ -19,8 +19,8 @@ from .._compat.pytree import tree_leaves
 from .._errors import CaptureError
 from ..distributed.tracing import one_rank_tracing
 from ..guards import Guards, capture_guards, describe_source
-from ..runtime.signature import describe_inputs
-from .handoff import Handoff
+from ..runtime.signature import CallSignature, describe_inputs
+from .handoff import Handoff, hand_out
 
 log = logging.getLogger("torch_precompile")
 
@@ -41,7 +41,7 @@ class CaptureState:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     training: bool
-    input_signature: dict[str, Any]
+    input_signature: CallSignature  # the example call (precompile adds the graph's side)
     capture_id: str  # names this capture: guards of another one are refused at save
 
     @property
@@ -247,7 +247,7 @@ def dynamo(
     return DynamoOutput(
         capture.graph_module,
         capture.graph_capture_output.bytecode,
-        handoff.handed_out(capture.graph_module),
+        hand_out(handoff, capture.graph_module),
         handoff,
     )
 

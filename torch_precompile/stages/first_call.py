@@ -26,7 +26,7 @@ log = logging.getLogger("torch_precompile")
 def _after_first_call(artifact: PrecompiledArtifact) -> tuple[list[Write], dict[int, object]]:
     """The writes to persistent state (model, closures), with the stub's empty tensors
     replaced by zeros of the shape the real graph output has."""
-    recording = artifact._recording
+    recording = artifact.recording
     if recording is None:
         return [], {}
     writes = [w for w in recording.writes if w.persistent]

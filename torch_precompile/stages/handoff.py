@@ -1,16 +1,29 @@
 """How a stage takes over from the one before it, given its output or its unpacked pieces.
 
-A stage builds a :class:`Handoff` (what the next stage needs) before its
-output, then the pieces the output unpacks to (the graph module, in its
-``meta``; the ``Guards``, as a field; the compiled code, as a field) and the
-output itself, each holding that handoff. So an output is complete when it is
-built, nothing is written to it afterwards, and nothing is kept process-wide.
+A stage builds a :class:`Handoff` (what the next stage needs) and returns it
+inside its output, a frozen value; nothing is written to the output, to the
+graph module (its ``meta`` stays the compiler's) or to the ``Guards``
+afterwards. The seed's spelling passes only the pieces an output unpacks to
+(``joint, guards = Precompile.aot_autograd(gm, guards)``), so this module keeps
+one table from each handed-out piece, by identity, to its handoff, weak on
+the piece: an entry lives as long as the piece the caller holds.
+
+- The ``Guards`` a stage hands out map to its handoff. They are a new object
+  the handoff does not hold, so the table never keeps them alive.
+- The graph module maps to the handoff weakly: the handoff holds the graph
+  module (the capture does), and a strong entry would keep it, and the model,
+  alive for good. A graph module passed alone is found while its stage's
+  output or guards live.
+- The compiled code (:class:`CompiledGraphs`) is this package's own value: it
+  holds its handoff.
+
 :func:`take_over` is the one place a stage finds its predecessor's handoff.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +33,6 @@ from ..guards import Guards
 
 if TYPE_CHECKING:
     from .dynamo import CaptureState
-
-_META_KEY = "torch_precompile_handoff"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,15 +48,6 @@ class Handoff:
     joint: Any = None  # aot_autograd: AOTAutograd's traced joint (its descriptors)
     dynamo_graph: torch.fx.GraphModule | None = None  # aot_autograd: the graph it traced
 
-    def handed_out(self, graph_module: torch.fx.GraphModule | None = None) -> Guards:
-        """The guards to hand out with this handoff; ``graph_module`` carries it too.
-
-        The graph module is the stage's own product, not yet handed to anyone.
-        """
-        if graph_module is not None:
-            graph_module.meta[_META_KEY] = self
-        return self.guards.carrying(self)
-
 
 @dataclasses.dataclass(frozen=True)
 class CompiledGraphs:
@@ -58,13 +60,48 @@ class CompiledGraphs:
         return self.fn(*flat_inputs)
 
 
-def _carried(piece: Any) -> Handoff | None:
-    if isinstance(piece, torch.fx.GraphModule):
-        found = piece.meta.get(_META_KEY)
-        return found if isinstance(found, Handoff) else None
+class _ByIdentity:
+    """Values by the identity of live objects; an entry goes when its object is collected."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[Any], Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, key: Any, value: Any) -> None:
+        ident = id(key)
+
+        def drop(ref: weakref.ref[Any]) -> None:
+            if self._entries.get(ident, (None,))[0] is ref:
+                del self._entries[ident]
+
+        self._entries[ident] = (weakref.ref(key, drop), value)
+
+    def get(self, key: Any) -> Any:
+        entry = self._entries.get(id(key))
+        return entry[1] if entry is not None and entry[0]() is key else None
+
+
+_HANDED_OUT = _ByIdentity()
+
+
+def hand_out(handoff: Handoff, graph_module: torch.fx.GraphModule | None = None) -> Guards:
+    """The guards to hand out with ``handoff``, which they (and ``graph_module``, the
+    stage's own product) lead back to."""
+    guards = handoff.guards.extend(())  # a new object, which the handoff does not hold
+    _HANDED_OUT.put(guards, handoff)
+    if graph_module is not None:
+        _HANDED_OUT.put(graph_module, weakref.ref(handoff))
+    return guards
+
+
+def handed_out(piece: Any) -> Handoff | None:
+    """The handoff a piece a stage handed out leads back to (None: not one, or gone)."""
     if isinstance(piece, CompiledGraphs):
         return piece.handoff
-    return None
+    found = _HANDED_OUT.get(piece)
+    return found() if isinstance(found, weakref.ref) else found
 
 
 def take_over(
@@ -80,7 +117,7 @@ def take_over(
         piece = next(iter(value))
     elif isinstance(value, (torch.fx.GraphModule, CompiledGraphs)):
         piece = value
-        handoff = _carried(value) or (guards.handoff if guards is not None else None)
+        handoff = handed_out(value) or (handed_out(guards) if guards is not None else None)
     else:
         raise TypeError(
             f"{stage}() takes the output of Precompile.{producer} (or what it unpacked to), "
@@ -89,7 +126,8 @@ def take_over(
     if handoff is None or handoff.stage != producer:
         what = "graph module" if isinstance(piece, torch.fx.GraphModule) else "compiled code"
         raise ValueError(
-            f"this {what} does not come from Precompile.{producer}; pass that stage's output, "
-            "or the pieces it unpacked to"
+            f"this {what} does not come from Precompile.{producer}, or was passed without "
+            "the guards it was handed out with; pass that stage's output, or the pieces it "
+            "unpacked to"
         )
     return handoff, piece, guards if guards is not None else handoff.guards

@@ -15,7 +15,7 @@ from ..guards import Guard, Guards, SystemGuard
 from ..runtime import machine as _system
 from .aot_autograd import AOTAutogradOutput, check_calling_convention, new_shape_guards
 from .dynamo import stage_timings
-from .handoff import CompiledGraphs, Handoff, take_over
+from .handoff import CompiledGraphs, Handoff, hand_out, take_over
 from .index_bounds import index_guards
 
 log = logging.getLogger("torch_precompile")
@@ -78,7 +78,7 @@ def inductor(
         aot.training,
     )
     return InductorOutput(
-        CompiledGraphs(compiled, handoff), handoff.handed_out(), sources, aot.training, handoff
+        CompiledGraphs(compiled, handoff), hand_out(handoff), sources, aot.training, handoff
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -69,15 +70,6 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     guards = handoff.guards.extend([*translated, *ranges])
     if dropped:
         guards = guards.extend([dropped_guard(dropped)])
-    signature = {
-        **state.input_signature,
-        "outputs": describe_graph_outputs(capture.graph_module),
-        # Where each graph input comes from (L['x'], L['self']._modules[...]...), for
-        # views and to_python after load.
-        "graph_inputs": list(capture.input_sources),
-        # Every input dimension each size symbol stands for (variants at size 1 use it).
-        "symbol_sources": _compat.shape_env_symbol_all_sources(capture),
-    }
     recording = _output_structure.record(
         compiled_function,
         capture.graph_module,
@@ -87,10 +79,15 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         capture.input_sources,
         state.grad_enabled,
     )
-    signature["output_structure"] = recording.structure
-    # Eager's layout of each output, so that state returned by one call fits the next.
-    signature["output_layouts"] = stride_orders(
-        _output_structure.graph_output_values(capture.graph_module)
+    signature = dataclasses.replace(
+        state.input_signature,
+        outputs=describe_graph_outputs(capture.graph_module),
+        # For views and to_python after load.
+        graph_inputs=list(capture.input_sources),
+        symbol_sources=_compat.shape_env_symbol_all_sources(capture),
+        output_structure=recording.structure,
+        # Eager's layout of each output, so that state returned by one call fits the next.
+        output_layouts=stride_orders(_output_structure.graph_output_values(capture.graph_module)),
     )
     runtime = Runtime(
         compiled_function,

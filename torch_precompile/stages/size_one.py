@@ -52,7 +52,7 @@ def cut_to_one(
     """
     f_locals = bind_call(artifact.runtime.signature, artifact.module, args, kwargs)
     f_locals = {**artifact.runtime.closure_locals, **f_locals}
-    sources = artifact.signature.get("symbol_sources", {})
+    sources = artifact.signature.symbol_sources or {}
     cut: dict[int, torch.Tensor] = {}
     for sym in symbols:
         for text in sources.get(sym, ()):

@@ -51,7 +51,7 @@ def write_module(
     artifact_path: str | os.PathLike[str] | None,
 ) -> str:
     """Generate the module for ``artifact`` and write it to ``path`` atomically."""
-    target = artifact_path if artifact_path is not None else artifact._origin.get("path")
+    target = artifact_path if artifact_path is not None else artifact.origin.get("path")
     if target is None:
         raise ValueError(
             "to_python() needs the artifact's file: the generated module loads kernels and weights "
@@ -84,7 +84,7 @@ def generate(artifact: PrecompiledArtifact, artifact_path: str) -> str:
     """The source of a module that runs ``artifact`` (loaded from ``artifact_path``)."""
     runtime = artifact.runtime
     signature: inspect.Signature = runtime.signature
-    sources = artifact.signature.get("graph_inputs")
+    sources = artifact.signature.graph_inputs
     if not sources:
         raise ValueError(
             "this artifact does not record where its graph inputs come from (written by an older "
@@ -209,7 +209,7 @@ def _emit_header(
 ) -> None:
     sig = artifact.signature
     system = ", ".join(f"{k}={v}" for k, v in artifact.system.items() if v is not None)
-    created = artifact._origin.get("created") or "unknown"
+    created = artifact.origin.get("created") or "unknown"
     kind = "training" if artifact.training else "inference"
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     e('"""A torch_precompile artifact as readable Python.')
@@ -217,7 +217,7 @@ def _emit_header(
     e(f"Artifact: {artifact_path}")
     e(f"Created: {created}; kind: {kind} on {artifact.device_type}")
     e(f"System: {system}")
-    e(f"Captured signature: {sig.get('signature', '?')}")
+    e(f"Captured signature: {sig.text or '?'}")
     e(f"Graph inputs: {len(sources)}; output: {observed.description}")
     e(f"Generated: {now} by torch_precompile")
     e("")

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from ...guards._python import literal as _literal
-from ..signature import describe, first_opaque
+from ..signature import CallSignature, describe, first_opaque
 
 
 @dataclasses.dataclass
@@ -21,14 +21,14 @@ class Output:
     inputs_checked: bool  # the extraction lines were checked to give the graph's inputs
 
 
-def output_of(signature: dict[str, Any]) -> Output:
+def output_of(signature: CallSignature) -> Output:
     """The reconstruction recorded in an artifact's signature."""
-    recorded = signature.get("output_structure")
+    recorded = signature.output_structure
     if not isinstance(recorded, dict) or "value" not in recorded:
         why = "the artifact does not record its output structure (saved by an older version)"
         return Output(None, [], why, "?", False)
     tree = recorded["value"]
-    description = describe(tree, signature.get("outputs") or [])
+    description = describe(tree, signature.outputs or [])
     why = first_opaque(tree)
     if why is not None:
         return Output(None, [], why, description, False)

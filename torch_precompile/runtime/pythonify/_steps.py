@@ -220,7 +220,7 @@ def emit_call_and_output(
     names: Names,
     call_args: str,
 ) -> None:
-    n = len(artifact.signature.get("graph_inputs", []))
+    n = len(artifact.signature.graph_inputs or [])
     args = ", ".join(f"arg{i}" for i in range(n))
     e.section("the compiled call")
     if explicit:

@@ -71,6 +71,15 @@ def compile_on_one_rank() -> Iterator[None]:
         yield
 
 
+def submeshes_at_run_time() -> bool:
+    """Whether a graph traced under ``compile_on_one_rank`` derives a submesh (a 2-D
+    mesh's ``tp``) from its mesh at run time (``device_mesh::_get_submesh``, torch
+    2.13 on). Without it (torch 2.11) the graph names the compiling rank's
+    submesh group, which the ranks of another ``dp`` group do not have."""
+    importlib.import_module("torch.distributed._ops.device_mesh")
+    return hasattr(torch.ops.device_mesh, "_get_submesh")
+
+
 def mesh_group_names(mesh: Any) -> list[str]:
     """The c10d group name of each mesh dimension (what compiled collectives name)."""
     return list(mesh._dim_group_names)

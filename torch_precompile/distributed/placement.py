@@ -186,11 +186,14 @@ def describe(module: Any) -> Layout | None:
             f"{dist.get_world_size()} ranks; torch_precompile saves models parallelised over "
             "a mesh of the whole world"
         )
-    if mesh.ndim > 1 and not _cdist.compile_on_one_rank_available():
+    if mesh.ndim > 1 and not (
+        _cdist.compile_on_one_rank_available() and _cdist.submeshes_at_run_time()
+    ):
         raise ValueError(
             f"the model's device mesh has {mesh.ndim} dimensions; this torch "
-            f"({torch.__version__}) has no compile_on_one_rank, without which the compiled "
-            "code would hold rank 0's process groups: save models parallelised over a 1-D mesh"
+            f"({torch.__version__}) traces a submesh's process group as the compiling rank's "
+            "(no compile_on_one_rank, or no run-time submesh op), which the other ranks do "
+            "not have: use torch 2.13 or later, or a model parallelised over a 1-D mesh"
         )
     return Layout(
         world_size=dist.get_world_size(),

@@ -33,7 +33,7 @@ from ._errors import (
     UntrustedArtifactError,
 )
 from .distributed.binding import use_device_mesh
-from .distributed.data_parallel import shard_parameters
+from .distributed.data_parallel import replicate_parameters, shard_parameters
 from .distributed.shards import save_shard
 from .guards import Guard, Guards
 from .runtime.artifact import PrecompiledArtifact
@@ -64,6 +64,7 @@ __all__ = [
     "PrecompileError",
     "PrecompiledArtifact",
     "UntrustedArtifactError",
+    "replicate_parameters",
     "save_shard",
     "shard_parameters",
     "use_device_mesh",

@@ -101,6 +101,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n("torch._guards:TracingContext.get"),
     _n("torch._guards:compile_context"),
     _n("torch._guards:tracing"),
+    _n("torch._ops:OpOverloadPacket"),
     _n("torch._dispatch.python:enable_python_dispatcher"),
     _n("torch._decomp.decompositions_for_rng:PhiloxStateTracker"),
     _n("torch.fx.experimental._config", "backed_size_oblivious"),

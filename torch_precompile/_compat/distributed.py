@@ -71,6 +71,15 @@ def compile_on_one_rank() -> Iterator[None]:
         yield
 
 
+def submeshes_at_run_time() -> bool:
+    """Whether a graph traced under ``compile_on_one_rank`` derives a submesh (a 2-D
+    mesh's ``tp``) from its mesh at run time (``device_mesh::_get_submesh``, torch
+    2.13 on). Without it (torch 2.11) the graph names the compiling rank's
+    submesh group, which the ranks of another ``dp`` group do not have."""
+    importlib.import_module("torch.distributed._ops.device_mesh")
+    return hasattr(torch.ops.device_mesh, "_get_submesh")
+
+
 def mesh_group_names(mesh: Any) -> list[str]:
     """The c10d group name of each mesh dimension (what compiled collectives name)."""
     return list(mesh._dim_group_names)
@@ -84,12 +93,16 @@ def _closure(fn: Any) -> dict[str, Any]:
 def parallel_hooks(module: torch.nn.Module) -> tuple[dict[str, Any], list[str]]:
     """The parallelisation hooks of every submodule, in a picklable form.
 
-    Returns ``({fqn: {"input_fn", "output_fn", "pre_ids", "post_ids"}}, unknown)``:
-    ``input_fn``/``output_fn`` are the ``functools.partial`` of a ParallelStyle's
-    static method that ``distribute_module`` registered (None when absent), the
-    ids are the hook dicts' keys. ``unknown`` names hooks of any other origin,
-    which a stand-in cannot carry.
+    Returns ``({fqn: {"input_fn", "output_fn", "pre_ids", "post_ids", "mesh_dims"}},
+    unknown)``: ``input_fn``/``output_fn`` are the ``functools.partial`` of a
+    ParallelStyle's static method that ``distribute_module`` registered (None
+    when absent), the ids are the hook dicts' keys, ``mesh_dims`` the
+    dimension names of the hooks' mesh (``("tp",)`` for a submesh of a 2-D
+    mesh). ``unknown`` names hooks of any other origin, which a stand-in
+    cannot carry.
     """
+    from torch.distributed.device_mesh import DeviceMesh
+
     records: dict[str, Any] = {}
     unknown: list[str] = []
     for fqn, mod in module.named_modules():
@@ -98,6 +111,7 @@ def parallel_hooks(module: torch.nn.Module) -> tuple[dict[str, Any], list[str]]:
             "output_fn": None,
             "pre_ids": [],
             "post_ids": [],
+            "mesh_dims": None,
         }
         for attr, fn_key, ids_key in (
             ("_forward_pre_hooks", "input_fn", "pre_ids"),
@@ -115,6 +129,9 @@ def parallel_hooks(module: torch.nn.Module) -> tuple[dict[str, Any], list[str]]:
                     continue
                 entry[fn_key] = fn
                 entry[ids_key].append(hook_id)
+                mesh = cells.get("device_mesh")
+                if isinstance(mesh, DeviceMesh) and mesh.mesh_dim_names:
+                    entry["mesh_dims"] = tuple(mesh.mesh_dim_names)
         if entry["pre_ids"] or entry["post_ids"]:
             records[fqn] = entry
     return records, unknown
@@ -125,14 +142,21 @@ def restore_parallel_hooks(standin: torch.nn.Module, records: dict[str, Any], me
     and give them the recorded hook ids."""
     from torch.distributed.tensor import distribute_module
 
+    submeshes: dict[tuple[str, ...], Any] = {}  # one object per submesh (the guards ask `is`)
     for fqn, entry in records.items():
         sub = standin.get_submodule(fqn)
+        dims = entry.get("mesh_dims")  # absent: a file from before 2-D meshes
+        on = mesh
+        if _sliced(mesh, dims):
+            if dims not in submeshes:
+                submeshes[dims] = mesh[dims[0] if len(dims) == 1 else dims]
+            on = submeshes[dims]
         # The stand-in carries the flag as a plain attribute; distribute_module
         # refuses a module flagged as already distributed.
         sub.__dict__.pop("_distribute_module_applied", None)
         distribute_module(
             sub,
-            mesh,
+            on,
             partition_fn=lambda name, mod, mesh: None,  # parameters are DTensors already
             input_fn=entry["input_fn"],
             output_fn=entry["output_fn"],
@@ -143,6 +167,12 @@ def restore_parallel_hooks(standin: torch.nn.Module, records: dict[str, Any], me
             hooks.clear()
             for hook_id, hook in zip(entry[key], items):
                 hooks[hook_id] = hook
+
+
+def _sliced(mesh: Any, dims: tuple[str, ...] | None) -> bool:
+    """Whether hooks recorded on a mesh of dimensions ``dims`` sit on a submesh of ``mesh``."""
+    names = tuple(mesh.mesh_dim_names or ())
+    return bool(dims) and dims != names and all(d in names for d in dims)
 
 
 def _parallel_hook_cells(module: torch.nn.Module) -> Iterator[Any]:

@@ -321,6 +321,25 @@ def _stride_order_without_guards(enabled: bool) -> Iterator[None]:
         ir.argsort_sym, utils.argsort_sym = saved  # type: ignore[assignment]
 
 
+def _resolve_overload_packets(gm: torch.fx.GraphModule) -> None:
+    """Give each node that calls an op packet (``torch.ops.ns.op``) its ``.default``
+    overload, which is what Inductor lowers.
+
+    On a 2-D mesh, tracing re-derives a submesh a backward closure holds from the
+    root mesh with ``torch.ops.device_mesh._get_submesh(proxy, dims)`` (torch
+    2.13-2.14, ``_device_mesh_reconstruct_fn``): called on a proxy, the node's
+    target is the packet, and Inductor refuses it ("is not an OpOverload").
+    """
+    changed = False
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and isinstance(target, torch._ops.OpOverloadPacket):
+            node.target = target.default
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 def compile_joint(
     capture: Capture,
     exported: Any,
@@ -357,6 +376,7 @@ def compile_joint(
         return output_code
 
     def fw_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        _resolve_overload_packets(gm)
         return keep_source(
             "forward",
             cfx.compile_fx_forward(
@@ -370,6 +390,7 @@ def compile_joint(
         )
 
     def bw_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        _resolve_overload_packets(gm)
         return keep_source(
             "backward", cfx.compile_fx_backward(gm, example_inputs, compiler_config_extra=extra)
         )

@@ -60,10 +60,15 @@ _ANSWERS: dict[str, Any] = {
 }
 
 
+# Ops of the namespace that reach no process group: eager DTensor code wraps a
+# collective's result for autograd (``AsyncCollectiveTensor``) with this one.
+_NOT_COLLECTIVES = frozenset({"_wrap_tensor_autograd"})
+
+
 class _LocalCollectives(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func.namespace != NAMESPACE:
+        if func.namespace != NAMESPACE or func.overloadpacket.__name__ in _NOT_COLLECTIVES:
             return func(*args, **kwargs)
         name = func.overloadpacket.__name__
         if name == "all_gather_into_tensor_out":

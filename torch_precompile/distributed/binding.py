@@ -25,6 +25,9 @@ from .placement import (
 from .shards import HOOKS_SECTION, _local_device, read_shard
 
 _MESHES: dict[tuple[Any, ...], Any] = {}
+# The meshes the job handed over (use_device_mesh): an artifact saved for another
+# mesh shape is refused rather than run on a mesh the load would make.
+_DECLARED: dict[tuple[Any, ...], Any] = {}
 
 
 def use_device_mesh(mesh: Any) -> None:
@@ -37,7 +40,9 @@ def use_device_mesh(mesh: Any) -> None:
     to hold one mesh object, see ``rebind_meshes``); handing the mesh over
     keeps one mesh, and one set of process groups, in the process.
     """
-    _MESHES[_mesh_key(_mesh_info(mesh))] = mesh
+    info = _mesh_info(mesh)
+    _MESHES[_mesh_key(info)] = mesh
+    _DECLARED[_mesh_key(info)] = info
 
 
 def check_job(body: dict[str, Any] | None, path: str, model: Any) -> Layout | None:
@@ -81,7 +86,9 @@ def _model_mesh(model: Any) -> Any:
     sharded = _sharded(model) if isinstance(model, torch.nn.Module) else {}
     if not sharded:
         return None
-    return _cdist.hook_mesh(model) or next(iter(sharded.values())).device_mesh
+    mesh = next(iter(sharded.values())).device_mesh
+    hooks = _cdist.hook_mesh(model)  # on a 2-D mesh, the hooks hold a submesh
+    return hooks if hooks is not None and hooks == mesh else mesh
 
 
 def _check_model(layout: Layout, model: Any, path: str) -> None:
@@ -90,7 +97,8 @@ def _check_model(layout: Layout, model: Any, path: str) -> None:
     sharded = _sharded(model)
     fix = (
         "parallelise the model as it was when the artifact was compiled (same mesh and "
-        "parallelize_module plan, or shard_parameters), or compile and save again"
+        "parallelize_module plan, shard_parameters or replicate_parameters), or compile and "
+        "save again"
     )
     missing = sorted(set(layout.tensors) - set(sharded))
     if missing:
@@ -156,6 +164,16 @@ def _mesh_for(layout: Layout, model: Any, path: str) -> Any:
 
     key = _mesh_key(layout.mesh)
     mesh = _MESHES.get(key)
+    declared = [i for k, i in _DECLARED.items() if k[0] == key[0]]
+    if declared and key not in _DECLARED:
+        raise DistributedLayoutError(
+            f"{path}",
+            layout.mesh.describe(),
+            f"{declared[-1].describe()} (use_device_mesh)",
+            "hand over a mesh of the saved shape and dimension names (init_device_mesh("
+            f"{layout.mesh.device_type!r}, {layout.mesh.shape}, mesh_dim_names="
+            f"{layout.mesh.dim_names})), or compile and save again on this job's mesh",
+        )
     if mesh is None:
         mesh = _MESHES[key] = init_device_mesh(
             layout.mesh.device_type, layout.mesh.shape, mesh_dim_names=layout.mesh.dim_names

@@ -11,6 +11,11 @@ In the backward the gathered parameter's gradient is a ``Partial`` mean
 across ranks, which DTensor turns into a reduce-scatter: each rank's
 parameter receives its own ``Shard(0)`` slice of the reduced gradient, and an
 optimizer over the model's parameters updates the local shards only.
+
+On a 2-D mesh (``("dp", "tp")``), :func:`replicate_parameters` composes data
+parallel with tensor parallel: a model parallelised over the ``tp`` submesh
+keeps its tensor-parallel shards, replicated over ``dp``; its gradients are
+averaged over ``dp`` (an all-reduce in the compiled backward).
 """
 
 from __future__ import annotations
@@ -77,4 +82,87 @@ def shard_parameters(model: nn.Module, mesh: Any) -> nn.Module:
             )
             mod.register_parameter(name, sharded)
             parametrize.register_parametrization(mod, name, GatherShards(), unsafe=True)
+    return model
+
+
+class ReplicateOverDP(nn.Module):
+    """The parametrization :func:`replicate_parameters` registers on each parameter.
+
+    The parameter is a DTensor on the 2-D mesh, ``Replicate()`` over the
+    data-parallel dimension and, over the tensor-parallel one, the placement
+    ``parallelize_module`` gave it (``Replicate()`` for a parameter it left
+    plain). The forward hands the model what it held before: the local tensor
+    as a DTensor on the tensor-parallel submesh, or a plain tensor. Its
+    gradient is a ``Partial`` mean over ``dp``, which the identity
+    redistribute's backward all-reduces. It holds no mesh, only the
+    submesh's dimension name: the parameter's DTensor carries the mesh.
+    """
+
+    def __init__(self, tp_dim: str | None) -> None:
+        super().__init__()
+        self.tp_dim = tp_dim  # None: the parameter was plain
+
+    def forward(self, param: Any) -> Any:
+        from torch.distributed.tensor import DTensor, Partial
+
+        placements = list(param.placements)
+        dp = [Partial("avg") if p.is_replicate() else p for p in placements[:-1]]
+        local = param.redistribute(placements=placements).to_local(
+            grad_placements=[*dp, placements[-1]]
+        )
+        if self.tp_dim is None:
+            return local
+        return DTensor.from_local(
+            local, param.device_mesh[self.tp_dim], [placements[-1]], run_check=False
+        )
+
+
+def replicate_parameters(model: nn.Module, mesh: Any) -> nn.Module:
+    """Data parallel over a 2-D ``mesh`` (``("dp", "tp")``) for a model parallelised over
+    ``mesh["tp"]`` (or not at all).
+
+    Each parameter becomes a DTensor on ``mesh``: replicated over ``dp``, placed
+    over ``tp`` as ``parallelize_module`` placed it (a plain parameter:
+    replicated). The forward reads it as before (the tensor-parallel DTensor
+    or the plain tensor), so the parallelisation hooks are unchanged; in the
+    backward its gradient is averaged over ``dp`` (every ``dp`` group member ran
+    its own batch) and lands on the parameter as a DTensor on ``mesh``, the
+    tensor-parallel shard of the mean gradient. Not a collective (the ranks of
+    a ``dp`` group start equal, as data parallel requires). Returns ``model``,
+    changed in place; compile it on one rank and save it as any
+    tensor-parallel model.
+    """
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.nn.utils import parametrize
+
+    names = tuple(mesh.mesh_dim_names or ())
+    if mesh.ndim != 2 or len(names) != 2:
+        raise ValueError(
+            "replicate_parameters() takes a 2-D device mesh with named dimensions "
+            f"(data parallel, then tensor parallel; got shape {tuple(mesh.shape)}, names "
+            f"{list(names)}); build it with init_device_mesh(device, (dp, tp), "
+            'mesh_dim_names=("dp", "tp"))'
+        )
+    tp_dim = names[1]
+    for fqn, mod in list(model.named_modules()):
+        for name, p in list(mod.named_parameters(recurse=False)):
+            where = f"{fqn}.{name}" if fqn else name
+            if isinstance(p, DTensor):
+                sub = p.device_mesh
+                if tuple(sub.mesh_dim_names or ()) != (tp_dim,) or sub != mesh[tp_dim]:
+                    raise ValueError(
+                        f"parameter {where!r} is a DTensor on {sub}, not on mesh[{tp_dim!r}]; "
+                        f"parallelise the model over mesh[{tp_dim!r}] first"
+                    )
+                placement, local = p.placements[0], p.to_local()
+                fn = ReplicateOverDP(tp_dim)
+            else:
+                placement, local = Replicate(), p.detach()
+                fn = ReplicateOverDP(None)
+            param = nn.Parameter(
+                DTensor.from_local(local, mesh, [Replicate(), placement], run_check=False),
+                requires_grad=p.requires_grad,
+            )
+            mod.register_parameter(name, param)
+            parametrize.register_parametrization(mod, name, fn, unsafe=True)
     return model

@@ -138,11 +138,15 @@ class Layout:
 
 
 def _mesh_info(mesh: Any) -> MeshInfo:
+    """A mesh in words. A 1-D mesh over the world names one group, the same on every
+    rank; the groups of a mesh of more dimensions differ by rank (rank 0's
+    ``tp`` group is not rank 2's), so none are recorded: a graph traced under
+    ``compile_on_one_rank`` reaches them through the mesh at run time."""
     return MeshInfo(
         tuple(mesh.shape),
         tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
         mesh.device_type,
-        tuple(_cdist.mesh_group_names(mesh)),
+        tuple(_cdist.mesh_group_names(mesh)) if mesh.ndim == 1 else (),
     )
 
 
@@ -181,6 +185,15 @@ def describe(module: Any) -> Layout | None:
             f"the model's device mesh spans {mesh.size()} of the job's "
             f"{dist.get_world_size()} ranks; torch_precompile saves models parallelised over "
             "a mesh of the whole world"
+        )
+    if mesh.ndim > 1 and not (
+        _cdist.compile_on_one_rank_available() and _cdist.submeshes_at_run_time()
+    ):
+        raise ValueError(
+            f"the model's device mesh has {mesh.ndim} dimensions; this torch "
+            f"({torch.__version__}) traces a submesh's process group as the compiling rank's "
+            "(no compile_on_one_rank, or no run-time submesh op), which the other ranks do "
+            "not have: use torch 2.13 or later, or a model parallelised over a 1-D mesh"
         )
     return Layout(
         world_size=dist.get_world_size(),

@@ -17,7 +17,13 @@ Building needs transformers; serving a generator does not.
 
 from __future__ import annotations
 
-from .generator import compile_generator
+from .generator import compile_generator, save_generator_shard
 from .hf import compile_for_generation, forward_calls, generate_with
 
-__all__ = ["compile_for_generation", "compile_generator", "forward_calls", "generate_with"]
+__all__ = [
+    "compile_for_generation",
+    "compile_generator",
+    "forward_calls",
+    "generate_with",
+    "save_generator_shard",
+]

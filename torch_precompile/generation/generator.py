@@ -9,6 +9,7 @@ batch 1 and 2..N by prompt 1 (a decode step, or a one-token prompt) and 2..L.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from typing import Any
@@ -17,6 +18,8 @@ import torch
 
 from .. import _compat
 from .._api import Precompile
+from .._compat.local_collectives import local_collectives
+from ..distributed.shards import save_shard
 from ..runtime.generator import Generator, GeneratorSpec
 
 log = logging.getLogger("torch_precompile")
@@ -81,7 +84,10 @@ def _cache_layout(model: torch.nn.Module, max_length: int) -> tuple[list[tuple[i
 
     cache = StaticCache(model.config, max_cache_len=max_length)
     device = next(model.parameters()).device
-    with torch.no_grad():
+    # A tensor-parallel model: the other ranks are not running this step, so its
+    # collectives are answered on this rank (only the cache's shapes are read).
+    alone = local_collectives() if _mesh_size(model) > 1 else contextlib.nullcontext()
+    with torch.no_grad(), alone:
         model(
             input_ids=torch.zeros((1, 1), dtype=torch.long, device=device),
             past_key_values=cache,
@@ -96,15 +102,24 @@ def _cache_layout(model: torch.nn.Module, max_length: int) -> tuple[list[tuple[i
     return shapes, str(dtype).removeprefix("torch.")
 
 
-def _free_size(taken: set[int], low: int, high: int) -> int:
+def _free_size(taken: set[int], low: int, high: int, multiple_of: int = 1) -> int:
     """A size in ``low..high`` equal to none of ``taken`` (Dynamo's duck sizing
     would tie a dynamic size to an equal static one and specialise it)."""
     for n in range(low, high + 1):
-        if n not in taken:
+        if n not in taken and n % multiple_of == 0:
             return n
     raise ValueError(
         f"no example size in {low}..{high} differs from the model's sizes: use a larger max_length"
     )
+
+
+def _mesh_size(model: torch.nn.Module) -> int:
+    """The size of the mesh a tensor-parallel model's parameters live on (1: none)."""
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is not None:
+            return int(mesh.size())
+    return 1
 
 
 def compile_generator(
@@ -123,6 +138,13 @@ def compile_generator(
     ``Precompile.load(path)`` returns it, ready to ``generate`` without the
     model's library. ``tokenizer`` (a fast transformers tokenizer) is saved
     with it for text in, text out.
+
+    A tensor-parallel model (``parallelize_module`` over a 1-D mesh) is built on
+    one rank: its collectives are answered on that rank while the cache's
+    shapes are read, and the step is traced for every rank at once. Each
+    rank's cache holds its own heads. The other ranks write their shards with
+    :func:`save_generator_shard`; every rank of a job of the same size loads
+    the file and calls ``generate`` with the same tokens.
     """
     if max_batch < 1 or max_length < 2:
         raise ValueError(
@@ -162,21 +184,28 @@ def compile_generator(
             _compat.mark_static_address(tensor)
         return (ids, mask, positions, start, *cache)
 
+    sizes = [(b, s) for b in (batch, 1) for s in (prompt, 1)]
+    world = _mesh_size(model)
+    if world > 1:
+        # Tensor parallel: DTensor's sharding rules guard a prompt's rows on whether
+        # they split evenly over the mesh (``Ne(Mod(batch, 2), 0)``), so the prefill
+        # is compiled at a batch that does too.
+        even = _free_size(taken | {prompt, batch}, 2, 10**6, multiple_of=world)
+        sizes.append((even, prompt))
     variants = []
     with torch.no_grad():
-        for b in (batch, 1):
-            for s in (prompt, 1):
-                log.info("generator: compiling the step at batch %d, length %d", b, s)
-                variants.append(
-                    Precompile.compile(
-                        step,
-                        example(b, s),
-                        dynamic=True,
-                        size_one=False,
-                        mode=mode,
-                        verbose=verbose,
-                    )
+        for b, s in sizes:
+            log.info("generator: compiling the step at batch %d, length %d", b, s)
+            variants.append(
+                Precompile.compile(
+                    step,
+                    example(b, s),
+                    dynamic=True,
+                    size_one=False,
+                    mode=mode,
+                    verbose=verbose,
                 )
+            )
     config = model.config
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
@@ -195,3 +224,15 @@ def compile_generator(
         model_type=str(getattr(config, "model_type", "")),
     )
     return Generator(Precompile.precompile(variants), spec, tokenizer_json)
+
+
+def save_generator_shard(path: Any, model: torch.nn.Module) -> str:
+    """Write this rank's shard of a tensor-parallel ``model`` beside the generator file ``path``.
+
+    The rank that built the generator wrote the code file and its own shard
+    with ``Precompile.save(path, generator)``; every other rank of the job calls
+    this (no compile, no collective). The shard holds this rank's slice of the
+    weights under the names the generator's step gives them. Returns the path
+    written.
+    """
+    return save_shard(path, _Step(model, 0))

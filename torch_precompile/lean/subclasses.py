@@ -169,8 +169,9 @@ class MeshCheck:
             and mesh.device_type == device_type
             and list(mesh.mesh_dim_names or ()) == names
             and getattr(mesh, "_thread_id", None) == thread
-            and mesh.mesh.tolist() == ranks
-            and (not layout or mesh_layout(mesh) == layout)
+            # The root's ranks and the layout within it, as equality compares: a
+            # submesh (a 2-D mesh's "tp") is equal on every rank, its ranks are not.
+            and (mesh_layout(mesh) == layout if layout else mesh.mesh.tolist() == ranks)
         )
         if equal:
             self._last = weakref.ref(mesh)

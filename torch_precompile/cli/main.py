@@ -26,7 +26,8 @@ from typing import Any
 from .._errors import PrecompileError
 from ..file.header import Header
 from ..file.layout import looks_like_artifact
-from ..file.read import open_artifact, read_info, read_prefix
+from ..file.read import read_info, read_prefix
+from ..file.reader import open_artifact
 
 PROG = "torch-precompile"
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from .layout import FORMAT_VERSION, MAGIC, ArtifactInfo, looks_like_artifact
 from .read import (
-    ArtifactReader,
-    open_artifact,
     read_artifact,
     read_file,
     read_info,
     read_meta,
     read_prefix,
 )
+from .reader import ArtifactReader, open_artifact
 from .write import write_artifact
 
 __all__ = [

@@ -29,7 +29,8 @@ from ..distributed.binding import build_standin, check_job, deserializing
 from ..distributed.placement import Layout
 from ..file.header import KERNEL_PREFIX, Header, section_name
 from ..file.layout import looks_like_artifact
-from ..file.read import ArtifactReader, open_artifact, read_file, read_prefix
+from ..file.read import read_file, read_prefix
+from ..file.reader import ArtifactReader, open_artifact
 from ..guards import Guards, Source, TensorGuard, hooks_entry, unmet_by
 from ..guards._python import dtype_name
 from ..runtime import generator as _generator

@@ -150,11 +150,18 @@ def test_sentence_transformer_encode_on_artifact(encoder_file: dict[str, str]) -
 
 def test_encode_artifact_is_one_dynamic_variant(encoder_file: dict[str, str]) -> None:
     """One capture serves every batch and length: the inputs are dynamic in both
-    dimensions (the mask shares the ids' sizes) and batch 1 is in the range."""
+    dimensions (the mask shares the ids' sizes) and batch 1 is in the range. On
+    torch 2.11 scaled_dot_product_attention's own check leaves batch 1 out (a shape
+    guard ``Ne(batch, 1)``): a second variant, for one sentence, is bundled."""
     loaded = Precompile.load(encoder_file["path"])
-    text = "\n".join(str(g) for g in loaded.guards)
+    first = loaded.variants[0] if loaded.variants else loaded
+    text = "\n".join(str(g) for g in first.guards)
     for key in ("input_ids", "attention_mask", "token_type_ids"):
         assert f"input['{key}']': int64 (s" in text, text
     assert "dimension 0 (s" in text and "in [0, inf]" in text, text
-    assert not loaded.variants
+    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 13):
+        assert not loaded.variants
+    else:
+        assert len(loaded.variants) == 2, loaded
+        assert "Ne(input 'input['input_ids']'.shape[0], 1)" in text, text
     assert Path(encoder_file["path"]).stat().st_size < 5 * 2**20

@@ -33,6 +33,7 @@ import torch
 
 from ._api import Precompile
 from .runtime.artifact import PrecompiledArtifact
+from .stages.size_one import cut_to_one, excluded_by_a_check
 from .stages.snapshot import swapped_forward
 
 log = logging.getLogger("torch_precompile")
@@ -107,16 +108,27 @@ def compile_for_encode(
     length = next(n for n in range(batch + 2, 10**6) if n not in static and n - 1 not in static)
     example = _resized(features, batch, length)
     log.info("encode: compiling forward at batch %d, padded length %d (dynamic)", batch, length)
-    with torch.no_grad():
+
+    def build(features: dict[str, Any]) -> PrecompiledArtifact:
         return Precompile.compile(
             model,
-            (example,),
+            (features,),
             dynamic=True,
             size_oblivious=True,  # batch 1 (one sentence) in the one variant's range
             size_one=False,
             mode=mode,
             verbose=verbose,
         )
+
+    with torch.no_grad():
+        artifact = build(example)
+        ones = excluded_by_a_check(artifact)
+        if not ones:
+            return artifact
+        # torch 2.11: attention's own check left batch 1 out; one more variant serves it.
+        log.info("encode: compiling the variant for a batch of one sentence")
+        (cut,), _ = cut_to_one(artifact, tuple(ones), (example,), {})
+        return Precompile.precompile([artifact, build(cut)])
 
 
 @contextlib.contextmanager

@@ -236,10 +236,14 @@ def is_capture_error(exc: BaseException) -> bool:
     return isinstance(exc, _dynamo_errors())
 
 
+# What torch 2.11 (the oldest of the range) does differently is keyed on this one
+# flag (docs/limits.md lists each difference); 2.12 is untested and taken as 2.11.
+BEFORE_2_13 = torch.torch_version.TorchVersion(torch.__version__) < (2, 13)
+
 # Dynamo inlines ``copy.deepcopy`` from torch 2.13; torch 2.11's raises ``Unsupported``
 # on it. Transformers calls it in ``get_text_config`` of an encoder-decoder config
 # with a flat structure (T5) when the forward builds its cache (``use_cache``).
-TRACES_DEEPCOPY = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
+TRACES_DEEPCOPY = not BEFORE_2_13
 
 
 def capture_error_fix(exc: BaseException) -> str | None:

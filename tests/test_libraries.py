@@ -17,6 +17,7 @@ import torch
 from conftest import run_script
 
 from torch_precompile import Precompile
+from torch_precompile._compat import BEFORE_2_13
 
 pytest.importorskip("diffusers", reason="the test extra installs diffusers")
 pytest.importorskip("sentence_transformers", reason="the test extra installs sentence-transformers")
@@ -159,9 +160,10 @@ def test_encode_artifact_is_one_dynamic_variant(encoder_file: dict[str, str]) ->
     for key in ("input_ids", "attention_mask", "token_type_ids"):
         assert f"input['{key}']': int64 (s" in text, text
     assert "dimension 0 (s" in text and "in [0, inf]" in text, text
-    if torch.torch_version.TorchVersion(torch.__version__) >= (2, 13):
+    if not BEFORE_2_13:
         assert not loaded.variants
     else:
         assert len(loaded.variants) == 2, loaded
         assert "Ne(input 'input['input_ids']'.shape[0], 1)" in text, text
-    assert Path(encoder_file["path"]).stat().st_size < 5 * 2**20
+    # Under 5 MiB a variant (each carries its compiled code; the weights are shared).
+    assert Path(encoder_file["path"]).stat().st_size < 5 * 2**20 * max(1, len(loaded.variants))

@@ -33,7 +33,7 @@ import torch
 
 from ._api import Precompile
 from .runtime.artifact import PrecompiledArtifact
-from .stages.size_one import cut_to_one, excluded_by_a_check
+from .stages.size_one import excluded_by_a_check
 from .stages.snapshot import swapped_forward
 
 log = logging.getLogger("torch_precompile")
@@ -122,13 +122,12 @@ def compile_for_encode(
 
     with torch.no_grad():
         artifact = build(example)
-        ones = excluded_by_a_check(artifact)
-        if not ones:
+        if not excluded_by_a_check(artifact):
             return artifact
-        # torch 2.11: attention's own check left batch 1 out; one more variant serves it.
+        # torch 2.11: attention's own check left batch 1 out (the length's range
+        # starts at 2); one more variant serves one sentence.
         log.info("encode: compiling the variant for a batch of one sentence")
-        (cut,), _ = cut_to_one(artifact, tuple(ones), (example,), {})
-        return Precompile.precompile([artifact, build(cut)])
+        return Precompile.precompile([artifact, build(_resized(features, 1, length))])
 
 
 @contextlib.contextmanager

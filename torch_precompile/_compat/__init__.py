@@ -33,6 +33,7 @@ One module per concern, in pipeline order:
 """
 
 from .capture import (
+    BEFORE_2_13,
     TRACES_DEEPCOPY,
     UNSERIALIZABLE_GUARD_KINDS,
     Capture,
@@ -89,6 +90,7 @@ from .kernels import (
 from .lean_sections import cpp_kernel_binaries, cpp_kernels, lean_sections
 
 __all__ = [
+    "BEFORE_2_13",
     "TRACES_DEEPCOPY",
     "UNSERIALIZABLE_GUARD_KINDS",
     "Capture",

@@ -25,7 +25,8 @@ from conftest import (
     run_script,
 )
 
-from torch_precompile import GuardError, Precompile
+from torch_precompile import CaptureError, GuardError, Precompile
+from torch_precompile._compat import TRACES_DEEPCOPY
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 from tests.fixtures.hf_models import extra_models, survey_models  # noqa: E402
@@ -87,8 +88,13 @@ MODELS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[Any, ...], dict[str
         {},
     ),
     "t5": (
+        # torch 2.11's Dynamo cannot trace the copy.deepcopy(config) of T5's cache
+        # (test_t5_cache_capture_on_this_torch): there, the documented use_cache=False.
         lambda: T.T5ForConditionalGeneration(
-            T.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB)
+            T.T5Config(
+                **dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB),
+                **({} if TRACES_DEEPCOPY else {"use_cache": False}),
+            )
         ),
         (_ids(2, 16),),
         {"decoder_input_ids": _ids(2, 8, seed=1)},
@@ -446,3 +452,23 @@ def test_bfloat16_gpt2_matches_eager_after_load(tmp_path: Path) -> None:
     scale = want.float().abs().max().item()
     assert (got.float() - want.float()).abs().max().item() <= 0.02 * scale
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.9
+
+
+def test_t5_cache_capture_on_this_torch() -> None:
+    """T5 building its cache in forward (``use_cache``, the default) calls
+    ``copy.deepcopy(config)``: captured where Dynamo traces it (torch 2.13 on);
+    on torch 2.11 a ``CaptureError`` that names the line and the way around it."""
+    torch.manual_seed(0)
+    config = T.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB)
+    model = T.T5ForConditionalGeneration(config).eval()
+    args, kwargs = (_ids(2, 16),), {"decoder_input_ids": _ids(2, 8, seed=1)}
+    with torch.no_grad():
+        if TRACES_DEEPCOPY:
+            gm, _, _ = Precompile.dynamo(model, args, kwargs)
+            assert len(list(gm.graph.nodes)) > 10
+        else:
+            with pytest.raises(CaptureError) as info:
+                Precompile.dynamo(model, args, kwargs)
+            message = str(info.value)
+            assert "copy.deepcopy" in message and "get_text_config" in message, message
+            assert "use_cache=False" in message and "2.13" in message, message

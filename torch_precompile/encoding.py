@@ -33,6 +33,7 @@ import torch
 
 from ._api import Precompile
 from .runtime.artifact import PrecompiledArtifact
+from .stages.size_one import excluded_by_a_check
 from .stages.snapshot import swapped_forward
 
 log = logging.getLogger("torch_precompile")
@@ -107,16 +108,26 @@ def compile_for_encode(
     length = next(n for n in range(batch + 2, 10**6) if n not in static and n - 1 not in static)
     example = _resized(features, batch, length)
     log.info("encode: compiling forward at batch %d, padded length %d (dynamic)", batch, length)
-    with torch.no_grad():
+
+    def build(features: dict[str, Any]) -> PrecompiledArtifact:
         return Precompile.compile(
             model,
-            (example,),
+            (features,),
             dynamic=True,
             size_oblivious=True,  # batch 1 (one sentence) in the one variant's range
             size_one=False,
             mode=mode,
             verbose=verbose,
         )
+
+    with torch.no_grad():
+        artifact = build(example)
+        if not excluded_by_a_check(artifact):
+            return artifact
+        # torch 2.11: attention's own check left batch 1 out (the length's range
+        # starts at 2); one more variant serves one sentence.
+        log.info("encode: compiling the variant for a batch of one sentence")
+        return Precompile.precompile([artifact, build(_resized(features, 1, length))])
 
 
 @contextlib.contextmanager

@@ -33,8 +33,11 @@ One module per concern, in pipeline order:
 """
 
 from .capture import (
+    BEFORE_2_13,
+    TRACES_DEEPCOPY,
     UNSERIALIZABLE_GUARD_KINDS,
     Capture,
+    capture_error_fix,
     fullgraph_capture,
     is_capture_error,
     mark_dynamic,
@@ -87,12 +90,15 @@ from .kernels import (
 from .lean_sections import cpp_kernel_binaries, cpp_kernels, lean_sections
 
 __all__ = [
+    "BEFORE_2_13",
+    "TRACES_DEEPCOPY",
     "UNSERIALIZABLE_GUARD_KINDS",
     "Capture",
     "CapturedGuard",
     "SaveCandidate",
     "begin_cudagraph_step",
     "build_guard_manager",
+    "capture_error_fix",
     "captured_guards",
     "compile_joint",
     "compiled_function_bytecode",

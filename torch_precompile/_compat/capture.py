@@ -236,6 +236,28 @@ def is_capture_error(exc: BaseException) -> bool:
     return isinstance(exc, _dynamo_errors())
 
 
+# What torch 2.11 (the oldest of the range) does differently is keyed on this one
+# flag (docs/limits.md lists each difference); 2.12 is untested and taken as 2.11.
+BEFORE_2_13 = torch.torch_version.TorchVersion(torch.__version__) < (2, 13)
+
+# Dynamo inlines ``copy.deepcopy`` from torch 2.13; torch 2.11's raises ``Unsupported``
+# on it. Transformers calls it in ``get_text_config`` of an encoder-decoder config
+# with a flat structure (T5) when the forward builds its cache (``use_cache``).
+TRACES_DEEPCOPY = not BEFORE_2_13
+
+
+def capture_error_fix(exc: BaseException) -> str | None:
+    """How to avoid a capture error this torch's Dynamo raises where a newer one
+    traces the code (None: no known fix beyond rewriting the line)."""
+    if not TRACES_DEEPCOPY and "copy.deepcopy()" in str(exc):
+        return (
+            f"torch {torch.__version__}'s Dynamo cannot trace copy.deepcopy (torch 2.13 "
+            "can); transformers calls it when an encoder-decoder model (T5) builds its "
+            "cache in forward: pass use_cache=False, or use torch >= 2.13"
+        )
+    return None
+
+
 def shape_env_guard_exprs(capture: Capture) -> list[str]:
     """The symbolic-shape guards recorded so far, as readable expressions."""
     shape_env = capture.fake_mode.shape_env

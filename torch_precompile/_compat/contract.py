@@ -4,22 +4,19 @@
 internals; this list names each thing they reach (a module, an attribute, a
 class member) and the keyword parameters, dataclass fields or config keys used.
 :func:`problems` resolves every entry on the installed torch and returns each
-one missing or changed, all at once: a new PyTorch release is judged by one
-readable report (``tests/test_torch_contract.py``), not by a user. A layout test keeps the
-list complete: a ``torch._...`` name used there but absent here fails it.
-
-An entry is ``"module:attr.path"`` (``"module"`` alone for a module).
-``alternatives`` are other places where some supported torch keeps the same
-thing (any one resolving is enough); ``cuda`` entries are checked only on a
-CUDA build. Importing this module imports nothing from PyTorch.
+one missing or changed, all at once: a new release is judged by one report
+(``tests/test_torch_contract.py``), not by a user. A layout test keeps the list
+complete (a ``torch._...`` name used there but absent here fails it). An entry:
+``"module:attr.path"`` (``"module"`` alone); ``alternatives``: other places where
+some supported torch keeps the same thing (any one resolving is enough); ``cuda``
+entries: checked only on a CUDA build. Importing this imports nothing from torch.
 
 Members count too: a class entry lists the members read off its objects
 (``ShapeEnv._maybe_evaluate_static``), ``"a|b"`` where the code takes either.
-Attributes set at run time (``attrs``: a tensor's ``mark_dynamic`` marks) and
-Dynamo's guard source grammar (owned by ``guards/_source.py``) are checked by
-a probe (``contract_probes.py``) on a real object or a tiny capture.
-:data:`RECEIVERS` names variables holding a private class's objects.
-"""
+Run-time attributes (``attrs``: a tensor's ``mark_dynamic`` marks) and Dynamo's
+guard source grammar (``guards/_source.py``) are checked by a probe
+(``contract_probes.py``) on a real object or a tiny capture; :data:`RECEIVERS`
+names variables holding a private class's objects."""
 
 from __future__ import annotations
 
@@ -358,6 +355,9 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_IND}.compile_fx:run_pre_grad_passes"),
     _n(f"{_IND}.decomposition:select_decomp_table"),
     _n(f"{_IND}.virtualized:V.set_fake_mode"),
+    _n(f"{_IND}.codegen.cpp:CppKernel", "check_bounds", "rename_indexing", "sexpr"),  # 2.11
+    _n(f"{_IND}.codegen.common:Kernel", "loads", "compute", "cse"),
+    _n(f"{_IND}.codegen.common:CSE", "try_get"),
     _n(f"{_IND}.ir:argsort_sym"),  # joint.py patches both places
     _n(f"{_IND}.utils:argsort_sym"),
     _n(

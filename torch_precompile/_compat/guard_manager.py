@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -110,6 +111,41 @@ def guard_filter_entry_hasattr_name(entry: Any) -> str | None:
     return attr if isinstance(attr, str) else None
 
 
+# The capture's frame locals while Dynamo's guard filter runs (see hasattr_owner).
+_FRAME_LOCALS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "torch_precompile_frame_locals", default=None
+)
+
+
+def hasattr_owner(entry: Any) -> tuple[str, Any] | None:
+    """``(attribute, object)`` a torch 2.11 HASATTR GuardFilterEntry asks about: its
+    source is the attribute (``L['self']._keep_in_fp32_modules``) and its value the
+    attribute's, so the object is read off the capture's frame locals along the
+    source's chain (plain attributes from a local). None if it cannot be."""
+    locals_ = _FRAME_LOCALS.get()
+    source = getattr(getattr(entry, "orig_guard", None), "originating_source", None)
+    attr = getattr(source, "member", None)
+    if locals_ is None or not isinstance(attr, str):
+        return None
+    chain = []
+    source = getattr(source, "base", None)
+    while getattr(source, "base", None) is not None:
+        chain.append(source)
+        source = source.base
+    local = getattr(source, "local_name", None)
+    if local not in locals_:
+        return None
+    value = locals_[local]
+    for step in reversed(chain):
+        if step.name == step.base.name:  # a wrapper naming its base (NNModuleSource)
+            continue
+        member = getattr(step, "member", None)
+        if not isinstance(member, str) or step.name != f"{step.base.name}.{member}":
+            return None
+        value = getattr(value, member)
+    return attr, value
+
+
 def guard_filter_entry_source(entry: Any) -> str:
     """The full source of a GuardFilterEntry (``L['x']``; its ``name`` drops the ``L[...]``)."""
     orig = getattr(entry, "orig_guard", None)
@@ -121,8 +157,10 @@ def _pruning_key_order_sources(
     guard_filter: Callable[[Sequence[Any]], Sequence[bool]],
     keep_source: Callable[[str, bool], bool],
     kept: list[Any],
+    frame_locals: dict[str, Any],
 ) -> Callable[[Sequence[Any]], list[bool]]:
-    """Wrap ``guard_filter`` so that dict key order is guarded only where guards are kept.
+    """Wrap ``guard_filter`` so that dict key order is guarded only where guards are kept
+    (and the filter can read the capture's ``frame_locals``, :func:`hasattr_owner`).
 
     Dynamo evaluates every ``guard_on_key_order`` source each time it builds a
     guard manager, and again at load. The key order of a library's global
@@ -142,7 +180,11 @@ def _pruning_key_order_sources(
         # asserts they are identical. The second build records its own.
         for e in entries:
             e.orig_guard.obj_weakref = None
-        keep = list(guard_filter(entries))
+        token = _FRAME_LOCALS.set(frame_locals)
+        try:
+            keep = list(guard_filter(entries))
+        finally:
+            _FRAME_LOCALS.reset(token)
         kept[:] = [e.orig_guard for e, k in zip(entries, keep) if k]
         kept_names = [guard_filter_entry_source(e) for e, k in zip(entries, keep) if k]
         output_graph.guard_on_key_order = {
@@ -177,7 +219,9 @@ def build_guard_manager(
     key_order = output_graph.guard_on_key_order
     kept: list[Any] = []
     hooks = Hooks(
-        guard_filter_fn=_pruning_key_order_sources(output_graph, guard_filter, keep_source, kept)
+        guard_filter_fn=_pruning_key_order_sources(
+            output_graph, guard_filter, keep_source, kept, capture.local_scope
+        )
     )
     with contextlib.ExitStack() as stack:
         stack.enter_context(get_metrics_context())

@@ -23,6 +23,7 @@ from .guard_manager import (
     guard_filter_entry_fields,
     guard_filter_entry_hasattr_name,
     guard_filter_entry_source,
+    hasattr_owner,
 )
 
 # Kinds that describe module plumbing rather than a user-visible assumption;
@@ -108,7 +109,12 @@ def _class_fact(entry: Any, name: str, value: Any) -> bool:
     if re.search(r"\.__\w+__$", name):  # torch 2.11 names the attribute itself
         return True
     attr = guard_filter_entry_hasattr_name(entry)
-    if attr is None or isinstance(value, type):
+    if attr is None:  # torch 2.11: the guard's source and value are the attribute's
+        owner = hasattr_owner(entry)
+        if owner is None:
+            return False
+        attr, value = owner
+    if isinstance(value, type):
         return False
     own = getattr(value, "__dict__", None)
     return isinstance(own, dict) and attr not in own and hasattr(type(value), attr)

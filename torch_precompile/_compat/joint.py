@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .capture import Capture, size_oblivious_context
+from .capture import BEFORE_2_13, Capture, size_oblivious_context
 
 
 def default_decompositions() -> dict[Any, Callable[..., Any]]:
@@ -340,6 +340,35 @@ def _resolve_overload_packets(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
+@contextlib.contextmanager
+def _bounds_checks_after_their_index() -> Iterator[None]:
+    """torch 2.11's C++ kernels may check an index in the loads section before the
+    compute section defines it (``'tmp2' was not declared``: a compile error, seen
+    on a mask indexed by an ``arange``); torch 2.13 checks such an index in compute,
+    as this does while Inductor generates code."""
+    if not BEFORE_2_13:
+        yield
+        return
+    from torch._inductor.codegen.cpp import CppKernel
+
+    original = CppKernel.check_bounds
+
+    def check_bounds(self: Any, expr: Any, size: Any, lower: bool, upper: bool) -> Any:
+        if self.cse.try_get(self.sexpr(self.rename_indexing(expr))) is None:
+            return original(self, expr, size, lower, upper)
+        loads, self.loads = self.loads, self.compute  # the index is already in compute
+        try:
+            return original(self, expr, size, lower, upper)
+        finally:
+            self.loads = loads
+
+    CppKernel.check_bounds = check_bounds  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        CppKernel.check_bounds = original  # type: ignore[method-assign]
+
+
 def compile_joint(
     capture: Capture,
     exported: Any,
@@ -398,6 +427,7 @@ def compile_joint(
     with contextlib.ExitStack() as stack:
         stack.enter_context(size_oblivious_context(capture.size_oblivious))
         stack.enter_context(_stride_order_without_guards(capture.size_oblivious))
+        stack.enter_context(_bounds_checks_after_their_index())
         stack.enter_context(inductor_config.patch(patches))
         # Read under the patch: it boxes config.triton.cudagraphs (mode="reduce-overhead").
         extra = _compiler_config_extra(cfx, inductor_config, dynamo_gm)

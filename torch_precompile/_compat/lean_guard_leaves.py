@@ -236,6 +236,18 @@ def _dim_marking(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
     return [["no_dynamic_marking", absent, dynamic]]
 
 
+@leaf_reader("DYNAMIC_INDICES")
+def _dynamic_indices(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
+    """torch 2.11's check of a tensor marked dynamic at capture (torch 2.13 writes
+    DIMENSION_DYNAMIC_MARKING_GUARD): the dimensions marked later, if any, are a
+    subset of those marked at capture; the other marking attributes are not read."""
+    _one(n, "DYNAMIC_INDICES", node)
+    marked = getattr(node.need_value(), "_dynamo_dynamic_indices", None)
+    if marked is None:
+        raise NoLeanGuards(f"{node.name}: a DYNAMIC_INDICES guard on an unmarked tensor")
+    return [["no_dynamic_marking", [], sorted(int(d) for d in marked)]]
+
+
 @leaf_reader("NO_HASATTR")
 def _no_hasattr(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
     value = node.need_value()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import collections
 import dataclasses
+import inspect
 import logging
 import weakref
 from collections.abc import Sequence
@@ -136,6 +137,39 @@ def _apply_step(step: list[Any], value: Any) -> Any:
     return value[step[1]]  # "local" or "item"
 
 
+# Leaves that check only what an object is (its class, what its dict holds).
+_STRUCTURAL_LEAVES = ("type", "class", "contains", "no_attr")
+
+
+def _computed_view(step: list[Any], value: Any, sub: dict[str, Any]) -> bool:
+    """Whether ``step`` reads a property of the config ``value``'s class that builds a
+    new object on each read, and the guards below it check only what that object is
+    (no value read through it: those are guarded on the config itself)."""
+    if not (
+        step[0] in ("attr", "oattr")
+        and value is not MISSING
+        and is_config(value)
+        and isinstance(inspect.getattr_static(type(value), step[1], None), property)
+    ):
+        return False
+    if _apply_step(step, value) is _apply_step(step, value):
+        return False
+    return _structural(sub)
+
+
+def _structural(spec: dict[str, Any]) -> bool:
+    return (
+        "dict" not in spec
+        and all(leaf[0] in _STRUCTURAL_LEAVES for leaf in spec["leaves"])
+        and all(_structural(child) for _, child in spec["children"])
+    )
+
+
+def _under(source: str, base: str) -> bool:
+    """Whether the source name ``source`` is ``base`` or reads something off it."""
+    return source == base or (source.startswith(base) and source[len(base)] in ".[")
+
+
 # --- the tree ---
 
 
@@ -156,6 +190,8 @@ class _Reader:
         # AOTAutograd's guards (always leaves).
         self.same_object: list[tuple[str, str]] = []
         self.same_object_aot: list[tuple[str, str]] = []
+        # Nodes whose value a config's property computes (see ``node``), by source.
+        self.computed: set[str] = set()
         for guard in self.guards:
             kind = guard_kind(guard)
             # A HASATTR guard's leaves sit on the object's node (torch 2.11 names the
@@ -251,6 +287,13 @@ class _Reader:
                 if step == ["vars"]
                 else None,
             )
+            if _computed_view(step, value, sub):
+                # Transformers' ``config.per_layer_config`` (torch 2.11 reads it with
+                # object.__getattribute__): a view the config's class builds on each
+                # read. Its type and dict are facts of that class, which the stand-in
+                # does not have and which is not re-checked after load.
+                self.computed.add(child_name)
+                continue
             if step[0] in ("attr", "oattr") and not (
                 sub["leaves"] or sub["children"] or "dict" in sub
             ):
@@ -306,7 +349,13 @@ class _Reader:
         epilogue = [type(g).__name__ for g in root.get_epilogue_lambda_guards()]
         allowed = (1 if exprs else 0) + (1 if self.same_object_in_epilogue() else 0)
         if self.same_object_in_epilogue():
-            aliasing = [f"{b} is {a}" for b, a in self.same_object]
+            # That a computed view refers back to the config is, too, the class's
+            # code (``per_layer_config._config is config``): not re-checked.
+            aliasing = [
+                f"{b} is {a}"
+                for b, a in self.same_object
+                if not any(_under(side, c) for side in (a, b) for c in self.computed)
+            ]
             if not all(shape_expr_ok(ast.parse(e, mode="eval")) for e in aliasing):
                 raise NoLeanGuards(f"object aliasing {aliasing}")
             exprs = exprs + aliasing
@@ -320,8 +369,8 @@ def lean_guard_spec(reading: GuardReading) -> dict[str, Any] | None:
     try:
         reader = _Reader(reading)
         root = reading.check_fn.guard_manager.root
+        spec = reader.node(root, dict(reading.local_scope))  # first: it finds the computed
         shape_guards = reader.shape_guards(root)
-        spec = reader.node(root, dict(reading.local_scope))
         if shape_guards:
             spec["shape_guards"] = shape_guards  # absent: no dynamic shapes (older files)
         return spec

@@ -208,10 +208,13 @@ def dynamo(
     except Exception as exc:
         if _compat.is_capture_error(exc):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            fix = _compat.capture_error_fix(exc) or (
+                "Rewrite that line without the unsupported construct (see the message above), "
+                "or move it out of forward()"
+            )
             raise CaptureError(
                 f"Dynamo could not capture the model as one graph: {first}{_user_line(str(exc))}. "
-                "Rewrite that line without the unsupported construct (see the message above), "
-                "or move it out of forward()."
+                f"{fix}."
             ) from exc
         if isinstance(exc, TypeError) and "argument" in str(exc):
             raise TypeError(f"example inputs do not match the model's signature: {exc}") from exc

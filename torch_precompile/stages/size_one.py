@@ -15,12 +15,13 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..guards import RangeGuard, Source, split_size
+from ..guards import RangeGuard, ShapeGuard, Source, split_size
 from ..runtime.artifact import PrecompiledArtifact
 from ..runtime.signature import bind_call
 
@@ -38,6 +39,22 @@ def excluded_ones(artifact: PrecompiledArtifact) -> list[str]:
         if g.min == 2 and (g.max is None or g.max > 2) and g.symbol not in out:
             out.append(g.symbol)
     return out
+
+
+def excluded_by_a_check(artifact: PrecompiledArtifact) -> list[str]:
+    """The size symbols whose range takes 1 but a shape guard ``Ne(s, 1)`` leaves it out:
+    a size-oblivious capture where an operator's own check branched on size 1
+    (torch 2.11's scaled_dot_product_attention on the batch; 2.13 does not)."""
+    takes_one = {g.symbol for g in artifact.guards.of_kind(RangeGuard) if g.min <= 1}
+    out = []
+    for g in artifact.guards.of_kind(ShapeGuard):
+        found = _NOT_ONE.fullmatch(g.expression.replace(" ", ""))
+        if found and found.group(1) in takes_one and found.group(1) not in out:
+            out.append(found.group(1))
+    return out
+
+
+_NOT_ONE = re.compile(r"Ne\((s\d+),1\)")
 
 
 def cut_to_one(

@@ -19,6 +19,8 @@ import pytest
 import torch
 from conftest import rank_results, torchrun
 
+from torch_precompile._compat.distributed import submeshes_at_run_time
+
 WORLD = 4
 MODELS = ("mlp", "block")
 # Losses (relative), gradient shards and weights after the SGD step: Inductor's
@@ -31,18 +33,41 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, list[dict[str, Any]]]:
     base = tmp_path_factory.mktemp("mesh2d")
     out = base / "files"
     out.mkdir()
     torchrun("mesh2d_job", WORLD, "build", str(out))
+    return base, out, rank_results(out, "build", WORLD)
+
+
+def test_refused_at_save_only_where_torch_cannot_run_it(built: Any) -> None:
+    """torch 2.11 traces the ``tp`` submesh's group as the compiling rank's, which the
+    other ``dp`` group lacks: saving is a ValueError there, on every rank."""
+    refusals = [r["refused"] for r in built[2]]
+    if submeshes_at_run_time():
+        assert refusals == [{}] * WORLD
+        return
+    for refused in refusals:
+        assert set(refused) == set(MODELS), refused
+        assert all("use torch 2.13 or later" in text for text in refused.values()), refused
+
+
+@pytest.fixture(scope="module")
+def job(built: Any) -> dict[str, Any]:
+    base, out, build = built
+    if not submeshes_at_run_time():
+        pytest.skip(
+            f"torch {torch.__version__} cannot run a 2-D mesh's graph on every rank: refused "
+            "at save (test_refused_at_save_only_where_torch_cannot_run_it)"
+        )
     cache = base / "inductor-cache"
     cache.mkdir()
     env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "CXX": "/bin/false"}
     torchrun("mesh2d_job", WORLD, "load", str(out), env=env)
     return {
         "dir": out,
-        "build": rank_results(out, "build", WORLD),
+        "build": build,
         "load": rank_results(out, "load", WORLD),
         "cache": sorted(p.name for p in cache.rglob("*") if p.is_file()),
     }

@@ -76,6 +76,7 @@ def submeshes_at_run_time() -> bool:
     mesh's ``tp``) from its mesh at run time (``device_mesh::_get_submesh``, torch
     2.13 on). Without it (torch 2.11) the graph names the compiling rank's
     submesh group, which the ranks of another ``dp`` group do not have."""
+    importlib.import_module("torch.distributed.tensor")  # registers DeviceMesh's op type
     importlib.import_module("torch.distributed._ops.device_mesh")
     return hasattr(torch.ops.device_mesh, "_get_submesh")
 

@@ -72,15 +72,8 @@ def forward_calls(
     snapshot = Snapshot({"model": model}, persistent=("model",))
     model.forward = _signed(spy, forward)  # type: ignore[method-assign]
     try:
-        with torch.no_grad(), _no_auto_compile(model):
-            model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                **generate_kwargs,
-            )
+        with _no_auto_compile(model):
+            _greedy(model, input_ids, new_tokens, generate_kwargs)
     finally:
         snapshot.restore()  # also removes the spy from the instance's __dict__
     return calls
@@ -122,7 +115,7 @@ def compile_for_generation(
     # with it: the example prompt length and batch equal none of them.
     static = _static_sizes(model, row, generate_kwargs)
     prompt_len = next(n for n in range(row.shape[1], 10**6) if not {n, n + 1} & static)
-    row = row.repeat(1, -(-prompt_len // row.shape[1]))[:, :prompt_len]
+    row = _repeated(row, prompt_len)
     taken = static | {prompt_len, prompt_len + 1, prompt_len + 2}
     many = next(b for b in range(3, 10**6) if b not in taken)
     # A cache of fixed size (StaticCache) is allocated for the prompt plus the new
@@ -214,17 +207,31 @@ def _cover_window(
         # The prompts at the window's edge (one before, at, one past) are programs too.
         edges = [(n, 3) for n in (window - 1, window, window + 1) if n > before]
         for prompt, steps in ((before, window - before + 6), *edges, (beyond, 6)):
-            ids = row.repeat(1, -(-prompt // row.shape[1]))[:, :prompt].expand(batch, -1)
-            ids = ids.clone(memory_format=torch.contiguous_format)
-            with torch.no_grad(), generate_with(model, growing):  # type: ignore[arg-type]
-                model.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=steps,
-                    min_new_tokens=steps,
-                    do_sample=False,
-                    **generate_kwargs,
+            ids = _repeated(row, prompt).expand(batch, -1)
+            with generate_with(model, growing):  # type: ignore[arg-type]
+                _greedy(
+                    model, ids.clone(memory_format=torch.contiguous_format), steps, generate_kwargs
                 )
+
+
+def _repeated(row: torch.Tensor, length: int) -> torch.Tensor:
+    """A prompt of ``length`` tokens: ``row`` repeated, then cut."""
+    return row.repeat(1, -(-length // row.shape[1]))[:, :length]
+
+
+def _greedy(
+    model: torch.nn.Module, ids: torch.Tensor, steps: int, generate_kwargs: dict[str, Any]
+) -> None:
+    """``generate`` exactly ``steps`` greedy tokens after ``ids`` (no padding), under no_grad."""
+    with torch.no_grad():
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            do_sample=False,
+            **generate_kwargs,
+        )
 
 
 class _Growing:
@@ -272,7 +279,7 @@ def _static_sizes(
     sizes = {int(d) for t in (*model.parameters(), *model.buffers()) for d in t.shape}
     seen = []
     for extra in (0, 5):
-        ids = row.repeat(1, 1 + extra)[:, : row.shape[1] + extra]
+        ids = _repeated(row, row.shape[1] + extra)
         calls = forward_calls(model, ids, new_tokens=2, **generate_kwargs)
         seen.append({int(d) for call in calls for t in _tensors(call) for d in t.shape})
     return sizes | (seen[0] & seen[1])

@@ -95,7 +95,9 @@ def torchrun(job: str, nproc: int, *args: str, env: dict[str, str] | None = None
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=400)
     tail = f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-    assert proc.returncode == 0, f"torchrun {job} {args} failed:\n{tail}"
+    # Which ranks wrote their result before the job failed (phase, DIR are the first args).
+    written = sorted(p.name for p in Path(args[1]).glob(f"{args[0]}-*.json")) if args[1:] else []
+    assert proc.returncode == 0, f"torchrun {job} {args} failed (results: {written}):\n{tail}"
 
 
 def rank_results(out: Path, phase: str, world: int) -> list[dict[str, Any]]:

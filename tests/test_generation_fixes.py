@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fixtures.hf_models import tiny_decoder
+from tests.fixtures.hf_models import assert_same_generation, generate_both, tiny_decoder
 from torch_precompile import Precompile
 from torch_precompile._errors import CaptureError, GuardError
 
@@ -31,39 +31,22 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return request.param, model, Precompile.load(path, model=model)
 
 
-def _both(model, loaded, x, **kw):
-    from torch_precompile.generation import generate_with
-
-    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, **kw)
-    kw.update(output_scores=True, return_dict_in_generate=True)
-    with torch.no_grad():
-        eager = model.generate(x, **kw)
-        with generate_with(model, loaded):
-            ours = model.generate(x, **kw)
-    return eager, ours
-
-
 def test_left_padded_rows_equal_eager(built) -> None:
     kind, model, loaded = built
     x = torch.randint(0, VOCAB, (3, 7), generator=torch.Generator().manual_seed(4))
     mask = torch.ones_like(x)
     mask[1, :2] = 0  # rows padded on the left by 0, 2 and 5 tokens
     mask[2, :5] = 0
-    eager, ours = _both(model, loaded, x, attention_mask=mask, pad_token_id=0)
-    for row in range(3):
-        assert torch.equal(eager.sequences[row], ours.sequences[row]), f"{kind} row {row}"
-    for step, (e, o) in enumerate(zip(eager.scores, ours.scores)):
-        assert torch.allclose(e, o, atol=1e-4), f"{kind} step {step}: {(e - o).abs().max()}"
+    kw = dict(attention_mask=mask, pad_token_id=0, max_new_tokens=12, min_new_tokens=12)
+    assert_same_generation(*generate_both(model, loaded, x, **kw), kind)
 
 
 def test_generate_without_attention_mask_equals_eager(built) -> None:
     kind, model, loaded = built
     for shape in ((1, 5), (2, 9)):
         x = torch.randint(0, VOCAB, shape, generator=torch.Generator().manual_seed(5))
-        eager, ours = _both(model, loaded, x)
-        assert torch.equal(eager.sequences, ours.sequences), f"{kind} {shape}"
-        for e, o in zip(eager.scores, ours.scores):
-            assert torch.allclose(e, o, atol=1e-4), f"{kind} {shape}"
+        kw = dict(max_new_tokens=12, min_new_tokens=12)
+        assert_same_generation(*generate_both(model, loaded, x, **kw), f"{kind} {shape}")
 
 
 def test_generate_keeps_the_forward_signature(built) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fixtures.hf_models import tiny_decoder
+from tests.fixtures.hf_models import assert_same_generation, generate_both, tiny_decoder
 from torch_precompile import Precompile
 
 T = pytest.importorskip("transformers")
@@ -34,26 +34,14 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.mark.parametrize("prompt", [1, 3, WINDOW - 2, WINDOW - 1, WINDOW, WINDOW + 1, 20])
 def test_rows_equal_eager_across_the_window(built, prompt: int) -> None:
-    from torch_precompile.generation import generate_with
-
     kind, model, loaded = built
     x = torch.randint(0, VOCAB, (3, prompt), generator=torch.Generator().manual_seed(prompt))
     mask = torch.ones_like(x)
     mask[1, : min(2, prompt - 1)] = 0  # rows padded on the left (when the prompt allows)
     mask[2, : prompt // 2] = 0
     new = 5 * WINDOW - prompt
-    kw = dict(
-        attention_mask=mask, pad_token_id=0, max_new_tokens=new, min_new_tokens=new,
-        do_sample=False, output_scores=True, return_dict_in_generate=True,
-    )  # fmt: skip
-    with torch.no_grad():
-        eager = model.generate(x, **kw)
-        with generate_with(model, loaded):
-            ours = model.generate(x, **kw)
-    for row in range(3):
-        assert torch.equal(eager.sequences[row], ours.sequences[row]), f"{kind} row {row}"
-    for step, (e, o) in enumerate(zip(eager.scores, ours.scores)):
-        assert torch.allclose(e, o, atol=1e-4), f"{kind} step {step}: {(e - o).abs().max()}"
+    kw = dict(attention_mask=mask, pad_token_id=0, max_new_tokens=new, min_new_tokens=new)
+    assert_same_generation(*generate_both(model, loaded, x, **kw), f"{kind} prompt {prompt}")
 
 
 def test_batch_one_across_the_window(built) -> None:

@@ -16,8 +16,9 @@ One module per concern, in pipeline order:
 - ``guard_vocab``: Dynamo's guard kinds sorted into the package's categories;
 - ``functions``: PyTorch's ``AOTCompiledFunction`` (assembly, serialization,
   the accessors the runtime reads);
-- ``kernels``: the shipped C++ kernels on PyTorch's full path (Inductor's code
-  cache patched to load them instead of compiling; found again at save);
+- ``kernels``: the C++ kernels Inductor built, taken as its compile returns
+  (the artifact owns them), and loaded on PyTorch's full path (Inductor's code
+  cache patched to load them instead of compiling);
 - ``lean_sections``: at save, what an artifact needs to load without the
   compiler stack; ``lean_specs`` decides what the lean runtime can run,
   ``triton_cubins`` reads the Triton kernels' cubins and launch parameters,
@@ -83,11 +84,11 @@ from .joint import (
     joint_placeholder_count,
 )
 from .kernels import (
-    reusing_shipped_kernels,
+    built_cpp_kernels,
     shipped_cpp_kernels,
     shipped_kernels_enabled,
 )
-from .lean_sections import cpp_kernel_binaries, cpp_kernels, lean_sections
+from .lean_sections import cpp_kernels, lean_sections
 
 __all__ = [
     "BEFORE_2_13",
@@ -98,6 +99,7 @@ __all__ = [
     "SaveCandidate",
     "begin_cudagraph_step",
     "build_guard_manager",
+    "built_cpp_kernels",
     "capture_error_fix",
     "captured_guards",
     "compile_joint",
@@ -110,7 +112,6 @@ __all__ = [
     "compiled_function_uses_cudagraphs",
     "compiled_graph_callable",
     "concrete_zeros_like",
-    "cpp_kernel_binaries",
     "cpp_kernels",
     "deserialize_compiled_function",
     "export_joint",
@@ -131,7 +132,6 @@ __all__ = [
     "mark_static_address",
     "registered_global_hooks",
     "registered_hooks",
-    "reusing_shipped_kernels",
     "save_candidate",
     "serialize_compiled_function",
     "shape_env_guard_exprs",

@@ -14,7 +14,7 @@ from ..lean import hook_guards_enabled
 from ..lean.pickling import findable_by_name, function_by_value, reducer_override_patched
 from ..standin.config import dict_base, is_config, reduce_dict_config
 from .capture import Capture
-from .lean_guard_spec import GuardReading, lean_guard_spec, remember_lean_guards
+from .lean_guard_spec import GuardReading, lean_guard_spec
 
 
 @contextlib.contextmanager
@@ -202,9 +202,11 @@ def build_guard_manager(
     capture: Capture,
     guard_filter: Callable[[Sequence[Any]], Sequence[bool]],
     keep_source: Callable[[str, bool], bool],
-) -> tuple[Any, bytes]:
+) -> tuple[Any, bytes, dict[str, Any] | None]:
     """Build Dynamo's guard manager after compilation (so shape guards added by
-    AOTAutograd and Inductor are included) and its serialized state.
+    AOTAutograd and Inductor are included), its serialized state, and its tree
+    read as the lean check's spec (None if the lean check cannot run it): the
+    artifact holds the spec until save writes it.
 
     ``keep_source(name, is_global)`` says whether guards on a source are saved;
     sources Dynamo evaluates for dict key order are pruned with it.
@@ -240,7 +242,6 @@ def build_guard_manager(
         )
         # Read under the state the tree was built in (a tensor's dispatch keys).
         spec = lean_guard_spec(GuardReading(kept, check_fn, output_graph, capture.local_scope))
-        remember_lean_guards(check_fn.guard_manager, spec)
     if check_fn.guards_state is None:
         raise RuntimeError("Dynamo produced no serializable guard state")
-    return check_fn.guard_manager, check_fn.guards_state
+    return check_fn.guard_manager, check_fn.guards_state, spec

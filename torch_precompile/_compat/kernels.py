@@ -1,5 +1,6 @@
-"""Shipped C++ kernels on PyTorch's full path: loading them in place of Inductor's
-compiles, and finding the shared objects Inductor built (at save).
+"""Shipped C++ kernels: the shared objects Inductor built, taken when its compile
+returns (the artifact owns them from then on), and loaded on PyTorch's full path
+in place of Inductor's compiles.
 
 The kernels' private directory and the loader of one shipped kernel are the lean
 runtime's (:mod:`.lean.kernels`); this module patches Inductor's code cache to use them."""
@@ -9,12 +10,48 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from ..lean import KernelLoader, kernel_dir, kernel_key
+from .lean_specs import recorded_kernels
+
+log = logging.getLogger("torch_precompile")
+
+
+def built_cpp_kernels(sources: Iterable[str]) -> dict[str, bytes]:
+    """The shared object of each C++ kernel of Inductor's wrappers ``sources``, by key,
+    read as Inductor returns them: the artifact owns them from then on, so a save
+    never looks in Inductor's cache directory, which may be gone by then.
+
+    Right after a compile each kernel is a hit in Inductor's code cache (built or
+    found on disk by that compile); one that is not is built now, while the
+    compiler is known to be there. A wrapper whose kernels cannot be read is
+    skipped (loading then compiles them): a compile never fails over them.
+    """
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    binaries: dict[str, bytes] = {}
+    for source in sources:
+        try:
+            calls = recorded_kernels(source)
+        except Exception as exc:  # an unexpected wrapper: ship nothing for it
+            log.debug("cannot list the kernels of a wrapper: %s", exc)
+            continue
+        for argtypes, kernel_source in calls:
+            key = kernel_key(argtypes, kernel_source)
+            if key in binaries:
+                continue
+            try:
+                kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, kernel_source)
+                with open(kernel.__self__.__file__, "rb") as f:
+                    binaries[key] = f.read()
+            except Exception as exc:
+                log.debug("kernel %s not kept: %s", key[:12], exc)
+    return binaries
+
 
 # ------------------------------------- shipped CPU kernels on PyTorch's full path
 # Artifacts that do not take the lean path (dynamic shapes, training, closures,
@@ -23,8 +60,6 @@ from ..lean import KernelLoader, kernel_dir, kernel_key
 # kernels, which compiles them on a cache miss. The artifact's kernel sections
 # carry the shared objects built at save; while a compiled function is
 # deserialized, a kernel whose key is among them is loaded from the shipped file.
-
-SHIPPED_KERNELS: dict[str, Any] = {}  # kernel key -> shipped kernel loaded in this process
 
 
 def compiled_graph_sources(fn: Any) -> list[str]:
@@ -125,7 +160,6 @@ def shipped_cpp_kernels(kernels: Mapping[str, bytes | memoryview] | None) -> Ite
         yield
         return
 
-    log = logging.getLogger("torch_precompile")
     directory: list[str] = []  # made on the first shipped kernel asked for
     guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
     data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
@@ -138,21 +172,7 @@ def shipped_cpp_kernels(kernels: Mapping[str, bytes | memoryview] | None) -> Ite
         # kernels raises KernelDirectoryError, which says how to choose another.
         if not directory:
             directory.append(kernel_dir(kernels))
-        loader = KernelLoader(kernels, directory[0], data_ptr)
-        kernel = loader.cpp_pybinding(argtypes, source)
-        SHIPPED_KERNELS[key] = kernel
-        return kernel
+        return KernelLoader(kernels, directory[0], data_ptr).cpp_pybinding(argtypes, source)
 
     with _pybindings_from(lookup):
-        yield
-
-
-@contextlib.contextmanager
-def reusing_shipped_kernels() -> Iterator[None]:
-    """Kernels this process loaded from artifacts are found as if Inductor had built
-    them: saving an artifact loaded through the full path reads them, never compiles."""
-    if not SHIPPED_KERNELS:
-        yield
-        return
-    with _pybindings_from(lambda key, argtypes, source: SHIPPED_KERNELS.get(key)):
         yield

@@ -30,7 +30,6 @@ import collections
 import dataclasses
 import inspect
 import logging
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -379,19 +378,7 @@ def lean_guard_spec(reading: GuardReading) -> dict[str, Any] | None:
         return None
 
 
-# The spec of each guard manager built at precompile, until it is saved (a
-# manager rebuilt from a file has none: its lean guards are the file's).
-_SPECS: weakref.WeakKeyDictionary[Any, dict[str, Any] | None] = weakref.WeakKeyDictionary()
-
-
-def remember_lean_guards(guard_manager: Any, spec: dict[str, Any] | None) -> None:
-    _SPECS[guard_manager] = spec
-
-
 def lean_guards_of(guard_manager: Any) -> dict[str, Any] | None:
-    """The lean-guard spec read when ``guard_manager`` was built, or the one it was
-    loaded with (a lean load's tiered manager); None if neither."""
-    spec = _SPECS.get(guard_manager)
-    if spec is None:
-        spec = getattr(getattr(guard_manager, "lean_guards", None), "spec", None)
-    return spec
+    """The lean-guard spec ``guard_manager`` was loaded with (a lean load's tiered
+    manager), or None."""
+    return getattr(getattr(guard_manager, "lean_guards", None), "spec", None)

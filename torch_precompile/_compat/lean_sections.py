@@ -4,10 +4,12 @@ Reads PyTorch's compiled function (AOTAutograd's cache entry, Inductor's
 compiled graphs, Dynamo's runtime environment and guards) and writes the
 sections that :mod:`.lean` (``load_lean_compiled_function``) runs at load.
 
-An artifact saved in the process that compiled it carries two extra sections:
+An artifact carries two extra sections:
 
 - the kernels: the shared objects Inductor built for the graph's C++ kernels,
-  keyed by a digest of each kernel's source (:mod:`.lean.kernels`), one section each;
+  keyed by a digest of each kernel's source (:mod:`.lean.kernels`), one section
+  each; the artifact owns them (taken when Inductor returned them, or read from
+  the file it was loaded from);
 - ``lean``: what is needed to run the compiled graph without PyTorch's
   compiler stack: Inductor's generated Python wrapper (``call(args)``),
   Dynamo's transformed bytecode (which reads the graph inputs off ``self`` and
@@ -43,7 +45,7 @@ from ..lean import (
 from ..lean.bytecode_globals import global_homes
 from ..lean.pickling import dumps_lean
 from .joint import compiled_function_uses_cudagraphs
-from .kernels import SHIPPED_KERNELS, compiled_graph_sources, kernel_file_without_compiling
+from .kernels import compiled_graph_sources, kernel_file_without_compiling
 from .lean_guard_spec import lean_guards_of
 from .lean_specs import (
     autograd_refusal,
@@ -120,22 +122,35 @@ def _graph_refusal(graph: Any, subclasses: SubclassSpec | None = None) -> str | 
     return wrapper_refusal(graph.source_code)
 
 
-def cpp_kernel_binaries(fn: Any) -> tuple[bytes, Mapping[str, bytes | memoryview]] | None:
-    """The ``lean`` section and the kernels of a CPU artifact, or None."""
-    sections, _ = lean_sections(fn)
-    return sections
+Kernels = Mapping[str, bytes | memoryview]  # kernel key -> shared object (or cubin)
+
+
+def _kernel_binary(owned: Kernels, argtypes: list[str], source: str) -> bytes:
+    """A C++ kernel's shared object: the artifact's own; one it does not own (an
+    artifact loaded from a file without it, its kernels compiled at load) from
+    Inductor's code cache, built if need be."""
+    key = kernel_key(argtypes, source)
+    if key in owned:
+        return bytes(owned[key])
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    log.debug("kernel %s is not the artifact's own: reading Inductor's cache", key[:12])
+    kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
+    with open(kernel.__self__.__file__, "rb") as f:
+        return f.read()
 
 
 def lean_sections(
-    fn: Any,
-) -> tuple[tuple[bytes, Mapping[str, bytes | memoryview]] | None, str | None]:
+    fn: Any, owned: Kernels | None = None, lean_guards: dict[str, Any] | None = None
+) -> tuple[tuple[bytes, Kernels] | None, str | None]:
     """The ``lean`` section and the kernels (``{key: shared object}``) of a CPU
     artifact, or None and why not.
 
-    Run at save, in a process where Inductor built (or can build) the kernels:
-    each C++ kernel of the wrappers (forward, and backward for training) is
-    looked up in Inductor's code cache (a hit right after compiling) and its
-    shared object is read back.
+    ``owned`` are the artifact's kernels (:func:`.kernels.built_cpp_kernels` at
+    compile, or the file's at load): each C++ kernel of the wrappers (forward,
+    and backward for training) is taken from them. ``lean_guards`` is the spec
+    of its guard tree read at precompile (:func:`.guard_manager.build_guard_manager`);
+    None: the one its guard manager was loaded with, if any.
     """
 
     if isinstance(fn, LeanCompiledFunction):
@@ -150,7 +165,6 @@ def lean_sections(
         log.debug("no lean load: %s", reason)
         return None, reason
     from torch._inductor import select_algorithm
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
 
     graphs = plan.graphs
     cudagraphs: dict[str, Any] | None = None
@@ -181,9 +195,7 @@ def lean_sections(
             key = kernel_key(argtypes, kernel_source)
             if key in binaries:
                 continue
-            kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, kernel_source)
-            with open(kernel.__self__.__file__, "rb") as f:
-                binaries[key] = f.read()
+            binaries[key] = _kernel_binary(owned or {}, argtypes, kernel_source)
         triton_calls.append((source, triton_found))
     triton_specs: dict[str, dict[str, Any]] = {}
     if any(calls for _, calls in triton_calls):
@@ -222,7 +234,7 @@ def lean_sections(
         "signature": signature,
         "original_code": dumps_lean(fn._artifacts.original_code),
         "guards_state": fn._artifacts.guards_state,
-        "lean_guards": lean_guards_of(fn._artifacts.guard_manager),
+        "lean_guards": lean_guards or lean_guards_of(fn._artifacts.guard_manager),
         "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
         "device_type": fn._artifacts.device_type,
         "triton": triton_specs,  # key -> launch spec of each Triton kernel (cubin in kernels)
@@ -251,16 +263,17 @@ def lean_sections(
     return (pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), binaries), None
 
 
-def cpp_kernels(fns: Sequence[Any]) -> dict[str, bytes]:
-    """The shipped kernels of CPU compiled functions (all variants, forward and backward).
+def cpp_kernels(fns: Sequence[tuple[Any, Kernels]]) -> dict[str, bytes]:
+    """The shipped kernels of CPU compiled functions (all variants, forward and
+    backward), each given with the kernels its artifact owns.
 
-    Each C++ kernel of each wrapper is looked for among the shipped kernels
-    loaded in this process, then in Inductor's code cache (no compile); a kernel
-    found in neither is left out (loading then compiles it).
+    Each C++ kernel of each wrapper is taken from its artifact's own, else looked
+    for in Inductor's code cache (no compile); a kernel found in neither is left
+    out (loading then compiles it).
     """
     binaries: dict[str, bytes] = {}
     missing = 0
-    for fn in fns:
+    for fn, owned in fns:
         if isinstance(fn, LeanCompiledFunction):
             binaries.update((k, bytes(v)) for k, v in fn.kernels.items())
             continue
@@ -279,12 +292,11 @@ def cpp_kernels(fns: Sequence[Any]) -> dict[str, bytes]:
                 key = kernel_key(argtypes, kernel_source)
                 if key in binaries:
                     continue
-                shipped = SHIPPED_KERNELS.get(key)
+                if key in owned:
+                    binaries[key] = bytes(owned[key])
+                    continue
                 try:
-                    if shipped is not None:
-                        path = shipped.__self__.__file__
-                    else:
-                        path = kernel_file_without_compiling(argtypes, kernel_source)
+                    path = kernel_file_without_compiling(argtypes, kernel_source)
                     if path is not None:
                         with open(path, "rb") as f:
                             binaries[key] = f.read()

@@ -67,6 +67,14 @@ class PrecompiledArtifact:
     _recording: Any = dataclasses.field(default=None, repr=False, compare=False)
     # Where the artifact was saved to or loaded from ({"path": ...}); set by save and load.
     _origin: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # The compiled kernels' binaries by key (C++ shared objects): taken as Inductor
+    # returned them, or the file's; what save ships, so it never reads Inductor's cache.
+    kernels: Mapping[str, bytes | memoryview] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False
+    )
+    # Dynamo's guard tree read at precompile as the lean check's spec (None: it cannot
+    # run it, or loaded); save writes it into the lean section.
+    lean_guards: dict[str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = tuple(canonical_strides(a) for a in args)

@@ -30,4 +30,5 @@ def bundle_variants(variants: Sequence[PrecompiledArtifact]) -> PrecompiledArtif
         timings={k: sum(v.timings.get(k, 0.0) for v in variants) for k in first.timings},
         _runtime=runtime,  # type: ignore[arg-type]
         variants=variants,
+        kernels={key: data for v in variants for key, data in v.kernels.items()},
     )

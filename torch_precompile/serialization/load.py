@@ -263,6 +263,7 @@ def _load_variant(
         ),
         _sizes=dict(header.sizes),
         globals_module=header.globals_module,
+        kernels=kernels,  # the file's: a re-save ships them again
     )
 
 

@@ -73,7 +73,7 @@ def save(
         sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
 
     # Each variant the lean path handles gets its "lean" section and brings its
-    # kernels; the others' kernels are looked up for PyTorch's full path.
+    # kernels; the others' kernels (the artifact's own) go for PyTorch's full path.
     kernels: dict[str, bytes | memoryview] = {}
     refusals: list[str | None] = []
     slow: list[Any] = []
@@ -201,9 +201,9 @@ def _lean_sections(
     if artifact.variants:
         return None, "a bundle of variants"
     try:
-        # Kernels this process loaded from a file are read back, not rebuilt.
-        with _compat.reusing_shipped_kernels():
-            return _compat.lean_sections(artifact.compiled_function)
+        return _compat.lean_sections(
+            artifact.compiled_function, artifact.kernels, artifact.lean_guards
+        )
     except Exception as exc:  # never fail a save over the optional lean path
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
         return None, f"{type(exc).__name__}: {exc}"
@@ -216,7 +216,7 @@ def _full_path_kernels(variants: Sequence[PrecompiledArtifact]) -> Mapping[str, 
     if not variants:
         return {}
     try:
-        return _compat.cpp_kernels([v.compiled_function for v in variants])
+        return _compat.cpp_kernels([(v.compiled_function, v.kernels) for v in variants])
     except Exception as exc:  # never fail a save over shipped kernels
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
         return {}

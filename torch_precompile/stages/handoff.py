@@ -55,6 +55,8 @@ class CompiledGraphs:
 
     fn: Any = dataclasses.field(repr=False)
     handoff: Handoff = dataclasses.field(repr=False, compare=False)
+    # The C++ kernels' shared objects by key, taken as Inductor returned them.
+    kernels: Mapping[str, bytes] = dataclasses.field(default_factory=dict, repr=False)
 
     def __call__(self, *flat_inputs: Any) -> Any:
         return self.fn(*flat_inputs)

@@ -65,6 +65,8 @@ def inductor(
         compiled, sources = _compat.compile_joint(
             capture, jd, joint_gm, aot.dynamo_graph, mode, options
         )
+        # Ours from here on: a save never looks in Inductor's cache, which may be gone.
+        kernels = _compat.built_cpp_kernels(sources.values())
     elapsed = time.perf_counter() - start
     log.info("inductor: done in %.2f s", elapsed)
     added = new_shape_guards(capture, guards, "inductor")
@@ -78,7 +80,11 @@ def inductor(
         aot.training,
     )
     return InductorOutput(
-        CompiledGraphs(compiled, handoff), hand_out(handoff), sources, aot.training, handoff
+        CompiledGraphs(compiled, handoff, kernels),
+        hand_out(handoff),
+        sources,
+        aot.training,
+        handoff,
     )
 
 

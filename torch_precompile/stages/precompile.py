@@ -53,7 +53,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     scope_module = getattr(capture.traced_fn, "__module__", None)
     closure_names = capture.traced_fn.__code__.co_freevars
     guard_filter = serializable_guard_filter(dropped, translated, scope_module, closure_names)
-    guard_manager, guards_state = _compat.build_guard_manager(
+    guard_manager, guards_state, lean_guards = _compat.build_guard_manager(
         capture, guard_filter, source_is_rechecked
     )
     compiled_function = _compat.make_compiled_function(
@@ -107,6 +107,8 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         bytecode=capture.graph_capture_output.bytecode,
         compiled_function=compiled_function,
         _runtime=runtime,
+        kernels=compiled.kernels,
+        lean_guards=lean_guards,
         globals_module=capture.traced_fn.__module__ or "",
         _recording=recording,
     )

@@ -7,6 +7,7 @@ transformer (one compile).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import itertools
@@ -142,12 +143,35 @@ def _pieces_of_a_capture() -> tuple[torch.fx.GraphModule, weakref.ref, weakref.r
 
 
 def test_handed_out_pieces_keep_nothing_alive() -> None:
-    """The table from pieces to their stage holds them weakly: once the caller drops a
-    stage's output and guards, its handoff (the capture, the model) is collected, and
-    the graph module alone no longer leads back."""
+    """A graph module leads back to its stage weakly: once the caller drops a stage's
+    output and guards, its handoff (the capture, the model) is collected, and the
+    graph module alone no longer leads back."""
     gm, model, handoff = _pieces_of_a_capture()
     gc.collect()
     assert handoff() is None and model() is None
     assert handed_out(gm) is None
     with pytest.raises(ValueError, match=r"does not come from Precompile\.dynamo"):
         Precompile.aot_autograd(gm)
+
+
+def test_pieces_carry_their_way_back_no_table_does() -> None:
+    """The guards a stage hands out carry its handoff and the graph module a weak lead
+    to it; a collection derived from them carries nothing, and the module keeps no
+    table of handed-out pieces."""
+    from torch_precompile.stages import handoff as handoff_module
+
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        gm, _, guards = Precompile.dynamo(model, torch.randn(2, 4))
+    assert handed_out(guards) is not None and handed_out(guards) is handed_out(gm)
+    assert handed_out(guards.extend(())) is None and handed_out(guards.by_phase("dynamo")) is None
+    assert handed_out(copy.deepcopy(gm)) is None  # a pass's copy: passed with its guards
+    tables = [
+        name
+        for name, value in vars(handoff_module).items()
+        if isinstance(
+            value, (dict, list, set, weakref.WeakKeyDictionary, weakref.WeakValueDictionary)
+        )
+        and not name.startswith("__")
+    ]
+    assert not tables, tables

@@ -12,15 +12,18 @@ class Guards(Sequence[Guard]):
     """An immutable, ordered collection of :class:`Guard` entries.
 
     ``capture_id`` names the Dynamo capture the entries derive from (``save``
-    uses it to refuse guards of another capture). Weakly referable, so that the
-    stages can find, by identity, the stage that handed a collection out.
+    uses it to refuse guards of another capture). The collection a stage hands
+    out also carries, privately, what the next stage takes over from
+    (:meth:`carrying`): the seed's ``joint, guards = aot_autograd(gm, guards)``
+    passes only the pieces. It is never compared, written or copied.
     """
 
-    __slots__ = ("__weakref__", "_capture_id", "_entries")
+    __slots__ = ("__weakref__", "_capture_id", "_carried", "_entries")
 
     def __init__(self, entries: Sequence[Guard] = (), *, capture_id: str | None = None):
         object.__setattr__(self, "_entries", tuple(entries))
         object.__setattr__(self, "_capture_id", capture_id)
+        object.__setattr__(self, "_carried", None)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -54,6 +57,12 @@ class Guards(Sequence[Guard]):
     def of_kind(self, kind: type[Guard]) -> list[Any]:
         """The entries of one kind (``guards.of_kind(RangeGuard)``)."""
         return [g for g in self._entries if isinstance(g, kind)]
+
+    def carrying(self, state: Any) -> Guards:
+        """These entries, as a new collection carrying ``state`` (read by the stages only)."""
+        guards = Guards(self._entries, capture_id=self._capture_id)
+        object.__setattr__(guards, "_carried", state)
+        return guards
 
     def extend(self, entries: Sequence[Guard]) -> Guards:
         """A new collection with these entries appended."""

@@ -2,18 +2,18 @@
 
 A stage builds a :class:`Handoff` (what the next stage needs) and returns it
 inside its output, a frozen value; nothing is written to the output, to the
-graph module (its ``meta`` stays the compiler's) or to the ``Guards``
+graph module's ``meta`` (it stays the compiler's) or to the ``Guards``
 afterwards. The seed's spelling passes only the pieces an output unpacks to
-(``joint, guards = Precompile.aot_autograd(gm, guards)``), so this module keeps
-one table from each handed-out piece, by identity, to its handoff, weak on
-the piece: an entry lives as long as the piece the caller holds.
+(``joint, guards = Precompile.aot_autograd(gm, guards)``), so each piece a
+stage hands out carries the way back to its handoff itself; no table does:
 
-- The ``Guards`` a stage hands out map to its handoff. They are a new object
-  the handoff does not hold, so the table never keeps them alive.
-- The graph module maps to the handoff weakly: the handoff holds the graph
-  module (the capture does), and a strong entry would keep it, and the model,
-  alive for good. A graph module passed alone is found while its stage's
-  output or guards live.
+- The ``Guards`` a stage hands out are a new collection carrying its handoff
+  (:meth:`Guards.carrying`); the handoff holds other ``Guards``, so it lives
+  exactly as long as the caller keeps the guards (or the output).
+- The graph module carries a weak lead (:class:`_Lead`, set when handed out):
+  the handoff holds the graph module (the capture does), and a strong one
+  would keep the handoff, and the model, alive for good. A graph module passed
+  alone is found while its stage's output or guards live.
 - The compiled code (:class:`CompiledGraphs`) is this package's own value: it
   holds its handoff.
 
@@ -62,48 +62,48 @@ class CompiledGraphs:
         return self.fn(*flat_inputs)
 
 
-class _ByIdentity:
-    """Values by the identity of live objects; an entry goes when its object is collected."""
-
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref[Any], Any]] = {}
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def put(self, key: Any, value: Any) -> None:
-        ident = id(key)
-
-        def drop(ref: weakref.ref[Any]) -> None:
-            if self._entries.get(ident, (None,))[0] is ref:
-                del self._entries[ident]
-
-        self._entries[ident] = (weakref.ref(key, drop), value)
-
-    def get(self, key: Any) -> Any:
-        entry = self._entries.get(id(key))
-        return entry[1] if entry is not None and entry[0]() is key else None
+_LEAD = "_torch_precompile_lead"  # the attribute of a handed-out graph module
 
 
-_HANDED_OUT = _ByIdentity()
+class _Lead:
+    """A handed-out graph module's weak way back to its stage's handoff.
+
+    A pickled module (Inductor's cache keys pickle graph modules) leads nowhere;
+    so does a copy (``GraphModule.__deepcopy__`` builds a new module): a pass that
+    returns a new module passes the guards with it.
+    """
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, handoff: Handoff | None = None) -> None:
+        self._ref = weakref.ref(handoff) if handoff is not None else None
+
+    def __call__(self) -> Handoff | None:
+        return self._ref() if self._ref is not None else None
+
+    def __reduce__(self) -> tuple[type[_Lead], tuple[()]]:
+        return (_Lead, ())
 
 
 def hand_out(handoff: Handoff, graph_module: torch.fx.GraphModule | None = None) -> Guards:
-    """The guards to hand out with ``handoff``, which they (and ``graph_module``, the
-    stage's own product) lead back to."""
-    guards = handoff.guards.extend(())  # a new object, which the handoff does not hold
-    _HANDED_OUT.put(guards, handoff)
+    """The guards to hand out with ``handoff``, carrying it; ``graph_module`` (the
+    stage's own product) gets a weak lead back to it."""
     if graph_module is not None:
-        _HANDED_OUT.put(graph_module, weakref.ref(handoff))
-    return guards
+        graph_module.__dict__[_LEAD] = _Lead(handoff)
+    return handoff.guards.carrying(handoff)
 
 
 def handed_out(piece: Any) -> Handoff | None:
     """The handoff a piece a stage handed out leads back to (None: not one, or gone)."""
     if isinstance(piece, CompiledGraphs):
         return piece.handoff
-    found = _HANDED_OUT.get(piece)
-    return found() if isinstance(found, weakref.ref) else found
+    if isinstance(piece, Guards):
+        carried = piece._carried
+        return carried if isinstance(carried, Handoff) else None
+    if isinstance(piece, torch.fx.GraphModule):
+        lead = piece.__dict__.get(_LEAD)
+        return lead() if isinstance(lead, _Lead) else None
+    return None
 
 
 def take_over(

@@ -19,9 +19,9 @@ import torch
 from conftest import script_json
 
 from torch_precompile import Precompile
-from torch_precompile._compat.lean_specs import cudagraph_spec
 from torch_precompile.lean import cudagraphs as lean_cudagraphs
 from torch_precompile.lean.cudagraphs import CUDAGraphRunner, CUDAGraphSpec
+from torch_precompile.lean_writer.specs import cudagraph_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_cuda = pytest.mark.skipif(

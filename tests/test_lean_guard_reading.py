@@ -24,9 +24,9 @@ from conftest import script_json
 
 from tests.fixtures.models import build_tiny_mlp
 from torch_precompile import Precompile
-from torch_precompile._compat import guard_manager as guard_manager_module
-from torch_precompile._compat import lean_guard_leaves
 from torch_precompile.lean.guards import LeanGuards
+from torch_precompile.lean_writer import guard_leaves as lean_guard_leaves
+from torch_precompile.lean_writer import guard_spec as guard_spec_module
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
 
@@ -37,7 +37,7 @@ VOCAB = 1000
 def _reading_spied(reads: list[Any], debug_text_calls: list[str]) -> Iterator[None]:
     """Record each spec read at precompile; while it is read, Dynamo's debug text raises."""
     guards = torch._C._dynamo.guards
-    read = guard_manager_module.lean_guard_spec
+    read = guard_spec_module.lean_guard_spec
 
     def no_debug_text(name: str) -> Any:
         def raising(*args: Any, **kwargs: Any) -> Any:
@@ -57,11 +57,11 @@ def _reading_spied(reads: list[Any], debug_text_calls: list[str]) -> Iterator[No
         reads.append(spec)
         return spec
 
-    guard_manager_module.lean_guard_spec = spied
+    guard_spec_module.lean_guard_spec = spied
     try:
         yield
     finally:
-        guard_manager_module.lean_guard_spec = read
+        guard_spec_module.lean_guard_spec = read
 
 
 @pytest.fixture(scope="module")

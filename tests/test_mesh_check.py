@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    from torch_precompile._compat.dtensor_guard_spec import mesh_descriptor
+    from torch_precompile.lean_writer.dtensor_guards import mesh_descriptor
     from torch_precompile.lean.subclasses import MeshCheck
 
     sub = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))["tp"]

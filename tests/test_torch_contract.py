@@ -21,7 +21,7 @@ COMPAT = Path(contract.__file__).parent
 PACKAGE = COMPAT.parent
 # The two folders that may touch private torch names: the save-time adapters and the
 # lean runtime (tests/test_layout.py keeps every other module free of them).
-PRIVATE_ROOTS = (COMPAT, PACKAGE / "lean")
+PRIVATE_ROOTS = (COMPAT, PACKAGE / "lean", PACKAGE / "lean_writer")
 _TENSOR_GUARDS_PROBE = "TensorGuards(*tensors, dynamic_dims_sizes=, dynamic_dims_strides=)"
 
 
@@ -219,7 +219,11 @@ def test_no_entry_is_listed_twice() -> None:
 # ------------------------------------------------- members and private attributes
 
 # Private attributes torch reads off objects, also read in standin/module.py.
-_MEMBER_FILES = (*sorted(COMPAT.rglob("*.py")), COMPAT.parent / "standin" / "module.py")
+_MEMBER_FILES = (
+    *sorted(COMPAT.rglob("*.py")),
+    *sorted((COMPAT.parent / "lean_writer").rglob("*.py")),
+    COMPAT.parent / "standin" / "module.py",
+)
 
 
 def _own_names() -> set[str]:

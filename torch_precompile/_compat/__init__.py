@@ -16,17 +16,11 @@ One module per concern, in pipeline order:
 - ``guard_vocab``: Dynamo's guard kinds sorted into the package's categories;
 - ``functions``: PyTorch's ``AOTCompiledFunction`` (assembly, serialization,
   the accessors the runtime reads);
-- ``kernels``: the C++ kernels Inductor built, taken as its compile returns
-  (the artifact owns them), and loaded on PyTorch's full path (Inductor's code
-  cache patched to load them instead of compiling);
-- ``lean_sections``: at save, what an artifact needs to load without the
-  compiler stack; ``lean_specs`` decides what the lean runtime can run,
-  ``triton_cubins`` reads the Triton kernels' cubins and launch parameters,
-  ``local_collectives`` answers collectives on one rank for that run;
-- ``lean_guard_spec``: Dynamo's guard tree read at precompile into a plain
-  spec, from its typed sources, guards and the capture's live values (never
-  its debug text); ``lean_guard_leaves``: one reader per kind of leaf guard;
-  ``dtensor_guard_spec``: the same for DTensor and DeviceMesh guards;
+- ``kernels``: a C++ kernel's shared object from Inductor's code cache, and the
+  shipped kernels loaded on PyTorch's full path (Inductor's code cache patched
+  to load them instead of compiling);
+- ``local_collectives``: collectives answered on one rank (a graph run on the
+  saving rank alone);
 - ``distributed``: DTensor meshes and ``compile_on_one_rank``;
 - ``hooks``: the module hook dicts a call checks;
 - ``contract``: every private PyTorch name this package and ``lean/`` use, in
@@ -84,11 +78,9 @@ from .joint import (
     joint_placeholder_count,
 )
 from .kernels import (
-    built_cpp_kernels,
     shipped_cpp_kernels,
     shipped_kernels_enabled,
 )
-from .lean_sections import cpp_kernels, lean_sections
 
 __all__ = [
     "BEFORE_2_13",
@@ -99,7 +91,6 @@ __all__ = [
     "SaveCandidate",
     "begin_cudagraph_step",
     "build_guard_manager",
-    "built_cpp_kernels",
     "capture_error_fix",
     "captured_guards",
     "compile_joint",
@@ -112,7 +103,6 @@ __all__ = [
     "compiled_function_uses_cudagraphs",
     "compiled_graph_callable",
     "concrete_zeros_like",
-    "cpp_kernels",
     "deserialize_compiled_function",
     "export_joint",
     "external_global_refs",
@@ -125,7 +115,6 @@ __all__ = [
     "joint_graph_module",
     "joint_needs_autograd",
     "joint_placeholder_count",
-    "lean_sections",
     "linear_in_sizes",
     "make_compiled_function",
     "mark_dynamic",

@@ -43,7 +43,7 @@ def _module_internals_probe(module_cls: type) -> None:
 
 
 def _mark_dynamic_probe(mark_dynamic: Any) -> None:
-    """The marks capture.py and lean_guard_leaves.py read off a marked tensor."""
+    """The marks capture.py and lean_writer/guard_leaves.py read off a marked tensor."""
     import torch
 
     t = torch.zeros(4, 3)

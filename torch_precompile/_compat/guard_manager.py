@@ -14,7 +14,6 @@ from ..lean import hook_guards_enabled
 from ..lean.pickling import findable_by_name, function_by_value, reducer_override_patched
 from ..standin.config import dict_base, is_config, reduce_dict_config
 from .capture import Capture
-from .lean_guard_spec import GuardReading, lean_guard_spec
 
 
 @contextlib.contextmanager
@@ -202,11 +201,14 @@ def build_guard_manager(
     capture: Capture,
     guard_filter: Callable[[Sequence[Any]], Sequence[bool]],
     keep_source: Callable[[str, bool], bool],
+    read_tree: Callable[[Sequence[Any], Any, Any, dict[str, Any]], dict[str, Any] | None]
+    | None = None,
 ) -> tuple[Any, bytes, dict[str, Any] | None]:
     """Build Dynamo's guard manager after compilation (so shape guards added by
     AOTAutograd and Inductor are included), its serialized state, and its tree
-    read as the lean check's spec (None if the lean check cannot run it): the
-    artifact holds the spec until save writes it.
+    read as the lean check's spec by ``read_tree(kept guards, check_fn,
+    output_graph, frame locals)`` (None if it cannot be, or no reader is given):
+    the artifact holds the spec until save writes it.
 
     ``keep_source(name, is_global)`` says whether guards on a source are saved;
     sources Dynamo evaluates for dict key order are pruned with it.
@@ -241,7 +243,9 @@ def build_guard_manager(
             capture.traced_fn.__code__, hooks=hooks, save=True, strict_error=True
         )
         # Read under the state the tree was built in (a tensor's dispatch keys).
-        spec = lean_guard_spec(GuardReading(kept, check_fn, output_graph, capture.local_scope))
+        spec = None
+        if read_tree is not None:
+            spec = read_tree(kept, check_fn, output_graph, capture.local_scope)
     if check_fn.guards_state is None:
         raise RuntimeError("Dynamo produced no serializable guard state")
     return check_fn.guard_manager, check_fn.guards_state, spec

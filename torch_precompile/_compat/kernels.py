@@ -1,6 +1,6 @@
-"""Shipped C++ kernels: the shared objects Inductor built, taken when its compile
-returns (the artifact owns them from then on), and loaded on PyTorch's full path
-in place of Inductor's compiles.
+"""Shipped C++ kernels: the shared objects Inductor built, read from its code cache
+when its compile returns (``lean_writer`` keeps them in the artifact), and loaded
+on PyTorch's full path in place of Inductor's compiles.
 
 The kernels' private directory and the loader of one shipped kernel are the lean
 runtime's (:mod:`.lean.kernels`); this module patches Inductor's code cache to use them."""
@@ -10,47 +10,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from ..lean import KernelLoader, kernel_dir, kernel_key
-from .lean_specs import recorded_kernels
 
 log = logging.getLogger("torch_precompile")
 
 
-def built_cpp_kernels(sources: Iterable[str]) -> dict[str, bytes]:
-    """The shared object of each C++ kernel of Inductor's wrappers ``sources``, by key,
-    read as Inductor returns them: the artifact owns them from then on, so a save
-    never looks in Inductor's cache directory, which may be gone by then.
-
-    Right after a compile each kernel is a hit in Inductor's code cache (built or
-    found on disk by that compile); one that is not is built now, while the
-    compiler is known to be there. A wrapper whose kernels cannot be read is
-    skipped (loading then compiles them): a compile never fails over them.
-    """
+def built_kernel_binary(argtypes: list[str], source: str) -> bytes:
+    """The shared object Inductor built for a C++ kernel, from its code cache: a hit
+    right after the compile that built it (or found it on disk); built on a miss."""
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
-    binaries: dict[str, bytes] = {}
-    for source in sources:
-        try:
-            calls = recorded_kernels(source)
-        except Exception as exc:  # an unexpected wrapper: ship nothing for it
-            log.debug("cannot list the kernels of a wrapper: %s", exc)
-            continue
-        for argtypes, kernel_source in calls:
-            key = kernel_key(argtypes, kernel_source)
-            if key in binaries:
-                continue
-            try:
-                kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, kernel_source)
-                with open(kernel.__self__.__file__, "rb") as f:
-                    binaries[key] = f.read()
-            except Exception as exc:
-                log.debug("kernel %s not kept: %s", key[:12], exc)
-    return binaries
+    kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
+    with open(kernel.__self__.__file__, "rb") as f:
+        return f.read()
 
 
 # ------------------------------------- shipped CPU kernels on PyTorch's full path

@@ -22,8 +22,8 @@ imports ``torch._dynamo``, never a compiler.
 
 Each runtime module defines its spec, a dataclass stored with
 ``dataclasses.asdict``. The save-time functions that read PyTorch's compiled
-objects and write those specs live in ``_compat/lean_specs.py`` and
-``_compat/triton_cubins.py``. This folder touches private ``torch`` names (the
+objects and write those specs live in ``lean_writer/specs.py`` and
+``lean_writer/triton_cubins.py``. This folder touches private ``torch`` names (the
 static CUDA launcher, ``torch._C._dynamo.guards``): each is listed in
 ``_compat/contract.py`` and checked on the installed torch.
 

@@ -151,7 +151,7 @@ def mesh_layout(mesh: Any) -> list[Any]:
 
 
 class MeshCheck:
-    """A DeviceMesh against ``dtensor_guard_spec.mesh_descriptor`` of the saved one:
+    """A DeviceMesh against ``lean_writer.dtensor_guards.mesh_descriptor`` of the saved one:
     equal as DeviceMesh equality decides (ranks and layout, device type, dimension
     names, thread). The last mesh found equal is remembered (a weak reference),
     so a call with the same mesh costs one identity test."""
@@ -180,7 +180,7 @@ class MeshCheck:
 
 class DTensorSpecCheck:
     """Dynamo's DTensor spec guard (``_check_equals(saved, skip_shapes=True)``) against
-    the spec recorded at save (``dtensor_guard_spec``'s DTENSOR_SPEC_MATCH reader): the mesh,
+    the spec recorded at save (``lean_writer.dtensor_guards``' DTENSOR_SPEC_MATCH reader): the mesh,
     placements, shard order and dtype. The last spec found equal is remembered."""
 
     def __init__(self, saved: dict[str, Any]) -> None:

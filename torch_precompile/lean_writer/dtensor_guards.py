@@ -12,7 +12,7 @@ layouts with equalities to placements (``== Shard(dim=-1)``). The lean
 guards cannot read a lambda back, but the saved model's values are at hand at
 save: the same comparisons are recorded as data, and
 :class:`.lean.subclasses.DTensorSpecCheck` and :class:`.lean.subclasses.MeshCheck`
-run them at load. Each reader joins ``lean_guard_leaves``' registries by the
+run them at load. Each reader joins ``guard_leaves``' registries by the
 guard's builder (lambdas), the leaf's type or the compared object's class
 (equalities), never by its text.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..lean.subclasses import mesh_layout
-from .lean_guard_leaves import (
+from .guard_leaves import (
     LeafNode,
     NoLeanGuards,
     equals_reader,

@@ -35,8 +35,8 @@ from typing import Any
 
 from ..lean import shape_expr_ok
 from ..standin.config import is_config
-from . import dtensor_guard_spec  # noqa: F401  (registers tensor parallelism's readers)
-from .lean_guard_leaves import (
+from . import dtensor_guards  # noqa: F401  (registers tensor parallelism's readers)
+from .guard_leaves import (
     LEAF_READERS,
     MISSING,
     LeafNode,
@@ -361,6 +361,14 @@ class _Reader:
         if any(kind != "LAMBDA_GUARD" for kind in epilogue) or len(epilogue) > allowed:
             raise NoLeanGuards(f"epilogue guards {epilogue}")
         return exprs
+
+
+def read_lean_guards(
+    guards: Sequence[Any], check_fn: Any, output_graph: Any, local_scope: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The lean spec of a guard tree Dynamo just built (``build_guard_manager``'s
+    ``read_tree``), read under the state it was built in."""
+    return lean_guard_spec(GuardReading(guards, check_fn, output_graph, local_scope))
 
 
 def lean_guard_spec(reading: GuardReading) -> dict[str, Any] | None:

@@ -26,11 +26,17 @@ import dataclasses
 import logging
 import pickle
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from .._compat.joint import compiled_function_uses_cudagraphs
+from .._compat.kernels import (
+    built_kernel_binary,
+    compiled_graph_sources,
+    kernel_file_without_compiling,
+)
 from ..lean import (
     AUTOGRAD_SPEC_VERSION,
     LEAN_SECTION_VERSION,
@@ -44,10 +50,8 @@ from ..lean import (
 )
 from ..lean.bytecode_globals import global_homes
 from ..lean.pickling import dumps_lean
-from .joint import compiled_function_uses_cudagraphs
-from .kernels import compiled_graph_sources, kernel_file_without_compiling
-from .lean_guard_spec import lean_guards_of
-from .lean_specs import (
+from .guard_spec import lean_guards_of
+from .specs import (
     autograd_refusal,
     cudagraph_spec,
     inference_refusal,
@@ -125,6 +129,34 @@ def _graph_refusal(graph: Any, subclasses: SubclassSpec | None = None) -> str | 
 Kernels = Mapping[str, bytes | memoryview]  # kernel key -> shared object (or cubin)
 
 
+def kept_kernels(sources: Iterable[str]) -> dict[str, bytes]:
+    """The shared object of each C++ kernel of Inductor's wrappers ``sources``, by key,
+    read as Inductor's compile returns: the artifact owns them from then on, so a
+    save never looks in Inductor's cache directory, which may be gone by then.
+
+    Each is a hit in Inductor's code cache right after the compile (one that is
+    not is built now, while the compiler is known to be there). A kernel that
+    cannot be read is left out (loading then compiles it): a compile never fails
+    over them.
+    """
+    binaries: dict[str, bytes] = {}
+    for source in sources:
+        try:
+            calls = recorded_kernels(source)
+        except Exception as exc:  # an unexpected wrapper: ship nothing for it
+            log.debug("cannot list the kernels of a wrapper: %s", exc)
+            continue
+        for argtypes, kernel_source in calls:
+            key = kernel_key(argtypes, kernel_source)
+            if key in binaries:
+                continue
+            try:
+                binaries[key] = built_kernel_binary(argtypes, kernel_source)
+            except Exception as exc:
+                log.debug("kernel %s not kept: %s", key[:12], exc)
+    return binaries
+
+
 def _kernel_binary(owned: Kernels, argtypes: list[str], source: str) -> bytes:
     """A C++ kernel's shared object: the artifact's own; one it does not own (an
     artifact loaded from a file without it, its kernels compiled at load) from
@@ -132,12 +164,8 @@ def _kernel_binary(owned: Kernels, argtypes: list[str], source: str) -> bytes:
     key = kernel_key(argtypes, source)
     if key in owned:
         return bytes(owned[key])
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
-
     log.debug("kernel %s is not the artifact's own: reading Inductor's cache", key[:12])
-    kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
-    with open(kernel.__self__.__file__, "rb") as f:
-        return f.read()
+    return built_kernel_binary(argtypes, source)
 
 
 def lean_sections(
@@ -146,7 +174,7 @@ def lean_sections(
     """The ``lean`` section and the kernels (``{key: shared object}``) of a CPU
     artifact, or None and why not.
 
-    ``owned`` are the artifact's kernels (:func:`.kernels.built_cpp_kernels` at
+    ``owned`` are the artifact's kernels (:func:`kept_kernels` at
     compile, or the file's at load): each C++ kernel of the wrappers (forward,
     and backward for training) is taken from them. ``lean_guards`` is the spec
     of its guard tree read at precompile (:func:`.guard_manager.build_guard_manager`);

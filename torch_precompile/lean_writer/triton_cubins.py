@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from .._compat.local_collectives import UnknownCollectiveError, local_collectives
 from ..lean.triton_kernels import BUILTIN_NAMES, triton_key
-from .local_collectives import UnknownCollectiveError, local_collectives
 
 
 def _wrapper_module(source: str) -> Any:

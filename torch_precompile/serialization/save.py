@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .. import _compat
+from .. import _compat, lean_writer
 from ..distributed.placement import describe as describe_layout
 from ..distributed.shards import code_file_parts, save_shard
 from ..file.header import KERNEL_PREFIX, LEAN_SECTION, Header, VariantRecord, section_name
@@ -201,7 +201,7 @@ def _lean_sections(
     if artifact.variants:
         return None, "a bundle of variants"
     try:
-        return _compat.lean_sections(
+        return lean_writer.lean_sections(
             artifact.compiled_function, artifact.kernels, artifact.lean_guards
         )
     except Exception as exc:  # never fail a save over the optional lean path
@@ -216,7 +216,7 @@ def _full_path_kernels(variants: Sequence[PrecompiledArtifact]) -> Mapping[str, 
     if not variants:
         return {}
     try:
-        return _compat.cpp_kernels([(v.compiled_function, v.kernels) for v in variants])
+        return lean_writer.cpp_kernels([(v.compiled_function, v.kernels) for v in variants])
     except Exception as exc:  # never fail a save over shipped kernels
         log.warning("saving without shipped kernels (loading will need a C++ compiler): %s", exc)
         return {}

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .. import _compat
+from .. import _compat, lean_writer
 from ..guards import Guard, Guards, SystemGuard
 from ..runtime import machine as _system
 from .aot_autograd import AOTAutogradOutput, check_calling_convention, new_shape_guards
@@ -66,7 +66,7 @@ def inductor(
             capture, jd, joint_gm, aot.dynamo_graph, mode, options
         )
         # Ours from here on: a save never looks in Inductor's cache, which may be gone.
-        kernels = _compat.built_cpp_kernels(sources.values())
+        kernels = lean_writer.kept_kernels(sources.values())
     elapsed = time.perf_counter() - start
     log.info("inductor: done in %.2f s", elapsed)
     added = new_shape_guards(capture, guards, "inductor")

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from .. import _compat
+from .. import _compat, lean_writer
 from ..guards import (
     Guard,
     dropped_guard,
@@ -54,7 +54,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     closure_names = capture.traced_fn.__code__.co_freevars
     guard_filter = serializable_guard_filter(dropped, translated, scope_module, closure_names)
     guard_manager, guards_state, lean_guards = _compat.build_guard_manager(
-        capture, guard_filter, source_is_rechecked
+        capture, guard_filter, source_is_rechecked, lean_writer.read_lean_guards
     )
     compiled_function = _compat.make_compiled_function(
         capture, compiled.fn, guard_manager, guards_state

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,105 +28,22 @@ from torch_precompile import CaptureError, GuardError, Precompile
 from torch_precompile._compat import TRACES_DEEPCOPY
 
 transformers = pytest.importorskip("transformers", reason="the test extra installs transformers")
-from tests.fixtures.hf_models import extra_models, survey_models  # noqa: E402
+from tests.fixtures.hf_models import (  # noqa: E402
+    GPT2,
+    SMALL,
+    VOCAB,
+    extra_models,
+    padded_mask,
+    staged_models,
+    survey_models,
+    token_ids,
+)
 
 CATALOGUE = {**survey_models(), **extra_models()}
 T = transformers
 
-VOCAB = 1000
-
-
-def _ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
-
-
-def _padded_mask() -> torch.Tensor:
-    mask = torch.ones(2, 16, dtype=torch.long)
-    mask[1, 10:] = 0  # the second sequence is padded
-    return mask
-
-
-def _images() -> torch.Tensor:
-    return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-
-
-_SMALL = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=128,
-    vocab_size=VOCAB,
-)
-_GPT2 = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=128)
-
 # name -> (build model, positional args, keyword args)
-MODELS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[Any, ...], dict[str, Any]]] = {
-    "gpt2": (lambda: T.GPT2LMHeadModel(T.GPT2Config(**_GPT2)), (_ids(2, 16),), {}),
-    "gpt2_no_cache": (
-        lambda: T.GPT2LMHeadModel(T.GPT2Config(**_GPT2, use_cache=False)),
-        (_ids(2, 16),),
-        {},
-    ),
-    "bert_padded": (
-        lambda: T.BertModel(T.BertConfig(**_SMALL, max_position_embeddings=64)),
-        (_ids(2, 16),),
-        {"attention_mask": _padded_mask()},
-    ),
-    "distilbert_padded": (
-        lambda: T.DistilBertModel(
-            T.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=VOCAB)
-        ),
-        (_ids(2, 16),),
-        {"attention_mask": _padded_mask()},
-    ),
-    "llama_gqa": (
-        lambda: T.LlamaForCausalLM(
-            T.LlamaConfig(**_SMALL, num_key_value_heads=2, max_position_embeddings=64)
-        ),
-        (_ids(2, 16),),
-        {},
-    ),
-    "t5": (
-        # torch 2.11's Dynamo cannot trace the copy.deepcopy(config) of T5's cache
-        # (test_t5_cache_capture_on_this_torch): there, the documented use_cache=False.
-        lambda: T.T5ForConditionalGeneration(
-            T.T5Config(
-                **dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB),
-                **({} if TRACES_DEEPCOPY else {"use_cache": False}),
-            )
-        ),
-        (_ids(2, 16),),
-        {"decoder_input_ids": _ids(2, 8, seed=1)},
-    ),
-    "vit": (
-        lambda: T.ViTModel(
-            T.ViTConfig(
-                hidden_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                intermediate_size=128,
-                image_size=32,
-                patch_size=8,
-            )
-        ),
-        (_images(),),
-        {},
-    ),
-    "resnet": (
-        lambda: T.ResNetModel(
-            T.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1])
-        ),
-        (_images(),),
-        {},
-    ),
-    "convnext": (
-        lambda: T.ConvNextModel(
-            T.ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2)
-        ),
-        (_images(),),
-        {},
-    ),
-}
+MODELS = staged_models()
 
 # From the survey's catalogue, each guarding a fix: Wav2Vec2's positional convolution
 # has a weight_norm parametrization (a module whose class refuses pickling, saved in
@@ -241,7 +157,7 @@ def test_decoders_load_lean_without_their_library_or_dynamo(
 def test_static_artifact_refuses_another_shape_after_load(built: dict[str, Any]) -> None:
     art = Precompile.load(built["gpt2"]["path"])
     with torch.no_grad(), pytest.raises(GuardError, match=r"args\[0\]|input_ids"):
-        art(_ids(3, 16))
+        art(token_ids(3, 16))
 
 
 # ------------------------------------------------- refusals a user can act on
@@ -258,7 +174,7 @@ def _refusal(artifact: Any, *args: Any, **kwargs: Any) -> str:
 
 def test_refusals_name_the_argument_and_a_fix(built: dict[str, Any]) -> None:
     gpt2, bert = built["gpt2"]["artifact"], built["bert_padded"]["artifact"]
-    ids, mask = _ids(2, 16), _padded_mask()
+    ids, mask = token_ids(2, 16), padded_mask()
     # A keyword the capture did not pass: a flag bound to a parameter, then one
     # collected by **kwargs (the forward accepts any keyword).
     message = _refusal(gpt2, ids, output_attentions=True)
@@ -283,15 +199,15 @@ def test_refusals_name_the_argument_and_a_fix(built: dict[str, Any]) -> None:
 
 _OTHER_MODELS = {
     "more_layers": (
-        lambda: T.GPT2LMHeadModel(T.GPT2Config(**{**_GPT2, "n_layer": 3})),
+        lambda: T.GPT2LMHeadModel(T.GPT2Config(**{**GPT2, "n_layer": 3})),
         "module 'transformer.h.2' (GPT2Block) is new",
     ),
     "narrower": (
-        lambda: T.GPT2LMHeadModel(T.GPT2Config(**{**_GPT2, "n_embd": 32})),
+        lambda: T.GPT2LMHeadModel(T.GPT2Config(**{**GPT2, "n_embd": 32})),
         "parameter 'transformer.wte.weight' has shape (1000, 32)",
     ),
     "another_architecture": (
-        lambda: T.BertModel(T.BertConfig(**_SMALL)),
+        lambda: T.BertModel(T.BertConfig(**SMALL)),
         "module 'transformer' is missing from the model",
     ),
 }
@@ -305,10 +221,10 @@ def test_load_refuses_a_model_of_another_architecture(built: dict[str, Any], oth
     assert difference in str(info.value), info.value
     # The same architecture with other weights is bound, and computes with them.
     torch.manual_seed(1)
-    same = T.GPT2LMHeadModel(T.GPT2Config(**_GPT2)).eval()
+    same = T.GPT2LMHeadModel(T.GPT2Config(**GPT2)).eval()
     with torch.no_grad():
-        got = Precompile.load(built["gpt2"]["path"], model=same)(_ids(2, 16)).logits
-        torch.testing.assert_close(got, same(_ids(2, 16)).logits)
+        got = Precompile.load(built["gpt2"]["path"], model=same)(token_ids(2, 16)).logits
+        torch.testing.assert_close(got, same(token_ids(2, 16)).logits)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -329,11 +245,11 @@ def dynamic_gpt2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """HF GPT-2 captured with ``dynamic=True`` (batch and sequence symbolic), saved."""
     model = _build("gpt2_no_cache")
     with torch.no_grad():
-        artifact = Precompile.compile(model, (_ids(2, 16),), dynamic=True)
+        artifact = Precompile.compile(model, (token_ids(2, 16),), dynamic=True)
     path = tmp_path_factory.mktemp("hf-dynamic") / "gpt2_dynamic.pt2"
     Precompile.save(path, artifact)
     ref = path.with_suffix(".ref")
-    calls = [(_ids(b, s, seed=b * s),) for b, s in _DYNAMIC_SIZES]
+    calls = [(token_ids(b, s, seed=b * s),) for b, s in _DYNAMIC_SIZES]
     with torch.no_grad():
         torch.save([(args, {}, model(*args)) for args in calls], ref)
     return {"path": path, "ref": ref}
@@ -396,7 +312,7 @@ print(json.dumps({
 }))
 """
 
-_TRAIN_CONFIG = dict(_GPT2, use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+_TRAIN_CONFIG = dict(GPT2, use_cache=False, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -404,7 +320,7 @@ def training_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """HF GPT-2 captured with grad enabled and ``labels=`` (the loss inside the model)."""
     torch.manual_seed(0)
     model = T.GPT2LMHeadModel(T.GPT2Config(**_TRAIN_CONFIG)).train()
-    ids = _ids(2, 16)
+    ids = token_ids(2, 16)
     artifact = Precompile.compile(model, (ids,), {"labels": ids})
     assert artifact.training
     out, want = artifact(ids, labels=ids), model(ids, labels=ids)
@@ -439,7 +355,7 @@ def test_bfloat16_gpt2_matches_eager_after_load(tmp_path: Path) -> None:
     where eager rounds to bfloat16 after each op, so logits agree to bfloat16's
     resolution (8 bits of mantissa), not float32's."""
     model = _build("gpt2_no_cache").to(torch.bfloat16)
-    ids = _ids(2, 16)
+    ids = token_ids(2, 16)
     with torch.no_grad():
         want = model(ids).logits
         artifact = Precompile.compile(model, (ids,))
@@ -461,7 +377,7 @@ def test_t5_cache_capture_on_this_torch() -> None:
     torch.manual_seed(0)
     config = T.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=VOCAB)
     model = T.T5ForConditionalGeneration(config).eval()
-    args, kwargs = (_ids(2, 16),), {"decoder_input_ids": _ids(2, 8, seed=1)}
+    args, kwargs = (token_ids(2, 16),), {"decoder_input_ids": token_ids(2, 8, seed=1)}
     with torch.no_grad():
         if TRACES_DEEPCOPY:
             gm, _, _ = Precompile.dynamo(model, args, kwargs)

@@ -41,7 +41,7 @@ LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 COMPILER = ("torch._dynamo", "torch._inductor", "torch._functorch", "sympy")
 COMPILER_ALLOWED = ("torch._inductor.runtime",)
 DYNAMO_FALLBACK = {
-    "guards.py": {"hook_guards_enabled", "load_dynamo_guard_manager"},
+    "dynamo_fallback.py": {"hook_guards_enabled", "load_dynamo_guard_manager"},
     "load.py": {"__call__"},
 }
 

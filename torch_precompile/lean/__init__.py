@@ -16,8 +16,8 @@ of the package above ``standin/`` (no stage, no save-time adapter of
 ``_compat/``), and no compiler: not ``torch._inductor`` (its ``runtime``
 subpackage aside, which generated code imports too), not AOTAutograd, not
 sympy. The one exception is Dynamo's own guard manager, rebuilt from its
-saved state when the lean guards refuse a call (``guards.load_dynamo_guard_manager``,
-``guards.hook_guards_enabled``, ``load.LeanCompiledFunction.__call__``): it
+saved state when the lean guards refuse a call (``dynamo_fallback.load_dynamo_guard_manager``,
+``dynamo_fallback.hook_guards_enabled``, ``load.LeanCompiledFunction.__call__``): it
 imports ``torch._dynamo``, never a compiler.
 
 Each runtime module defines its spec, a dataclass stored with
@@ -32,8 +32,8 @@ names below, never the modules inside.
 """
 
 from .autograd import AUTOGRAD_SPEC_VERSION, AutogradSpec
+from .dynamo_fallback import hook_guards_enabled
 from .guard_types import LEAN_TYPES, frame_local, named_class, shape_expr_ok
-from .guards import hook_guards_enabled
 from .kernels import KernelLoader, kernel_dir, kernel_key
 from .load import LEAN_SECTION_VERSION, LeanCompiledFunction, load_lean_compiled_function
 from .runtime import RUNTIME_SPEC_VERSION, InferenceSpec

@@ -39,7 +39,8 @@ from . import runtime as lean_runtime
 from . import subclasses as lean_subclasses
 from . import wrapper
 from .bytecode_globals import bytecode_function
-from .guards import LeanGuardManager, LeanGuards, load_dynamo_guard_manager
+from .dynamo_fallback import LeanGuardManager, load_dynamo_guard_manager
+from .guards import LeanGuards
 from .pickling import loads_code
 
 log = logging.getLogger("torch_precompile")

@@ -41,6 +41,7 @@ class PrivateName:
     since: str = ""  # the first torch that has it (checked from there on)
     probe: str = ""  # a check run on a real object (a C++ signature, a run-time attribute)
     attrs: tuple[str, ...] = ()  # private attributes set at run time: checked by the probe
+    until: str = ""  # the first torch that no longer has it (checked before that one)
 
     def places(self) -> tuple[str, ...]:
         return (self.name, *self.alternatives)
@@ -55,8 +56,9 @@ def _n(
     since: str = "",
     probe: str = "",
     attrs: tuple[str, ...] = (),
+    until: str = "",
 ) -> PrivateName:
-    return PrivateName(name, tuple(uses), alternatives, cuda, after, since, probe, attrs)
+    return PrivateName(name, tuple(uses), alternatives, cuda, after, since, probe, attrs, until)
 
 
 _DYN, _FT, _IND = "torch._dynamo", "torch._functorch", "torch._inductor"
@@ -200,7 +202,11 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_DYN}.eval_frame:set_enable_dynamic"),
     _n(f"{_DYN}.exc:Unsupported"),
     _n(f"{_DYN}.exc:UserError"),
-    _n(f"{_DYN}.graph_utils:_graph_device_type"),
+    # The device type a capture records: one scan before torch 2.15; from 2.15 the set of
+    # devices the graph names, collapsed to one (capture._graph_device_type).
+    _n(f"{_DYN}.graph_utils:_graph_device_type", until="2.15"),
+    _n(f"{_DYN}.graph_utils:_graph_device_types", since="2.15"),
+    _n(f"{_DYN}.package:_collapse_device_types", since="2.15"),
     _n(f"{_DYN}.guards:GuardsStatePickler._unpickle_module"),
     _n(f"{_DYN}.guards:GuardsStatePickler.reducer_override"),
     _n(f"{_DYN}.hooks:Hooks", "guard_filter_fn"),
@@ -478,7 +484,7 @@ def problems(contract: tuple[PrivateName, ...] = CONTRACT) -> list[str]:
             cuda = _is_cuda_build() if cuda is None else cuda
             if not cuda:
                 continue
-        if entry.since and _older(entry.since):
+        if (entry.since and _older(entry.since)) or (entry.until and not _older(entry.until)):
             continue
         failures = []
         for place in entry.places():

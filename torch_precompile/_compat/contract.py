@@ -47,18 +47,9 @@ class PrivateName:
         return (self.name, *self.alternatives)
 
 
-def _n(
-    name: str,
-    *uses: str,
-    alternatives: tuple[str, ...] = (),
-    cuda: bool = False,
-    after: str = "",
-    since: str = "",
-    probe: str = "",
-    attrs: tuple[str, ...] = (),
-    until: str = "",
-) -> PrivateName:
-    return PrivateName(name, tuple(uses), alternatives, cuda, after, since, probe, attrs, until)
+def _n(name: str, *uses: str, **options: Any) -> PrivateName:
+    """An entry: its name, its uses, then any of the other fields by keyword."""
+    return PrivateName(name, tuple(uses), **options)
 
 
 _DYN, _FT, _IND = "torch._dynamo", "torch._functorch", "torch._inductor"
@@ -466,7 +457,7 @@ RECEIVERS = {
 def _older(version: str) -> bool:
     import torch
 
-    return torch.__version__ < version
+    return torch.torch_version.TorchVersion(torch.__version__) < version
 
 
 def _is_cuda_build() -> bool:

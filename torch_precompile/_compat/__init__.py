@@ -34,6 +34,7 @@ One module per concern, in pipeline order:
 
 from .capture import (
     BEFORE_2_13,
+    FROM_2_15,
     TRACES_DEEPCOPY,
     UNSERIALIZABLE_GUARD_KINDS,
     Capture,
@@ -91,6 +92,7 @@ from .lean_sections import cpp_kernel_binaries, cpp_kernels, lean_sections
 
 __all__ = [
     "BEFORE_2_13",
+    "FROM_2_15",
     "TRACES_DEEPCOPY",
     "UNSERIALIZABLE_GUARD_KINDS",
     "Capture",

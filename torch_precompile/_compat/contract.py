@@ -198,6 +198,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_DYN}.graph_utils:_graph_device_type", until="2.15"),
     _n(f"{_DYN}.graph_utils:_graph_device_types", since="2.15"),
     _n(f"{_DYN}.package:_collapse_device_types", since="2.15"),
+    _n(f"{_DYN}.guards:GuardManagerWrapper", "no_tensor_aliasing_sources"),  # 2.15: sources
     _n(f"{_DYN}.guards:GuardsStatePickler._unpickle_module"),
     _n(f"{_DYN}.guards:GuardsStatePickler.reducer_override"),
     _n(f"{_DYN}.hooks:Hooks", "guard_filter_fn"),

@@ -71,6 +71,25 @@ def test_an_alternative_place_is_enough() -> None:
     assert contract.problems(names) == []
 
 
+def test_an_entry_is_checked_only_on_the_torches_that_have_it() -> None:
+    """``since``: the first torch with the name; ``until``: the first without it (2.15
+    removed ``_graph_device_type``). Outside its range an entry is not checked."""
+    import torch
+
+    gone = "torch._dynamo.no_such_module:thing"
+    assert contract.problems((PrivateName(gone, until="2.0"),)) == []
+    assert contract.problems((PrivateName(gone, since="99.0"),)) == []
+    assert contract.problems((PrivateName(gone, until="99.0"),)) != []
+    # Versions compare as versions: 2.15 is after 2.9 (not so as strings).
+    assert contract.problems((PrivateName(gone, since="2.9"),)) != []
+    entries = {e.name: e for e in contract.CONTRACT}
+    old = entries["torch._dynamo.graph_utils:_graph_device_type"]
+    new = entries["torch._dynamo.graph_utils:_graph_device_types"]
+    assert (old.until, new.since) == ("2.15", "2.15")
+    checked = torch.torch_version.TorchVersion(torch.__version__) >= (2, 15)
+    assert contract.problems((new if checked else old,)) == []
+
+
 # ------------------------------------------------------------------ layout
 
 

@@ -29,6 +29,7 @@ One module per concern, in pipeline order:
 
 from .capture import (
     BEFORE_2_13,
+    FROM_2_15,
     TRACES_DEEPCOPY,
     UNSERIALIZABLE_GUARD_KINDS,
     Capture,
@@ -84,6 +85,7 @@ from .kernels import (
 
 __all__ = [
     "BEFORE_2_13",
+    "FROM_2_15",
     "TRACES_DEEPCOPY",
     "UNSERIALIZABLE_GUARD_KINDS",
     "Capture",

@@ -193,7 +193,6 @@ def fullgraph_capture(
 ) -> Capture:
     """Run Dynamo's fullgraph capture; raises Dynamo's own exceptions on failure."""
     from torch._dynamo import convert_frame
-    from torch._dynamo.graph_utils import _graph_device_type
 
     with (
         _capture_context(dynamic),
@@ -232,6 +231,18 @@ def fullgraph_capture(
     )
 
 
+def _graph_device_type(graph: Any) -> str:
+    """The one device type PyTorch's AOT compile records for the graph (its load check)."""
+    if FROM_2_15:  # every device the graph names, then collapsed to one (accelerator first)
+        from torch._dynamo.graph_utils import _graph_device_types
+        from torch._dynamo.package import _collapse_device_types
+
+        return _collapse_device_types(_graph_device_types(graph))
+    from torch._dynamo.graph_utils import _graph_device_type
+
+    return _graph_device_type(graph)
+
+
 def is_capture_error(exc: BaseException) -> bool:
     return isinstance(exc, _dynamo_errors())
 
@@ -239,6 +250,10 @@ def is_capture_error(exc: BaseException) -> bool:
 # What torch 2.11 (the oldest of the range) does differently is keyed on this one
 # flag (docs/limits.md lists each difference); 2.12 is untested and taken as 2.11.
 BEFORE_2_13 = torch.torch_version.TorchVersion(torch.__version__) < (2, 13)
+
+# What torch 2.15 (the newest of the range) does differently is keyed on this one flag
+# (docs/limits.md lists each difference).
+FROM_2_15 = torch.torch_version.TorchVersion(torch.__version__) >= (2, 15)
 
 # Dynamo inlines ``copy.deepcopy`` from torch 2.13; torch 2.11's raises ``Unsupported``
 # on it. Transformers calls it in ``get_text_config`` of an encoder-decoder config

@@ -41,22 +41,15 @@ class PrivateName:
     since: str = ""  # the first torch that has it (checked from there on)
     probe: str = ""  # a check run on a real object (a C++ signature, a run-time attribute)
     attrs: tuple[str, ...] = ()  # private attributes set at run time: checked by the probe
+    until: str = ""  # the first torch that no longer has it (checked before that one)
 
     def places(self) -> tuple[str, ...]:
         return (self.name, *self.alternatives)
 
 
-def _n(
-    name: str,
-    *uses: str,
-    alternatives: tuple[str, ...] = (),
-    cuda: bool = False,
-    after: str = "",
-    since: str = "",
-    probe: str = "",
-    attrs: tuple[str, ...] = (),
-) -> PrivateName:
-    return PrivateName(name, tuple(uses), alternatives, cuda, after, since, probe, attrs)
+def _n(name: str, *uses: str, **options: Any) -> PrivateName:
+    """An entry: its name, its uses, then any of the other fields by keyword."""
+    return PrivateName(name, tuple(uses), **options)
 
 
 _DYN, _FT, _IND = "torch._dynamo", "torch._functorch", "torch._inductor"
@@ -200,7 +193,12 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_DYN}.eval_frame:set_enable_dynamic"),
     _n(f"{_DYN}.exc:Unsupported"),
     _n(f"{_DYN}.exc:UserError"),
-    _n(f"{_DYN}.graph_utils:_graph_device_type"),
+    # The device type a capture records: one scan before torch 2.15; from 2.15 the set of
+    # devices the graph names, collapsed to one (capture._graph_device_type).
+    _n(f"{_DYN}.graph_utils:_graph_device_type", until="2.15"),
+    _n(f"{_DYN}.graph_utils:_graph_device_types", since="2.15"),
+    _n(f"{_DYN}.package:_collapse_device_types", since="2.15"),
+    _n(f"{_DYN}.guards:GuardManagerWrapper", "no_tensor_aliasing_sources"),  # 2.15: sources
     _n(f"{_DYN}.guards:GuardsStatePickler._unpickle_module"),
     _n(f"{_DYN}.guards:GuardsStatePickler.reducer_override"),
     _n(f"{_DYN}.hooks:Hooks", "guard_filter_fn"),
@@ -460,7 +458,7 @@ RECEIVERS = {
 def _older(version: str) -> bool:
     import torch
 
-    return torch.__version__ < version
+    return torch.torch_version.TorchVersion(torch.__version__) < version
 
 
 def _is_cuda_build() -> bool:
@@ -478,7 +476,7 @@ def problems(contract: tuple[PrivateName, ...] = CONTRACT) -> list[str]:
             cuda = _is_cuda_build() if cuda is None else cuda
             if not cuda:
                 continue
-        if entry.since and _older(entry.since):
+        if (entry.since and _older(entry.since)) or (entry.until and not _older(entry.until)):
             continue
         failures = []
         for place in entry.places():

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..lean import LEAN_TYPES, named_class
+from .capture import FROM_2_15
 
 MISSING = object()
 _TYPE_NAMES = {cls: name for name, cls in LEAN_TYPES.items()}
@@ -284,7 +285,9 @@ def read_contains(node: LeafNode, n: int, _: Any) -> list[list[Any]]:
 
 @leaf_reader("NO_TENSOR_ALIASING")
 def _no_aliasing(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
-    sources = list(reader.check_fn.guard_manager.no_tensor_aliasing_sources)
+    listed = reader.check_fn.guard_manager.no_tensor_aliasing_sources
+    # torch 2.15 lists the tensors' sources; earlier ones, their names.
+    sources = [source.name for source in listed] if FROM_2_15 else list(listed)
     if node.name not in sources:
         raise NoLeanGuards(f"{node.name}: an aliasing guard on an unlisted tensor")
     return [["no_aliasing", sources]]

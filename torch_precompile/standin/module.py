@@ -30,6 +30,7 @@ from .config import (
     is_config,
     standin_class,
 )
+from .h2d import copy_to_device
 
 _PLAIN = (bool, int, float, str, type(None))
 _PATHS = (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
@@ -441,7 +442,7 @@ def unpack_tensors(
             block = torch.empty(hi - lo, dtype=torch.uint8)
             block.copy_(source[lo:hi])
         else:
-            block = source[lo:hi].to(target)
+            block = copy_to_device(source[lo:hi], target)  # pinned, asynchronous
         blocks[target] = (block, lo)
     out = {}
     for name, spec in index.items():

@@ -675,8 +675,10 @@ def parent(a) -> None:
             flush=True,
         )
         results["models"][model] = entry
+        only = dict(item.split(":", 1) for item in a.model_modes.split(";") if item)
+        model_modes = only[model].split(",") if model in only else modes
         for batch in batches:
-            for mode in modes:
+            for mode in model_modes:
                 key = f"{mode} b{batch}"
                 if mode != "floor" and "error" in entry["build"]:
                     entry[key] = {"error": "build failed: " + entry["build"]["error"]}
@@ -705,7 +707,8 @@ def parent(a) -> None:
                 if eager is not None and toks and mode != "eager":
                     e["tokens_equal_eager"] = all(t == eager for t in toks)
                     e["rows_equal_eager"] = [sum(x == y for x, y in zip(t, eager)) for t in toks]
-        if "check" in a.checks.split(",") and "generator" in modes and 1 in batches:
+        checked = "check" in a.checks.split(",") and {"generator", "eager"} <= set(model_modes)
+        if checked and 1 in batches:
             r = spawn(a, "measure", model, workdir, "check", 1)
             print(f"[{model}] check: " + json.dumps(r)[:600], flush=True)
             entry["check b1"] = r
@@ -808,6 +811,11 @@ def main() -> None:
         "--profile-load", action="store_true", help="cProfile Precompile.load (into the JSON)"
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
+    p.add_argument(
+        "--model-modes",
+        default="",
+        help="modes of some models only, e.g. 'qwen05:generator;llama3b:generator,hf_static'",
+    )
     p.add_argument(
         "--checks", default="check", help="'check': vLLM's top-5 check of generator vs eager"
     )

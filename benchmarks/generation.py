@@ -77,6 +77,58 @@ MODES = (
     "generator",
 )
 PAD_STEP = 4  # row r of a batch starts with PAD_STEP * r pad tokens
+# The sizes users run, by their published configs (random init): Qwen2.5-0.5B,
+# Llama-3.2-3B, Llama-3.1-8B.
+SIZES = {
+    "qwen05": (
+        "Qwen2Config",
+        dict(
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            max_position_embeddings=32768,
+            rope_theta=1000000.0,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "llama3b": (
+        "LlamaConfig",
+        dict(
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=28,
+            num_attention_heads=24,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+            rope_theta=500000.0,
+            tie_word_embeddings=True,
+            bos_token_id=128000,
+            eos_token_id=128001,
+        ),
+    ),
+    "llama8b": (
+        "LlamaConfig",
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+            rope_theta=500000.0,
+            tie_word_embeddings=False,
+            bos_token_id=128000,
+            eos_token_id=128001,
+        ),
+    ),
+}
+# HBM bandwidth (bytes/s) by device name, for the decode's share of the bound.
+HBM = {"H100": 3.35e12, "H200": 4.8e12}
 
 
 def make_config(name: str, tiny: bool):
@@ -108,6 +160,9 @@ def make_config(name: str, tiny: bool):
             vocab_size=32000,
             max_position_embeddings=2048,
         )
+    if name in SIZES:
+        cls, fields = SIZES[name]
+        return getattr(transformers, cls)(**fields)
     raise ValueError(f"unknown model {name!r}")
 
 
@@ -118,7 +173,10 @@ def build_model(a, state_path: str | None, shell: bool = False):
     config = make_config(a.model, a.tiny)
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     torch.manual_seed(SEED)
-    cls = transformers.GPT2LMHeadModel if a.model == "gpt2" else transformers.LlamaForCausalLM
+    cls = {
+        "gpt2": transformers.GPT2LMHeadModel,
+        "qwen05": transformers.Qwen2ForCausalLM,
+    }.get(a.model, transformers.LlamaForCausalLM)
     with torch.device("meta" if shell else a.device):
         model = cls(config)
     model = model.to(dtype).eval()
@@ -133,7 +191,22 @@ def model_meta(model) -> dict:
     """What a child that does not import transformers needs to build the same inputs."""
     eos, vocab = model.config.eos_token_id, model.config.vocab_size
     pad = eos if eos is not None and eos < vocab else 0  # tiny configs keep GPT-2's eos id
-    return {"vocab": vocab, "pad": pad, "eos": eos}
+    return {"vocab": vocab, "pad": pad, "eos": eos, "bytes_per_token": weight_bytes(model)}
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights a decode step reads: every parameter once (tied ones once),
+    less an untied input embedding, of which a step gathers one row per token."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    if head is None or head.weight.data_ptr() != embed.data_ptr():
+        total -= embed.numel() * embed.element_size()
+    return total
 
 
 def make_inputs(meta: dict, a):
@@ -195,6 +268,7 @@ def child_build(a) -> dict:
             max_batch=max(int(b) for b in a.batches.split(",")),
             max_length=a.prompt + a.new_tokens,
             mode=a.ours_mode,
+            options=json.loads(a.ours_options) if a.ours_options else None,
         )
         out["generator_compile_s"] = time.perf_counter() - t
         path = os.path.join(a.dir, "generator.pt")
@@ -223,8 +297,11 @@ def child_generator(a) -> dict:
         meta = json.load(f)
     ids, mask = make_inputs(meta, a)
     phases["inputs"] = time.time() - a.t0
-    gen = Precompile.load(os.path.join(a.dir, "generator.pt"))
+    path = os.path.join(a.dir, "generator.pt")
+    began = time.perf_counter()
+    gen = Precompile.load(path)
     sync(a.device)
+    load_s = time.perf_counter() - began
     phases["load"] = time.time() - a.t0
 
     def run(n: int):
@@ -244,10 +321,24 @@ def child_generator(a) -> dict:
         out = run(a.new_tokens)
         sync(a.device)
         dt = time.perf_counter() - t
+        t = time.perf_counter()
+        run(1)  # the prefill and first token alone: decode = the rest
+        sync(a.device)
+        decode_s = (dt - (time.perf_counter() - t)) / max(1, a.new_tokens - 1)
+        profile = decode_profile(run, a) if a.device == "cuda" else {}
     heavy = ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
+    with open(os.path.join(a.dir, f"generator_tokens_b{a.batch}.json"), "w") as f:
+        json.dump(out[:, a.prompt :].tolist(), f)
     return {
         "first_token_s": first_token_s,
         "phases_from_spawn_s": phases,
+        "load_s": load_s,
+        "load_gb_per_s": os.path.getsize(path) / load_s / 1e9,
+        "file_bytes": os.path.getsize(path),
+        "decode_ms_per_token": decode_s * 1e3,
+        "decode_tokens_per_s": a.batch / decode_s,
+        "hbm_share": hbm_share(meta, 1 / decode_s),
+        **profile,
         "warmup_generate_s": warmup_s,
         "generate_s": dt,
         "tokens_per_s": a.new_tokens * a.batch / dt,
@@ -256,7 +347,100 @@ def child_generator(a) -> dict:
     }
 
 
+def hbm_share(meta: dict, steps_per_s: float) -> float | None:
+    """Decode's share of the HBM bound: weight bytes per step (one step reads them once
+    for every row) over the card's bandwidth; the KV cache's reads, small at these
+    lengths, are left out."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    bandwidth = next((v for k, v in HBM.items() if k in name), None)
+    return None if bandwidth is None else meta["bytes_per_token"] * steps_per_s / bandwidth
+
+
+def decode_profile(run, a) -> dict:
+    """Where a decode token goes on the GPU: kernels and busy time per token (profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    n = 33
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run(n)
+            sync(a.device)
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        busy_us = sum(e.device_time for e in kernels)
+        top: dict = {}
+        for e in kernels:
+            top[e.name[:60]] = top.get(e.name[:60], 0.0) + e.device_time
+        return {
+            "profile_tokens": n,
+            "kernels_per_token": len(kernels) / n,
+            "gpu_busy_ms_per_token": busy_us / n / 1e3,
+            "top_kernels_us": dict(sorted(top.items(), key=lambda kv: -kv[1])[:8]),
+        }
+    except Exception as e:  # the profile is extra: a failure is reported, not fatal
+        return {"profile_error": f"{type(e).__name__}: {e}"}
+
+
+def child_check(a) -> dict:
+    """vLLM's check at batch 1: eager's greedy output (with its scores) against the
+    generator's (its own programs fed its own tokens); each side's token at the first
+    difference must be in the other's top-5."""
+    import torch
+
+    from torch_precompile import Precompile
+    from torch_precompile.generation.numerics import (
+        check_logprobs_close,
+        generator_topk,
+        topk_of_scores,
+    )
+
+    model = build_model(a, os.path.join(a.dir, "state.pt"))
+    with open(os.path.join(a.dir, "meta.json")) as f:
+        ids, mask = make_inputs(json.load(f), a)
+    with open(os.path.join(a.dir, "generator_tokens_b1.json")) as f:
+        theirs = json.load(f)[0]
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=len(theirs),
+            min_new_tokens=len(theirs),
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        ours = out.sequences[0, ids.shape[1] :].tolist()
+        eager_topk = topk_of_scores(out.logits)
+        del model
+        gen = Precompile.load(os.path.join(a.dir, "generator.pt"))
+        gen_topk = generator_topk(gen, ids[0], theirs)
+    first = next((j for j, (x, y) in enumerate(zip(ours, theirs)) if x != y), None)
+    try:
+        found = check_logprobs_close(
+            ours, eager_topk, theirs, gen_topk, name_0="eager", name_1="generator"
+        )
+        verdict = "equal" if found is None else f"close (first differ at {found.index})"
+    except AssertionError as e:
+        verdict = f"NOT close: {e}"
+    teacher_forced_equal = sum(
+        t[0] == x for t, x in zip(gen_topk, theirs)
+    )  # the generator's programs fed its tokens give back its own argmax
+    return {
+        "check": verdict,
+        "first_difference": first,
+        "equal_tokens": sum(x == y for x, y in zip(ours, theirs)),
+        "generator_argmax_reproduced": f"{teacher_forced_equal}/{len(theirs)}",
+        "first_token_s": 0.0,
+        "tokens_per_s": 0.0,
+    }
+
+
 def child_measure(a) -> dict:
+    if a.mode == "check":
+        return child_check(a)
     if a.mode == "floor":
         return child_floor(a)
     if a.mode == "generator":
@@ -342,12 +526,21 @@ def child_measure(a) -> dict:
             out = gen(a.new_tokens)
             sync(a.device)
             dt = time.perf_counter() - t
+            t = time.perf_counter()
+            gen(1)  # the prefill and first token alone: decode = the rest
+            sync(a.device)
+            decode_s = (dt - (time.perf_counter() - t)) / max(1, a.new_tokens - 1)
     finally:
         if ctx is not None:
             ctx.__exit__(None, None, None)
+    with open(os.path.join(a.dir, "meta.json")) as f:
+        meta = json.load(f)
     return {
         "first_token_s": first_token_s,
         "phases_from_spawn_s": phases,
+        "decode_ms_per_token": decode_s * 1e3,
+        "decode_tokens_per_s": a.batch / decode_s,
+        "hbm_share": hbm_share(meta, 1 / decode_s),
         "warmup_generate_s": warmup_s,
         "generate_s": dt,
         "tokens_per_s": a.new_tokens * a.batch / dt,
@@ -357,6 +550,11 @@ def child_measure(a) -> dict:
 
 
 def child(a) -> None:
+    import faulthandler
+
+    faulthandler.dump_traceback_later(
+        max(5.0, a.timeout - 15), exit=False
+    )  # a hang explains itself
     try:
         result = child_build(a) if a.child == "build" else child_measure(a)
     except Exception as e:
@@ -374,6 +572,7 @@ def child_argv(a, role: str, model: str, workdir: str, mode: str, batch: int) ->
         + (["--single-batch"] if a.single_batch else [])
         + (["--ours-static"] if a.ours_static else [])
         + (["--ours-mode", a.ours_mode] if a.ours_mode else [])
+        + (["--ours-options", a.ours_options] if a.ours_options else [])
         + (["--profile-load"] if a.profile_load else [])
     )
 
@@ -427,7 +626,11 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def parent(a) -> None:
+    import faulthandler
+
     import torch
+
+    faulthandler.dump_traceback_later(3600, exit=False)
 
     results: dict = {
         "device": a.device,
@@ -472,8 +675,10 @@ def parent(a) -> None:
             flush=True,
         )
         results["models"][model] = entry
+        only = dict(item.split(":", 1) for item in a.model_modes.split(";") if item)
+        model_modes = only[model].split(",") if model in only else modes
         for batch in batches:
-            for mode in modes:
+            for mode in model_modes:
                 key = f"{mode} b{batch}"
                 if mode != "floor" and "error" in entry["build"]:
                     entry[key] = {"error": "build failed: " + entry["build"]["error"]}
@@ -502,6 +707,14 @@ def parent(a) -> None:
                 if eager is not None and toks and mode != "eager":
                     e["tokens_equal_eager"] = all(t == eager for t in toks)
                     e["rows_equal_eager"] = [sum(x == y for x, y in zip(t, eager)) for t in toks]
+        checked = "check" in a.checks.split(",") and {"generator", "eager"} <= set(model_modes)
+        if checked and 1 in batches:
+            r = spawn(a, "measure", model, workdir, "check", 1)
+            print(f"[{model}] check: " + json.dumps(r)[:600], flush=True)
+            entry["check b1"] = r
+            gen_entry = entry.get("generator b1")
+            if gen_entry is not None:
+                gen_entry["decode_check"] = r.get("check", r.get("error"))
         results["models"][model] = entry
         shutil.rmtree(workdir, ignore_errors=True)
         write(a, results, modes, batches)
@@ -515,8 +728,9 @@ def write(a, results: dict, modes: list[str], batches: list[int]) -> None:
         f"transformers {results.get('transformers')}; median of {a.repeats} fresh "
         "process(es), empty compiler caches. tokens/s counts every row's tokens.",
         "",
-        "| model | batch | mode | first token from spawn (s) | tokens/s | rows == eager | note |",
-        "|---|---:|---|---:|---:|---|---|",
+        "| model | batch | mode | first token from spawn (s) | tokens/s | decode tokens/s "
+        "| HBM bound share | load GB/s | rows == eager | note |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for model, entry in results["models"].items():
         b = entry["build"]
@@ -531,7 +745,7 @@ def write(a, results: dict, modes: list[str], batches: list[int]) -> None:
                 )
                 if k in b
             )
-        table.append(f"| {model} | | build | | | | {note} |")
+        table.append(f"| {model} | | build | | | | | | | {note} |")
         for batch in batches:
             for mode in modes:
                 e = entry.get(f"{mode} b{batch}")
@@ -546,13 +760,19 @@ def write(a, results: dict, modes: list[str], batches: list[int]) -> None:
                         phases += f"; imported {run['imported']}"
                     rows = e.get("rows_equal_eager")
                     same = "" if rows is None else f"{min(rows)}/{batch}"
+                    share = run.get("hbm_share")
+                    gbs = run.get("load_gb_per_s")
+                    if "decode_check" in e:
+                        phases += f"; {e['decode_check']}"
                     table.append(
                         f"| {model} | {batch} | {mode} | {e['first_token_s']:.2f} | "
-                        f"{e['tokens_per_s']:.1f} | {same} | {phases} |"
+                        f"{e['tokens_per_s']:.1f} | {run.get('decode_tokens_per_s', 0):.1f} | "
+                        f"{'' if share is None else f'{share:.0%}'} | "
+                        f"{'' if gbs is None else f'{gbs:.1f}'} | {same} | {phases} |"
                     )
                 else:
                     err = str(e.get("error", "")).replace("|", "/").replace("\n", " ")[:200]
-                    table.append(f"| {model} | {batch} | {mode} | | | | error: {err} |")
+                    table.append(f"| {model} | {batch} | {mode} | | | | | | | error: {err} |")
     md = "\n".join(table)
     results["table_md"] = md
     print(md)
@@ -582,12 +802,23 @@ def main() -> None:
     p.add_argument("--single-batch", action="store_true", help="build the batch-1 programs only")
     p.add_argument("--ours-mode", default=None, help="compile_for_generation's mode")
     p.add_argument(
+        "--ours-options", default=None, help="compile_generator's Inductor options, as JSON"
+    )
+    p.add_argument(
         "--ours-static", action="store_true", help="precompile modes: build and run a StaticCache"
     )
     p.add_argument(
         "--profile-load", action="store_true", help="cProfile Precompile.load (into the JSON)"
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
+    p.add_argument(
+        "--model-modes",
+        default="",
+        help="modes of some models only, e.g. 'qwen05:generator;llama3b:generator,hf_static'",
+    )
+    p.add_argument(
+        "--checks", default="check", help="'check': vLLM's top-5 check of generator vs eager"
+    )
     p.add_argument("--out", default=None, help="folder for generation.json (default $OUT or .)")
     # child-only
     p.add_argument("--child", default=None, choices=("build", "measure"), help=argparse.SUPPRESS)

@@ -192,6 +192,15 @@ def _aot_stage2_context(fake_mode: Any) -> Iterator[None]:
         yield
 
 
+def inductor_options(options: dict[str, Any] | None) -> contextlib.AbstractContextManager[Any]:
+    """Inductor's config patched with ``options`` around a whole capture, not only the
+    Inductor stage: decompositions chosen while AOTAutograd traces read it too
+    (``coordinate_descent_tuning`` turns a one-row matmul into a tuned reduction)."""
+    from torch._inductor import config
+
+    return config.patch(options) if options else contextlib.nullcontext()
+
+
 def inductor_config_patches(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
     from torch._inductor import list_mode_options
 

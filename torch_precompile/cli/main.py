@@ -292,10 +292,15 @@ def header(path: str, *, verify: bool = False) -> dict[str, Any]:
         "signed": info.signed,
         "file_size": info.file_size,
         "sections": [
-            {"name": s["name"], "length": s["length"], "sha256": s["sha256"]} for s in info.sections
+            {"name": s["name"], "length": s["length"], **_digest_of(s)} for s in info.sections
         ],
         "meta": info.meta,
     }
+
+
+def _digest_of(section: dict[str, Any]) -> dict[str, Any]:
+    """A section's digest fields as the table records them (plain or tree SHA-256)."""
+    return {k: section[k] for k in ("sha256", "sha256_tree", "tree_chunk") if k in section}
 
 
 def _inspect(path: str, *, as_json: bool, verify: bool = False) -> int:

@@ -36,6 +36,7 @@ from .layout import (
     parse_header,
     trailer_size,
 )
+from .treehash import MIN_CHUNK, entry_matches
 
 __all__ = [
     "read_artifact",
@@ -263,7 +264,7 @@ def _verify(path: str, entry: dict[str, Any], section: bytes | memoryview) -> No
 
 def _hash_matches(name: str, entry: dict[str, Any], section: bytes | memoryview) -> bool:
     began = time.perf_counter()
-    ok = hashlib.sha256(section).hexdigest() == entry["sha256"]
+    ok = entry_matches(entry, section)
     _trace.record("hash", name, len(section), time.perf_counter() - began)
     return ok
 
@@ -305,7 +306,7 @@ def _check_section_table(path: str, table: list[Any], data_len: int) -> tuple[di
     for i, entry in enumerate(table):
         if not isinstance(entry, dict):
             raise corrupted(path, f"section entry {i} is not an object")
-        name, offset, length, sha = (entry.get(k) for k in ("name", "offset", "length", "sha256"))
+        name, offset, length = (entry.get(k) for k in ("name", "offset", "length"))
         if not isinstance(name, str) or name in names:
             raise corrupted(path, f"section entry {i} has a missing or repeated name")
         names.add(name)
@@ -318,8 +319,7 @@ def _check_section_table(path: str, table: list[Any], data_len: int) -> tuple[di
                 f"section {name!r} at offset {offset} with length {length} is out of bounds "
                 f"(expected offset {expected_offset}, data region is {data_len} bytes)",
             )
-        if not isinstance(sha, str) or SHA256_HEX.fullmatch(sha) is None:
-            raise corrupted(path, f"section {name!r} has an invalid sha256")
+        _check_digest_fields(path, name, entry)
         expected_offset += length
     if expected_offset != data_len:
         raise corrupted(
@@ -327,3 +327,15 @@ def _check_section_table(path: str, table: list[Any], data_len: int) -> tuple[di
             f"sections cover {expected_offset} bytes but the data region is {data_len} bytes",
         )
     return tuple(table)
+
+
+def _check_digest_fields(path: str, name: str, entry: dict[str, Any]) -> None:
+    """Exactly one digest: ``sha256`` (the whole section) or ``sha256_tree`` with its
+    ``tree_chunk`` (docs/FORMAT.md)."""
+    tree, plain = "sha256_tree" in entry, "sha256" in entry
+    sha = entry.get("sha256_tree" if tree else "sha256")
+    if tree == plain or not isinstance(sha, str) or SHA256_HEX.fullmatch(sha) is None:
+        raise corrupted(path, f"section {name!r} has an invalid sha256")
+    chunk = entry.get("tree_chunk")
+    if tree and (type(chunk) is not int or chunk < MIN_CHUNK):
+        raise corrupted(path, f"section {name!r} has an invalid tree_chunk {chunk!r}")

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .layout import DIGEST_SIZE, FIXED, FLAG_SIGNED, FORMAT_VERSION, MAGIC, as_key
+from .treehash import digest_entry
 
 __all__ = ["write_artifact"]
 
@@ -46,14 +47,7 @@ def write_artifact(
     table = []
     offset = 0
     for name, view in views:
-        table.append(
-            {
-                "name": name,
-                "offset": offset,
-                "length": view.nbytes,
-                "sha256": hashlib.sha256(view).hexdigest(),
-            }
-        )
+        table.append({"name": name, "offset": offset, "length": view.nbytes, **digest_entry(view)})
         offset += view.nbytes
     try:
         header = json.dumps(

@@ -128,6 +128,7 @@ def compile_generator(
     max_batch: int,
     max_length: int,
     mode: str | None = None,
+    options: dict[str, Any] | None = None,
     tokenizer: Any = None,
     verbose: bool = False,
 ) -> Generator:
@@ -145,6 +146,12 @@ def compile_generator(
     rank's cache holds its own heads. The other ranks write their shards with
     :func:`save_generator_shard`; every rank of a job of the same size loads
     the file and calls ``generate`` with the same tokens.
+
+    ``mode`` and ``options`` are Inductor's, as in ``torch.compile``; the options
+    hold for the whole capture. For decode at the speed of memory on CUDA, as
+    gpt-fast: ``mode="reduce-overhead"`` (a CUDA graph per step) and
+    ``options={"coordinate_descent_tuning": True}`` (each one-row matmul a tuned
+    Triton reduction rather than a cuBLAS GEMV).
     """
     if max_batch < 1 or max_length < 2:
         raise ValueError(
@@ -193,7 +200,7 @@ def compile_generator(
         even = _free_size(taken | {prompt, batch}, 2, 10**6, multiple_of=world)
         sizes.append((even, prompt))
     variants = []
-    with torch.no_grad():
+    with torch.no_grad(), _compat.inductor_options(options):
         for b, s in sizes:
             log.info("generator: compiling the step at batch %d, length %d", b, s)
             variants.append(
@@ -203,6 +210,7 @@ def compile_generator(
                     dynamic=True,
                     size_one=False,
                     mode=mode,
+                    options=options,
                     verbose=verbose,
                 )
             )

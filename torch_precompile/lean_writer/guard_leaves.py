@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..lean import LEAN_TYPES, named_class
-from .capture import FROM_2_15
+from .._compat import FROM_2_15
 
 MISSING = object()
 _TYPE_NAMES = {cls: name for name, cls in LEAN_TYPES.items()}

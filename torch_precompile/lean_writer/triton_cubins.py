@@ -39,6 +39,15 @@ def _warm(module: Any) -> None:
     torch.cuda.synchronize()
 
 
+def _untuned(tuner: Any) -> bool:
+    """Whether a kernel's configuration is still to be chosen: several candidates, or
+    coordinate descent tuning (its first run tunes it; the winner is then the launcher)."""
+    if len(tuner.launchers) != 1:
+        return True
+    coordesc = tuner.inductor_meta.get("coordinate_descent_tuning")
+    return bool(coordesc) and not getattr(tuner.launchers[0].config, "found_by_coordesc", False)
+
+
 def _cubin(kernel: Any, device: int) -> bytes:
     from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
     from torch._inductor.runtime.runtime_utils import triton_hash_to_path_key
@@ -66,7 +75,7 @@ def triton_sections(
             continue
         module = _wrapper_module(wrapper_source)
         tuners = _autotuners(module)
-        if any(len(t.launchers) != 1 for t in tuners.values()):
+        if any(_untuned(t) for t in tuners.values()):
             try:
                 _warm(module)
             except UnknownCollectiveError as exc:
@@ -90,10 +99,8 @@ def _add_specs(
         tuner = tuners.get(name)
         if tuner is None or len(tuner.launchers) != 1:
             return f"Triton kernel {name} was not autotuned to one configuration"
-        if tuner.inductor_meta.get("coordinate_descent_tuning") or tuner.inductor_meta.get(
-            "store_cubin"
-        ):
-            return f"Triton kernel {name}: coordinate descent tuning or store_cubin"
+        if tuner.inductor_meta.get("store_cubin"):
+            return f"Triton kernel {name}: store_cubin"
         launcher = tuner.launchers[0]
         if not getattr(launcher, "_is_static", False):
             return (

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .attributes import Unencodable, decode_value, encode_value
+from .h2d import copy_to_device
 
 _SKIP_ATTRS = frozenset(
     {
@@ -228,7 +229,7 @@ def unpack_tensors(
             block = torch.empty(hi - lo, dtype=torch.uint8)
             block.copy_(source[lo:hi])
         else:
-            block = source[lo:hi].to(target)
+            block = copy_to_device(source[lo:hi], target)  # pinned, asynchronous
         blocks[target] = (block, lo)
     out = {}
     for name, spec in index.items():

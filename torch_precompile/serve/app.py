@@ -110,10 +110,12 @@ async def _stream(
             if "error" in event:
                 yield _sse(ApiError(500, event["error"], "server_error").body())
                 break
-            if event["text"] or event["entries"] or event["finish"]:
+            if event["text"] or event["entries"] or event["finish"] or "ids" in event:
                 piece = choice(
                     job, event["text"], event["entries"], event["finish"], delta=True, offset=offset
                 )
+                if "ids" in event:  # asked for, or a file without a tokenizer
+                    piece["token_ids"] = event["ids"]
                 yield _sse(envelope(job, [piece], chunk=True))
             offset += len(event["text"])
             if event["finish"]:
@@ -137,7 +139,7 @@ async def _whole(
 ) -> Response:
     """The whole answer once the run ends; a client that leaves first frees its slot."""
     gone = asyncio.ensure_future(_disconnected(request))
-    text, entries = "", []
+    text, entries, ids = "", [], []
     try:
         while True:
             got = asyncio.ensure_future(events.get())
@@ -150,10 +152,12 @@ async def _whole(
                 raise ApiError(500, event["error"], "server_error")
             text += event["text"]
             entries += event["entries"]
+            ids += event.get("ids", [])
             if event["finish"]:
-                body = envelope(
-                    job, [choice(job, text, entries, event["finish"], delta=False)], chunk=False
-                )
+                whole = choice(job, text, entries, event["finish"], delta=False)
+                if ids:  # asked for, or a file without a tokenizer
+                    whole["token_ids"] = ids
+                body = envelope(job, [whole], chunk=False)
                 body["usage"] = usage(job, event["tokens"])
                 return JSONResponse(body)
     finally:

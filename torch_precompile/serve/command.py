@@ -65,6 +65,8 @@ def serve(args: argparse.Namespace) -> int:
     )
     try:
         uvicorn.Server(config).run()
+    except KeyboardInterrupt:  # uvicorn shut down, then raises the Ctrl-C it caught
+        pass
     finally:
         engine.stop()
     return 0

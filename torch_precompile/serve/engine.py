@@ -79,6 +79,7 @@ class Engine:
         self.pending: collections.deque[_Run] = collections.deque()
         self.cv = threading.Condition()
         self.vocab = 0
+        self.cancelled = 0  # runs whose client left before they ended
         self.eos = set(spec.eos_token_id)
         self._stopped = False
         self._thread = threading.Thread(
@@ -111,7 +112,8 @@ class Engine:
             )
         run = _Run(job, sink, self.device)
         with self.cv:
-            if len(self.pending) >= self.max_queue:
+            free = sum(r is None for r in self.active)
+            if len(self.pending) >= self.max_queue + free:
                 raise ApiError(
                     503,
                     f"the server is busy: {len(self.pending)} requests wait for a slot "
@@ -131,7 +133,8 @@ class Engine:
     def load(self) -> dict[str, int]:
         with self.cv:
             busy = sum(r is not None for r in self.active)
-            return {"slots": len(self.active), "busy": busy, "queued": len(self.pending)}
+            queued, left = len(self.pending), self.cancelled
+            return {"slots": len(self.active), "busy": busy, "queued": queued, "cancelled": left}
 
     # -- the scheduler thread -------------------------------------------------------
 
@@ -157,9 +160,12 @@ class Engine:
                         self._free(slot, {"error": f"the model's step failed: {exc}"})
 
     def _drop_cancelled(self) -> None:
-        self.pending = collections.deque(r for r in self.pending if not r.cancelled)
+        kept = collections.deque(r for r in self.pending if not r.cancelled)
+        self.cancelled += len(self.pending) - len(kept)
+        self.pending = kept
         for slot, run in enumerate(self.active):
             if run is not None and run.cancelled:
+                self.cancelled += 1
                 self._free(slot, None)
 
     def _admit(self) -> list[tuple[int, _Run]]:
@@ -195,6 +201,7 @@ class Engine:
 
     def _join(self, slot: int, run: _Run) -> None:
         if run.cancelled:
+            self.cancelled += 1
             self._free(slot, None)
             return
         try:
@@ -225,12 +232,14 @@ class Engine:
         self.last[slot] = token
         entries = [self._entry(logits, token, job.logprobs)] if job.logprobs is not None else []
         finish = None
-        if token in self.eos:
+        if token in self.eos and not job.ignore_eos:
             finish = "stop"
         elif len(run.tokens) >= job.max_tokens:
             finish = "length"
         text, stopped = self._text(run, finish is not None)
         event = {"text": text, "entries": entries, "finish": finish, "tokens": len(run.tokens)}
+        if job.return_token_ids or self.tokenizer is None:
+            event["ids"] = [token]
         if stopped:
             event["finish"] = "stop"
         if event["finish"] is not None:

@@ -55,6 +55,8 @@ class Job:
     stream: bool = False
     logprobs: int | None = None  # completions: top-n per token; chat: top_logprobs
     include_usage: bool = False
+    ignore_eos: bool = False  # vLLM's extension: run to max_tokens (benchmarks)
+    return_token_ids: bool = False  # vLLM's extension: each choice's new token ids
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
@@ -183,6 +185,8 @@ def _options(body: dict[str, Any], job: Job) -> None:
         raise ApiError(400, "'stop' must be a string or a list of non-empty strings", "stop")
     job.stop = tuple(stop or ())
     job.stream = bool(_field(body, "stream", (bool,), False))
+    job.ignore_eos = bool(_field(body, "ignore_eos", (bool,), False))
+    job.return_token_ids = bool(_field(body, "return_token_ids", (bool,), False))
     options = _field(body, "stream_options", (dict,), {})
     job.include_usage = bool(options.get("include_usage", False))
     if job.chat:
@@ -226,9 +230,17 @@ def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int) -> dict[str,
     return {
         "tokens": [e["token"] for e in entries],
         "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [dict(e["top"]) for e in entries],
+        "top_logprobs": [_first_of_each(e["top"]) for e in entries],
         "text_offset": offsets,
     }
+
+
+def _first_of_each(pairs: list[tuple[str, float]]) -> dict[str, float]:
+    """OpenAI's dict of alternatives: two tokens that decode alike keep the likelier."""
+    out: dict[str, float] = {}
+    for token, logprob in pairs:
+        out.setdefault(token, logprob)
+    return out
 
 
 def choice(

@@ -4,7 +4,9 @@ The step compiled is :class:`_Step`: the model's forward over a static key/value
 cache whose tensors are arguments (a ``StaticCache`` made inside the traced
 forward around them, so its writes go into the caller's tensors and nothing
 is allocated), returning the last position's logits. Four variants are bundled,
-batch 1 and 2..N by prompt 1 (a decode step, or a one-token prompt) and 2..L.
+batch 1 and 2..N by prompt 1 (a decode step, or a one-token prompt) and 2..L,
+and a fifth where the model allows it: the slot decode step of ``serve``
+(``start`` of shape ``(batch,)``, ``slots.py``).
 """
 
 from __future__ import annotations

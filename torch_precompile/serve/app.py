@@ -63,7 +63,7 @@ def build_app(
         )
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        run = engine.submit(job, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        run = engine.submit(job, _sink(loop, events))
         if job.stream:
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(
@@ -85,6 +85,18 @@ def build_app(
     ]
     handlers = {Exception: _handler, HTTPException: _handler, ApiError: _handler}
     return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def _sink(loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Any]) -> Callable[[Any], None]:
+    """The engine thread's way into this request's queue (a no-op once the loop is closed)."""
+
+    def put(event: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # the server is shutting down
+            pass
+
+    return put
 
 
 async def _handler(request: Request, exc: Exception) -> Response:

@@ -37,7 +37,9 @@ from test_generator import SMALL, _tokenizer  # noqa: E402
 
 from torch_precompile import Precompile  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
-from torch_precompile.runtime.generator import Generator  # noqa: E402
+from torch_precompile.generation.generator import _cache_layout, _Step  # noqa: E402
+from torch_precompile.generation.slots import slots_work  # noqa: E402
+from torch_precompile.runtime.generator import Generator, GeneratorSpec  # noqa: E402
 
 SLOTS, MAX_LENGTH, VOCAB = 16, 96, 320
 TEMPLATE = (
@@ -364,3 +366,52 @@ def test_the_server_imported_neither_transformers_nor_the_compiler(server: Serve
     assert server.request("GET", "/health")[0] == 200
     err = server.stop()
     assert "IMPORTED []" in err, err
+
+
+def test_a_file_without_the_slot_step_is_refused_and_older_records_read(
+    built: dict[str, Any],
+) -> None:
+    loaded = Precompile.load(built["path"])
+    record = loaded.spec.to_json()
+    for key in ("slots", "chat_template", "chat_tokens"):  # a record from before serve
+        del record[key]
+    old = GeneratorSpec.from_json(record, "old")
+    assert (old.slots, old.chat_template, old.chat_tokens) == (False, None, ())
+    path = built["path"].with_name("noslots.pt")
+    Precompile.save(path, Generator(loaded.step, old, loaded.tokenizer_json))
+    command = [sys.executable, "-m", "torch_precompile", "serve", str(path), "--port", "1"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "no slot decode step" in proc.stderr, proc.stderr
+    assert "Bloom" in proc.stderr and "build it again" in proc.stderr
+
+
+SLOT_FAMILIES = {
+    # A window shorter than the check's prompt; full and sliding layers mixed.
+    "mistral": lambda: transformers.MistralForCausalLM(
+        transformers.MistralConfig(num_key_value_heads=2, sliding_window=12, **SMALL)
+    ),
+    "gemma2": lambda: transformers.Gemma2ForCausalLM(
+        transformers.Gemma2Config(num_key_value_heads=1, head_dim=16, sliding_window=12, **SMALL)
+    ),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000)
+    ),
+    "bloom": lambda: transformers.BloomForCausalLM(
+        transformers.BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=1000)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SLOT_FAMILIES))
+def test_the_build_checks_the_slot_step_eagerly(name: str) -> None:
+    """The slot step's logits equal the shared step's (past a sliding window, with
+    mixed layer types); ALiBi from a 2-D mask (Bloom) cannot take the per-row mask."""
+    torch.manual_seed(0)
+    model = SLOT_FAMILIES[name]().eval()
+    shapes, dtype = _cache_layout(model, 40)
+    refused = slots_work(_Step(model, 40).eval(), shapes, dtype)
+    if name == "bloom":
+        assert refused is not None
+    else:
+        assert refused is None, refused

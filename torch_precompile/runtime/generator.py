@@ -94,6 +94,8 @@ class Generator:
     ``step(input_ids, attention_mask, position_ids, start, *cache)`` returns the
     logits of each row's last position, ``(batch, 1, vocab)``; the cache
     tensors are written in place at positions ``start .. start + length - 1``.
+    Where ``spec.slots``, ``start`` may also be a ``(batch,)`` tensor with one
+    token per row: each row at its own offset (``torch_precompile/serve``).
     """
 
     def __init__(self, step: Any, spec: GeneratorSpec, tokenizer_json: bytes | None = None) -> None:

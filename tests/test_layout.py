@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("distributed",),
     ("stages", "serialization"),  # build an artifact; save and load one
     ("_api",),  # the Precompile facade
+    ("serve",),  # the OpenAI-compatible server over a generator file
     ("generation", "encoding", "cli"),  # model libraries and the command line
     ("__init__", "__main__"),
 )

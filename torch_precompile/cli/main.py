@@ -28,6 +28,7 @@ from ..file.header import Header
 from ..file.layout import looks_like_artifact
 from ..file.read import read_info, read_prefix
 from ..file.reader import open_artifact
+from ..serve.command import add_serve, serve
 
 PROG = "torch-precompile"
 
@@ -40,6 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_build(sub)
     _add_generate(sub)
+    add_serve(sub)
     p_inspect = sub.add_parser(
         "inspect", help="print an artifact's header (never unpickles: safe on untrusted files)"
     )
@@ -66,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _build(args)
         if args.command == "generate":
             return _generate(args)
+        if args.command == "serve":
+            return serve(args)
         if args.command == "inspect":
             return _inspect(args.path, as_json=args.json, verify=args.verify)
         return _bench(

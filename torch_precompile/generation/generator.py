@@ -4,7 +4,9 @@ The step compiled is :class:`_Step`: the model's forward over a static key/value
 cache whose tensors are arguments (a ``StaticCache`` made inside the traced
 forward around them, so its writes go into the caller's tensors and nothing
 is allocated), returning the last position's logits. Four variants are bundled,
-batch 1 and 2..N by prompt 1 (a decode step, or a one-token prompt) and 2..L.
+batch 1 and 2..N by prompt 1 (a decode step, or a one-token prompt) and 2..L,
+and a fifth where the model allows it: the slot decode step of ``serve``
+(``start`` of shape ``(batch,)``, ``slots.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .._api import Precompile
 from .._compat.local_collectives import local_collectives
 from ..distributed.shards import save_shard
 from ..runtime.generator import Generator, GeneratorSpec
+from .slots import slot_cache_and_mask, slot_example, slots_work
 
 log = logging.getLogger("torch_precompile")
 
@@ -46,18 +49,14 @@ class _Step(torch.nn.Module):
         start: torch.Tensor,
         *cache: torch.Tensor,
     ) -> torch.Tensor:
-        from transformers.cache_utils import Cache, StaticLayer
+        from transformers.cache_utils import Cache
 
-        layers = []
-        for keys, values in zip(cache[0::2], cache[1::2]):
-            layer = StaticLayer(self.max_length)
-            layer.keys, layer.values = keys, values
-            layer.dtype, layer.device = keys.dtype, keys.device
-            layer.batch_size, layer.num_heads = keys.shape[0], keys.shape[1]
-            layer.k_head_dim, layer.v_head_dim = keys.shape[-1], values.shape[-1]
-            layer.cumulative_length = start.clone()  # update() adds to it in place
-            layer.is_initialized = True
-            layers.append(layer)
+        if start.dim() == 1:  # slots: each row its own offset (generation/slots.py)
+            layers, attention_mask = slot_cache_and_mask(
+                self.model.config, cache, start, self.max_length
+            )
+        else:
+            layers = _shared_layers(cache, start, self.max_length)
         # The decoder's forward without transformers' output capturing, whose context
         # variable the compiled code would otherwise write back (a read of the
         # library at serve time); the head on the last position only.
@@ -75,6 +74,23 @@ class _Step(torch.nn.Module):
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         return logits
+
+
+def _shared_layers(cache: tuple[torch.Tensor, ...], start: torch.Tensor, max_length: int) -> list:
+    """Static layers over the cache tensors, every row written from one ``start``."""
+    from transformers.cache_utils import StaticLayer
+
+    layers = []
+    for keys, values in zip(cache[0::2], cache[1::2]):
+        layer = StaticLayer(max_length)
+        layer.keys, layer.values = keys, values
+        layer.dtype, layer.device = keys.dtype, keys.device
+        layer.batch_size, layer.num_heads = keys.shape[0], keys.shape[1]
+        layer.k_head_dim, layer.v_head_dim = keys.shape[-1], values.shape[-1]
+        layer.cumulative_length = start.clone()  # update() adds to it in place
+        layer.is_initialized = True
+        layers.append(layer)
+    return layers
 
 
 def _cache_layout(model: torch.nn.Module, max_length: int) -> tuple[list[tuple[int, int]], str]:
@@ -172,6 +188,9 @@ def compile_generator(
     shapes, dtype = _cache_layout(model, max_length)
     device = next(model.parameters()).device
     step = _Step(model, max_length).eval()
+    refused = slots_work(step, shapes, dtype) if _mesh_size(model) == 1 else "tensor parallel"
+    if refused:
+        log.info("generator: no slot decode step (serve refuses the file): %s", refused)
     taken = {int(d) for t in (*model.parameters(), *model.buffers()) for d in t.shape}
     taken |= {n for s in shapes for n in s} | {max_length, len(shapes)}
     prompt = _free_size(taken, 2, max_length)
@@ -199,14 +218,21 @@ def compile_generator(
         # is compiled at a batch that does too.
         even = _free_size(taken | {prompt, batch}, 2, 10**6, multiple_of=world)
         sizes.append((even, prompt))
+    examples = [example(b, s) for b, s in sizes]
+    if not refused:  # the slot decode step, one token per row (see slots.py)
+        for b in (1,) if max_batch == 1 else (batch,):
+            examples.append(slot_example(b, max_length, shapes, dtype, device))
+            for tensor in examples[-1][4:]:
+                _compat.mark_static_address(tensor)
     variants = []
     with torch.no_grad(), _compat.inductor_options(options):
-        for b, s in sizes:
+        for args in examples:
+            b, s = args[0].shape
             log.info("generator: compiling the step at batch %d, length %d", b, s)
             variants.append(
                 Precompile.compile(
                     step,
-                    example(b, s),
+                    args,
                     dynamic=True,
                     size_one=False,
                     mode=mode,
@@ -230,8 +256,25 @@ def compile_generator(
         eos_token_id=tuple([eos] if isinstance(eos, int) else (eos or [])),
         pad_token_id=pad,
         model_type=str(getattr(config, "model_type", "")),
+        slots=not refused,
+        **_chat_fields(tokenizer),
     )
     return Generator(Precompile.precompile(variants), spec, tokenizer_json)
+
+
+def _chat_fields(tokenizer: Any) -> dict[str, Any]:
+    """The tokenizer's chat template and the special tokens it names, for ``serve``."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: the default one
+        template = template.get("default")
+    if not isinstance(template, str):
+        return {}
+    tokens = {}
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, str):
+            tokens[name] = value
+    return {"chat_template": template, "chat_tokens": tuple(sorted(tokens.items()))}
 
 
 def save_generator_shard(path: Any, model: torch.nn.Module) -> str:

@@ -47,6 +47,12 @@ class GeneratorSpec:
     eos_token_id: tuple[int, ...] = ()
     pad_token_id: int | None = None
     model_type: str = ""
+    # A slot decode step (``start`` of shape ``(batch,)``, each row its own offset)
+    # is bundled: ``serve`` batches requests continuously. Files before it: False.
+    slots: bool = False
+    # The tokenizer's chat template (jinja) and the special tokens it names.
+    chat_template: str | None = None
+    chat_tokens: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "kind": "decoder-generator", "version": 1}
@@ -65,6 +71,9 @@ class GeneratorSpec:
                 eos_token_id=tuple(int(t) for t in data["eos_token_id"]),
                 pad_token_id=None if data["pad_token_id"] is None else int(data["pad_token_id"]),
                 model_type=str(data.get("model_type", "")),
+                slots=bool(data.get("slots", False)),
+                chat_template=_optional_str(data.get("chat_template")),
+                chat_tokens=tuple((str(k), str(v)) for k, v in data.get("chat_tokens", ())),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ArtifactCorruptedError(
@@ -73,12 +82,20 @@ class GeneratorSpec:
             ) from None
 
 
+def _optional_str(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
 class Generator:
     """``generate(input_ids, ...)`` on a precompiled step; ``step`` is the raw artifact.
 
     ``step(input_ids, attention_mask, position_ids, start, *cache)`` returns the
     logits of each row's last position, ``(batch, 1, vocab)``; the cache
     tensors are written in place at positions ``start .. start + length - 1``.
+    Where ``spec.slots``, ``start`` may also be a ``(batch,)`` tensor with one
+    token per row: each row at its own offset (``torch_precompile/serve``).
     """
 
     def __init__(self, step: Any, spec: GeneratorSpec, tokenizer_json: bytes | None = None) -> None:

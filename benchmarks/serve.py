@@ -1,0 +1,225 @@
+"""``torch-precompile serve``: start time and throughput under 1, 4 and 16 streaming clients.
+
+1. build (this process, transformers present): a Qwen2-shaped model of the
+   given shape (random init, fixed seed), ``compile_generator`` with
+   ``--max-batch`` slots, saved (``--file`` reuses a built file);
+2. ``floor``: a fresh ``python -c "import torch"`` (on CUDA also the context
+   and one kernel), what every server pays;
+3. ``start``: the server spawned (transformers not importable in it), the wall
+   time from ``Popen`` to the first ``GET /health`` answered 200 (polled
+   every 10 ms);
+4. for each load ``C`` in ``--clients`` (1,4,16): ``C`` threads, each sending
+   ``--rounds`` streaming ``/v1/completions`` in a row (token-id prompts of
+   different lengths, ``8 + 11 * (i mod 8)`` tokens, ``--new-tokens`` each with
+   ``ignore_eos``, greedy), raw HTTP. ``tokens_per_s`` is every new token
+   over the wall time from the first request to the last answer; ``ttft`` is
+   each request's time from sending to its first token's event (p50, p99).
+
+Usage (repository root)::
+
+    PYTHONPATH=. python benchmarks/serve.py --device cpu --shape tiny
+    PYTHONPATH=. python benchmarks/serve.py --device cuda --shape qwen0.5b --dtype bfloat16 \
+        --max-length 512 --new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SHAPES = {
+    "tiny": dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    ),
+    # Qwen2.5-0.5B's shape (random weights).
+    "qwen0.5b": dict(
+        num_hidden_layers=24,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+}
+
+_SERVER = """
+import sys
+sys.modules["transformers"] = None
+from torch_precompile.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def build(args: argparse.Namespace, path: Path) -> None:
+    import torch
+    import transformers
+
+    from torch_precompile import Precompile
+    from torch_precompile.generation import compile_generator
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        **SHAPES[args.shape], max_position_embeddings=max(args.max_length, 128)
+    )
+    config.eos_token_id = None
+    model = transformers.Qwen2ForCausalLM(config).to(args.device, getattr(torch, args.dtype))
+    generator = compile_generator(
+        model.eval(), max_batch=args.max_batch, max_length=args.max_length
+    )
+    Precompile.save(path, generator)
+
+
+def floor(device: str) -> float:
+    code = "import torch"
+    if device == "cuda":
+        code += "; torch.ones(1, device='cuda').add_(1); torch.cuda.synchronize()"
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return time.perf_counter() - t
+
+
+def start(path: Path, port: int, log: Path) -> tuple[subprocess.Popen[bytes], float]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-c", _SERVER, "serve", str(path), "--port", str(port)]
+    command += ["--model-name", "model"]
+    t = time.perf_counter()
+    with log.open("w") as err:
+        proc = subprocess.Popen(command, env=env, stderr=err, stdout=err)
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited:\n{log.read_text()}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return proc, time.perf_counter() - t
+        except OSError:
+            pass
+        time.sleep(0.01)
+
+
+def stream(port: int, prompt: list[int], new: int) -> tuple[float, int]:
+    """One streaming completion: (seconds to the first token, tokens received)."""
+    body = {"model": "model", "prompt": prompt, "max_tokens": new, "temperature": 0}
+    body |= {"stream": True, "ignore_eos": True, "return_token_ids": True}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"{response.status}: {response.read()!r}")
+    first, tokens, buffer = None, 0, b""
+    while True:
+        chunk = response.read1(65536)
+        if not chunk:
+            break
+        buffer += chunk
+        *events, buffer = buffer.split(b"\n\n")
+        for event in events:
+            if event == b"data: [DONE]":
+                continue
+            data = json.loads(event[len(b"data: ") :])
+            got = len(data["choices"][0].get("token_ids", []))
+            if got and first is None:
+                first = time.perf_counter() - t
+            tokens += got
+    conn.close()
+    return first or float("nan"), tokens
+
+
+def load(port: int, clients: int, rounds: int, new: int) -> dict[str, Any]:
+    ttfts: list[float] = []
+    total = [0]
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        for r in range(rounds):
+            n = 8 + 11 * ((i + r) % 8)
+            prompt = [(7 * i + 3 * k + r) % 900 + 50 for k in range(n)]
+            ttft, tokens = stream(port, prompt, new)
+            with lock:
+                ttfts.append(ttft)
+                total[0] += tokens
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t
+    ttfts.sort()
+    return {
+        "clients": clients,
+        "requests": len(ttfts),
+        "tokens": total[0],
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(total[0] / wall, 1),
+        "ttft_p50_s": round(statistics.median(ttfts), 4),
+        "ttft_p99_s": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 4),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="requests per client in a row")
+    parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--file", type=Path, default=None, help="a built file to serve")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/serve_bench"))
+    parser.add_argument("--out", type=Path, default=None, help="write the results (JSON) here")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    path = args.file or args.work / "model.pt"
+    if args.file is None:
+        t = time.perf_counter()
+        build(args, path)
+        print(f"built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result: dict[str, Any] = {"device": args.device, "shape": args.shape, "dtype": args.dtype}
+    result |= {"max_batch": args.max_batch, "max_length": args.max_length}
+    result |= {"new_tokens": args.new_tokens, "rounds": args.rounds}
+    result["floor_s"] = round(floor(args.device), 3)
+    proc, ready = start(path, port, args.work / "server.log")
+    result["start_to_health_s"] = round(ready, 3)
+    try:
+        load(port, 1, 1, 4)  # untimed: the first requests' allocations
+        result["loads"] = [
+            load(port, int(c), args.rounds, args.new_tokens) for c in args.clients.split(",")
+        ]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

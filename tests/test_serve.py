@@ -1,0 +1,418 @@
+"""``torch-precompile serve``: the real server in a subprocess, spoken to as OpenAI's API.
+
+One tiny Llama generator (2 layers, width 64, the 320-token BPE of
+test_generator, 16 slots) is built once; the server runs in a fresh process
+where transformers cannot be imported, on 127.0.0.1 at a free port. Clients:
+the official ``openai`` package and raw HTTP (``http.client``). Greedy
+outputs are compared with ``Generator.generate`` (itself equal to
+transformers' ``generate``, tests/test_generator.py), alone and beside 15
+other requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from conftest import ROOT  # noqa: E402
+from test_generator import SMALL, _tokenizer  # noqa: E402
+
+from torch_precompile import Precompile  # noqa: E402
+from torch_precompile.generation import compile_generator  # noqa: E402
+from torch_precompile.generation.generator import _cache_layout, _Step  # noqa: E402
+from torch_precompile.generation.slots import slots_work  # noqa: E402
+from torch_precompile.runtime.generator import Generator, GeneratorSpec  # noqa: E402
+
+SLOTS, MAX_LENGTH, VOCAB = 16, 96, 320
+TEMPLATE = (
+    "{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<bos>assistant:{% endif %}"
+)
+
+# The server's process: transformers not importable; on exit, what it imported.
+_SERVER = """
+import sys
+sys.modules["transformers"] = None
+from torch_precompile.cli.main import main
+code = main(sys.argv[1:])
+imported = [
+    m for m in ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
+    if sys.modules.get(m) is not None
+]
+print("IMPORTED", imported, file=sys.stderr, flush=True)
+sys.exit(code)
+"""
+
+
+class Server:
+    """A ``serve`` process on a free port, and raw HTTP to it."""
+
+    def __init__(self, path: Path, *args: str, module: bool = False) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        head = ["-m", "torch_precompile"] if module else ["-c", _SERVER]
+        command = [sys.executable, *head, "serve", str(path), "--port", str(self.port), *args]
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.log = path.with_name(f"{path.stem}-{self.port}.log")
+        with self.log.open("w") as log:  # a file, not a pipe: a full pipe would block it
+            self.proc = subprocess.Popen(command, env=env, stderr=log)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                if self.request("GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("the server did not answer /health within 120 s")
+
+    def request(self, method: str, route: str, body: Any = None) -> tuple[int, Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+            conn.request(method, route, body=data, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            raw = response.read()
+            ctype = response.getheader("Content-Type", "")
+            return response.status, json.loads(raw) if "json" in ctype else raw.decode()
+        finally:
+            conn.close()
+
+    def health(self) -> dict[str, Any]:
+        return self.request("GET", "/health")[1]
+
+    def client(self) -> Any:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none")
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("serve")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(num_key_value_heads=2, **{**SMALL, "vocab_size": VOCAB})
+    model = transformers.LlamaForCausalLM(config).eval()
+    tokenizer = _tokenizer()
+    tokenizer.chat_template = TEMPLATE
+    generator = compile_generator(
+        model, max_batch=SLOTS, max_length=MAX_LENGTH, tokenizer=tokenizer
+    )
+    assert generator.spec.slots and generator.spec.chat_template == TEMPLATE
+    path = root / "tiny.pt"
+    Precompile.save(path, generator)
+    # The same step, 2 slots and no chat template: a queue to fill, a chat to refuse.
+    small = dataclasses.replace(generator.spec, max_batch=2, chat_template=None)
+    Precompile.save(root / "small.pt", Generator(generator.step, small, generator.tokenizer_json))
+    return {"path": path, "small": root / "small.pt", "tokenizer": tokenizer}
+
+
+@pytest.fixture(scope="module")
+def server(built: dict[str, Any]) -> Any:
+    server = Server(built["path"])
+    yield server
+    server.stop()
+
+
+def _greedy(built: dict[str, Any], text: str, new: int) -> str:
+    """``Generator.generate``'s greedy continuation of ``text`` (transformers' own)."""
+    tokenizer = built["tokenizer"]
+    ids = torch.tensor([tokenizer(text)["input_ids"]])
+    out = Precompile.load(built["path"]).generate(ids, max_new_tokens=new)
+    return tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
+
+
+PROMPTS = [("the cat sat on the mat " * 4)[: 3 + 5 * i] for i in range(SLOTS)]
+
+
+def test_completion_and_chat_with_the_openai_client(server: Server, built: dict[str, Any]) -> None:
+    client = server.client()
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    out = client.completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=12, temperature=0)
+    assert out.choices[0].text == _greedy(built, PROMPTS[3], 12)
+    assert out.usage.prompt_tokens == len(built["tokenizer"](PROMPTS[3])["input_ids"])
+    assert out.usage.completion_tokens == 12 and out.choices[0].finish_reason == "length"
+    # Token ids in; logprobs: the chosen token's is the largest of its top 3.
+    ids = built["tokenizer"](PROMPTS[3])["input_ids"]
+    by_ids = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=12, temperature=0, logprobs=3
+    )
+    assert by_ids.choices[0].text == out.choices[0].text
+    lp = by_ids.choices[0].logprobs
+    # (OpenAI's dict of alternatives: two tokens that decode alike are one entry)
+    assert len(lp.token_logprobs) == 12 and all(1 <= len(t) <= 3 for t in lp.top_logprobs)
+    assert all(abs(max(t.values()) - x) < 1e-5 for t, x in zip(lp.top_logprobs, lp.token_logprobs))
+    # Chat: the saved template rendered by the server, as transformers renders it.
+    messages = [{"role": "user", "content": "the cat"}]
+    chat = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2
+    )
+    rendered = built["tokenizer"].apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    assert chat.choices[0].message.content == _greedy(built, rendered, 8)
+    assert len(chat.choices[0].logprobs.content[0].top_logprobs) == 2
+    assert chat.usage.prompt_tokens == len(built["tokenizer"](rendered)["input_ids"])
+
+
+def test_streams_end_with_done_and_equal_the_whole_answer(server: Server) -> None:
+    client = server.client()
+    whole = client.completions.create(model="tiny", prompt=PROMPTS[5], max_tokens=10, temperature=0)
+    pieces = client.completions.create(
+        model="tiny",
+        prompt=PROMPTS[5],
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(pieces)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 10
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "a"}],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+    )
+    deltas = [c.choices[0].delta for c in chat]
+    assert deltas[0].role == "assistant" and len(deltas) >= 2
+    # Raw SSE: every event a data line, the last one [DONE].
+    status, text = server.request(
+        "POST",
+        "/v1/completions",
+        {"model": "tiny", "prompt": "the", "max_tokens": 3, "temperature": 0, "stream": True},
+    )
+    events = [e for e in text.split("\n\n") if e]
+    assert status == 200 and events[-1] == "data: [DONE]", text
+    assert all(e.startswith("data: {") for e in events[:-1])
+
+
+def test_sixteen_concurrent_clients_each_equal_to_its_solo_run(server: Server) -> None:
+    client = server.client()
+
+    def ask(prompt: str) -> str:
+        out = client.completions.create(model="tiny", prompt=prompt, max_tokens=14, temperature=0)
+        return out.choices[0].text
+
+    solo = [ask(p) for p in PROMPTS]
+    together: list[str | None] = [None] * SLOTS
+    threads = [
+        threading.Thread(target=lambda i=i: together.__setitem__(i, ask(PROMPTS[i])))
+        for i in range(SLOTS)
+    ]
+    for t in threads:  # staggered: requests join while others decode
+        t.start()
+        time.sleep(0.005)
+    for t in threads:
+        t.join(120)
+    assert together == solo
+    assert len(set(solo)) > 4  # different prompts, different answers
+    # Sampling with a seed: the same tokens again, beside others or not.
+    seeded = [
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPTS[1],
+            max_tokens=10,
+            temperature=0.9,
+            top_p=0.9,
+            seed=7,
+            extra_body={"top_k": 40},
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
+    assert seeded[0] == seeded[1]
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_slot(server: Server) -> None:
+    before = server.health()["cancelled"]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    body = {"model": "tiny", "prompt": [5], "max_tokens": MAX_LENGTH - 1, "stream": True}
+    body["ignore_eos"] = True
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.read(6) == b"data: "  # generating
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        health = server.health()
+        if health["busy"] == 0:
+            break
+        time.sleep(0.02)
+    assert health["busy"] == 0 and health["cancelled"] == before + 1, health
+
+
+BAD = [
+    (b"{not json", 400, "not valid JSON"),
+    ([1, 2], 400, "JSON object"),
+    ({"prompt": "a"}, 400, "'model' is required"),
+    ({"model": "tiny"}, 400, "'prompt' is required"),
+    ({"model": "tiny", "prompt": {"a": 1}}, 400, "'prompt' must be"),
+    ({"model": "tiny", "prompt": "a", "max_tokens": "ten"}, 400, "'max_tokens' must be int"),
+    ({"model": "tiny", "prompt": "a", "max_tokens": 0}, 400, "1 or more"),
+    ({"model": "tiny", "prompt": "a", "max_tokens": MAX_LENGTH}, 400, "max_length=96"),
+    ({"model": "tiny", "prompt": [3] * MAX_LENGTH}, 400, "max_length=96"),
+    ({"model": "tiny", "prompt": [VOCAB]}, 400, "past the vocabulary"),
+    ({"model": "tiny", "prompt": "a", "temperature": 3}, 400, "temperature"),
+    ({"model": "tiny", "prompt": "a", "top_p": 0}, 400, "top_p"),
+    ({"model": "tiny", "prompt": "a", "n": 2}, 400, "'n' must be 1"),
+    ({"model": "tiny", "prompt": "a", "logprobs": 9}, 400, "logprobs"),
+    ({"model": "tiny", "prompt": "a", "stop": 5}, 400, "stop"),
+    ({"model": "tiny", "prompt": "a", "stream": "yes"}, 400, "'stream' must be bool"),
+    ({"model": "other", "prompt": "a"}, 404, "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "words"), BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(
+    server: Server, body: Any, status: int, words: str
+) -> None:
+    got, answer = server.request("POST", "/v1/completions", body)
+    assert got == status, answer
+    assert words in answer["error"]["message"] and answer["error"]["type"], answer
+    chat = {"model": "tiny", "messages": [{"role": "user"}], "max_tokens": 2, "temperature": 0}
+    assert server.request("POST", "/v1/chat/completions", {**chat, "messages": "hi"})[0] == 400
+    assert server.request("GET", "/v1/nowhere")[1]["error"]["code"] == "not_found"
+    assert server.request("GET", "/v1/completions")[0] == 405
+    assert server.request("POST", "/v1/chat/completions", chat)[0] == 200
+
+
+def test_two_hundred_requests_no_memory_growth_no_lost_slot(server: Server) -> None:
+    def one(i: int) -> None:
+        body = {"model": "tiny", "prompt": PROMPTS[i % SLOTS], "max_tokens": 3, "temperature": 0}
+        body["stream"] = i % 2 == 0
+        assert server.request("POST", "/v1/completions", body)[0] == 200
+
+    for i in range(50):
+        one(i)
+    start = server.rss_kib()
+    for i in range(150):
+        one(i)
+    grown = server.rss_kib() - start
+    assert grown < 8 * 1024, f"the server grew {grown} KiB over 150 requests"
+    assert server.health() | {"cancelled": 0} == {
+        "status": "ok",
+        "slots": SLOTS,
+        "busy": 0,
+        "queued": 0,
+        "cancelled": 0,
+    }
+
+
+def test_a_full_queue_is_503_a_chat_without_template_400(built: dict[str, Any]) -> None:
+    small = Server(built["small"], "--max-queue", "1", "--model-name", "s", module=True)
+    try:
+        body = {"model": "s", "prompt": [5], "max_tokens": MAX_LENGTH - 1, "ignore_eos": True}
+        statuses: list[int] = []
+        threads = [
+            threading.Thread(
+                target=lambda: statuses.append(small.request("POST", "/v1/completions", body)[0])
+            )
+            for _ in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        # 2 slots and 1 place in the queue: the others are turned away, none lost.
+        assert sorted(statuses)[0] == 200 and 503 in statuses, statuses
+        assert set(statuses) == {200, 503}
+        chat = {"model": "s", "messages": [{"role": "user", "content": "a"}]}
+        status, answer = small.request("POST", "/v1/chat/completions", chat)
+        assert status == 400 and "no chat template" in answer["error"]["message"]
+        assert small.health()["busy"] == 0
+    finally:
+        small.stop()
+
+
+def test_the_server_imported_neither_transformers_nor_the_compiler(server: Server) -> None:
+    assert server.request("GET", "/health")[0] == 200
+    err = server.stop()
+    assert "IMPORTED []" in err, err
+
+
+def test_a_file_without_the_slot_step_is_refused_and_older_records_read(
+    built: dict[str, Any],
+) -> None:
+    loaded = Precompile.load(built["path"])
+    record = loaded.spec.to_json()
+    for key in ("slots", "chat_template", "chat_tokens"):  # a record from before serve
+        del record[key]
+    old = GeneratorSpec.from_json(record, "old")
+    assert (old.slots, old.chat_template, old.chat_tokens) == (False, None, ())
+    path = built["path"].with_name("noslots.pt")
+    Precompile.save(path, Generator(loaded.step, old, loaded.tokenizer_json))
+    command = [sys.executable, "-m", "torch_precompile", "serve", str(path), "--port", "1"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "no slot decode step" in proc.stderr, proc.stderr
+    assert "Bloom" in proc.stderr and "build it again" in proc.stderr
+
+
+SLOT_FAMILIES = {
+    # A window shorter than the check's prompt; full and sliding layers mixed.
+    "mistral": lambda: transformers.MistralForCausalLM(
+        transformers.MistralConfig(num_key_value_heads=2, sliding_window=12, **SMALL)
+    ),
+    "gemma2": lambda: transformers.Gemma2ForCausalLM(
+        transformers.Gemma2Config(num_key_value_heads=1, head_dim=16, sliding_window=12, **SMALL)
+    ),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000)
+    ),
+    "bloom": lambda: transformers.BloomForCausalLM(
+        transformers.BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=1000)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SLOT_FAMILIES))
+def test_the_build_checks_the_slot_step_eagerly(name: str) -> None:
+    """The slot step's logits equal the shared step's (past a sliding window, with
+    mixed layer types); ALiBi from a 2-D mask (Bloom) cannot take the per-row mask."""
+    torch.manual_seed(0)
+    model = SLOT_FAMILIES[name]().eval()
+    shapes, dtype = _cache_layout(model, 40)
+    refused = slots_work(_Step(model, 40).eval(), shapes, dtype)
+    if name == "bloom":
+        assert refused is not None
+    else:
+        assert refused is None, refused

@@ -1,0 +1,280 @@
+"""The scheduler: requests in the slots of one static cache, decoded together (continuous batching).
+
+One thread owns the cache. Each of its ``max_batch`` rows is a *slot*: a
+request joining a free slot is prefilled alone (batch 1, the step's prefill
+variant on views of that slot's rows) from cache index 0, so in a slot the
+cache index is the position; then every step decodes all slots at once with
+the slot step (``start`` a ``(max_batch,)`` tensor, each row its own offset).
+Free slots decode too (token 0 at index 0, attending to that one entry, so
+no NaN): one static shape, and a row's result never depends on its
+neighbours. A request leaves at its end token, its stop string, its
+``max_tokens`` or its client's disconnect, freeing its slot for the next in
+the queue at once.
+
+The engine's cache is its own, not the ``Generator``'s: ``Generator.generate``
+in the same process touches other tensors.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..runtime.generator import Generator, _Sampler
+from .protocol import ApiError, Job
+
+log = logging.getLogger("torch_precompile")
+
+# A run's events go to its sink: {"text", "entries", "finish", "tokens"} or {"error"}.
+Sink = Callable[[dict[str, Any]], None]
+
+
+class NotServable(ValueError):
+    """A generator file the server cannot batch (built without the slot step)."""
+
+
+class _Run:
+    """A request in the engine: its job, sampler, tokens so far and detokenized text."""
+
+    def __init__(self, job: Job, sink: Sink, device: torch.device) -> None:
+        self.job, self.sink = job, sink
+        sample = job.temperature > 0
+        self.sampler = _Sampler(
+            sample, job.temperature or 1.0, job.top_k, job.top_p, job.seed, device
+        )
+        self.tokens: list[int] = []
+        self.text = ""  # detokenized new tokens, up to what was sent
+        self.cancelled = False
+
+
+class Engine:
+    """Continuous batching over a generator file's slot step (see the module docstring)."""
+
+    def __init__(self, generator: Generator, *, max_queue: int, tokenizer: Any = None) -> None:
+        spec = generator.spec
+        if not spec.slots:
+            raise NotServable(
+                "this generator file has no slot decode step (built before serve existed, or a "
+                "model whose attention cannot take a per-row mask: ALiBi families such as Bloom "
+                "and Falcon): build it again with compile_generator, or use Generator.generate"
+            )
+        self.step, self.spec, self.tokenizer = generator.step, spec, tokenizer
+        self.max_queue = max_queue
+        self.device = torch.device(spec.device)
+        slots, length = spec.max_batch, spec.max_length
+        dtype = getattr(torch, spec.dtype)
+        self.cache = [
+            torch.zeros((slots, h, length, d), dtype=dtype, device=self.device)
+            for h, d in spec.kv_shapes
+        ]
+        self.full = torch.ones((slots, length), dtype=torch.long, device=self.device)
+        self.starts = [0] * slots  # the cache index each slot's next token goes to
+        self.last = [0] * slots  # each slot's last token
+        self.active: list[_Run | None] = [None] * slots
+        self.pending: collections.deque[_Run] = collections.deque()
+        self.cv = threading.Condition()
+        self.vocab = 0
+        self.cancelled = 0  # runs whose client left before they ended
+        self.eos = set(spec.eos_token_id)
+        self._stopped = False
+        self._thread = threading.Thread(
+            target=self._loop, name="torch-precompile-engine", daemon=True
+        )
+
+    # -- the public side, called from the HTTP threads ------------------------------
+
+    def start(self) -> None:
+        """Warm each variant up (the first call of each loads its kernels), then serve."""
+        with torch.no_grad():
+            for n in (1, 2):
+                logits = self._prefill_logits(0, [0] * n)
+            self.vocab = int(logits.shape[-1])
+            self._decode_logits()
+        self.starts = [0] * self.spec.max_batch
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self.cv:
+            self._stopped = True
+            self.cv.notify()
+
+    def submit(self, job: Job, sink: Sink) -> _Run:
+        """Queue a job; 503 when ``max_queue`` jobs already wait for a slot."""
+        bad = [t for t in job.prompt if t >= self.vocab]
+        if bad:
+            raise ApiError(
+                400, f"token id {bad[0]} is past the vocabulary of {self.vocab}", "prompt"
+            )
+        run = _Run(job, sink, self.device)
+        with self.cv:
+            free = sum(r is None for r in self.active)
+            if len(self.pending) >= self.max_queue + free:
+                raise ApiError(
+                    503,
+                    f"the server is busy: {len(self.pending)} requests wait for a slot "
+                    f"(--max-queue {self.max_queue}); retry later",
+                    kind="server_overloaded",
+                )
+            self.pending.append(run)
+            self.cv.notify()
+        return run
+
+    def cancel(self, run: _Run) -> None:
+        """The client left: its slot (or queue place) is freed before the next step."""
+        with self.cv:
+            run.cancelled = True
+            self.cv.notify()
+
+    def load(self) -> dict[str, int]:
+        with self.cv:
+            busy = sum(r is not None for r in self.active)
+            queued, left = len(self.pending), self.cancelled
+            return {"slots": len(self.active), "busy": busy, "queued": queued, "cancelled": left}
+
+    # -- the scheduler thread -------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self._stopped and not self.pending and not any(self.active):
+                    self.cv.wait()
+                if self._stopped:
+                    return
+                self._drop_cancelled()
+                joining = self._admit()
+            try:
+                with torch.no_grad():
+                    for slot, run in joining:
+                        self._join(slot, run)
+                    if any(self.active):
+                        self._decode()
+            except Exception as exc:  # never leave the server stalled: fail who was running
+                log.exception("serve: a step failed")
+                for slot, run in enumerate(self.active):
+                    if run is not None:
+                        self._free(slot, {"error": f"the model's step failed: {exc}"})
+
+    def _drop_cancelled(self) -> None:
+        kept = collections.deque(r for r in self.pending if not r.cancelled)
+        self.cancelled += len(self.pending) - len(kept)
+        self.pending = kept
+        for slot, run in enumerate(self.active):
+            if run is not None and run.cancelled:
+                self.cancelled += 1
+                self._free(slot, None)
+
+    def _admit(self) -> list[tuple[int, _Run]]:
+        joining = []
+        for slot, run in enumerate(self.active):
+            if run is None and self.pending:
+                self.active[slot] = self.pending.popleft()
+                joining.append((slot, self.active[slot]))
+        return joining
+
+    def _free(self, slot: int, event: dict[str, Any] | None) -> None:
+        run = self.active[slot]
+        self.active[slot], self.starts[slot], self.last[slot] = None, 0, 0
+        if run is not None and event is not None:
+            run.sink(event)
+
+    def _prefill_logits(self, slot: int, prompt: list[int]) -> torch.Tensor:
+        n, length = len(prompt), self.spec.max_length
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        mask = torch.zeros((1, length), dtype=torch.long, device=self.device)
+        mask[:, :n] = 1
+        positions = torch.arange(n, device=self.device)[None]
+        start = torch.zeros((), dtype=torch.long, device=self.device)
+        rows = [t[slot : slot + 1] for t in self.cache]
+        return self.step(ids, mask, positions, start, *rows)[:, -1, :].float()
+
+    def _decode_logits(self) -> torch.Tensor:
+        ids = torch.tensor(self.last, dtype=torch.long, device=self.device)[:, None]
+        start = torch.tensor(self.starts, dtype=torch.long, device=self.device)
+        return self.step(ids, self.full, start[:, None].clone(), start, *self.cache)[
+            :, -1, :
+        ].float()
+
+    def _join(self, slot: int, run: _Run) -> None:
+        if run.cancelled:
+            self.cancelled += 1
+            self._free(slot, None)
+            return
+        try:
+            logits = self._prefill_logits(slot, run.job.prompt)
+        except Exception as exc:
+            log.exception("serve: a prefill failed")
+            self._free(slot, {"error": f"the model's prefill failed: {exc}"})
+            return
+        self.starts[slot] = len(run.job.prompt)
+        self._next(slot, run, logits[0], None)
+
+    def _decode(self) -> None:
+        logits = self._decode_logits()
+        greedy = logits.argmax(-1).tolist()
+        for slot, run in enumerate(self.active):
+            if run is not None:
+                self.starts[slot] += 1
+                self._next(slot, run, logits[slot], greedy[slot])
+
+    def _next(self, slot: int, run: _Run, logits: torch.Tensor, greedy: int | None) -> None:
+        """Choose the slot's next token from its logits, send it, and end the run if done."""
+        job = run.job
+        if job.temperature > 0:
+            token = int(run.sampler(logits[None])[0])
+        else:
+            token = int(logits.argmax()) if greedy is None else greedy
+        run.tokens.append(token)
+        self.last[slot] = token
+        entries = [self._entry(logits, token, job.logprobs)] if job.logprobs is not None else []
+        finish = None
+        if token in self.eos and not job.ignore_eos:
+            finish = "stop"
+        elif len(run.tokens) >= job.max_tokens:
+            finish = "length"
+        text, stopped = self._text(run, finish is not None)
+        event = {"text": text, "entries": entries, "finish": finish, "tokens": len(run.tokens)}
+        if job.return_token_ids or self.tokenizer is None:
+            event["ids"] = [token]
+        if stopped:
+            event["finish"] = "stop"
+        if event["finish"] is not None:
+            self._free(slot, event)
+        else:
+            run.sink(event)
+
+    def _text(self, run: _Run, final: bool) -> tuple[str, bool]:
+        """The new text to send (held back while it may be a cut character or the
+        start of a stop string), and whether a stop string ended the run."""
+        if self.tokenizer is None:
+            return "", False
+        ids = [t for t in run.tokens if t not in self.eos]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        stops = [text.find(s) for s in run.job.stop if s in text]
+        if stops:
+            text, final = text[: min(stops)], True
+        elif not final:
+            if text.endswith("\ufffd"):
+                text = text[: len(run.text)]
+            hold = max((len(s) - 1 for s in run.job.stop), default=0)
+            text = text[: max(len(run.text), len(text) - hold)]
+        new = text[len(run.text) :]
+        run.text = text
+        return new, bool(stops)
+
+    def _entry(self, logits: torch.Tensor, token: int, top: int) -> dict[str, Any]:
+        logprobs = logits.log_softmax(-1)
+        alternatives = []
+        if top:
+            values, ids = logprobs.topk(top)
+            alternatives = [(self._piece(i), v) for i, v in zip(ids.tolist(), values.tolist())]
+        return {"token": self._piece(token), "logprob": float(logprobs[token]), "top": alternatives}
+
+    def _piece(self, token: int) -> str:
+        if self.tokenizer is None:
+            return f"token_id:{token}"
+        return self.tokenizer.decode([token], skip_special_tokens=False)

@@ -1,0 +1,286 @@
+"""OpenAI's request and response shapes: a request read into a :class:`Job`, results written back.
+
+Each field a client may send is checked here, once, with an error that names
+it (``ApiError``: the HTTP status and OpenAI's ``{"error": {...}}`` body).
+Fields OpenAI has that this server cannot honour (``n`` > 1, ``echo``,
+``best_of``, ``tools``) are refused, not ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from typing import Any
+
+# The most logprobs OpenAI's API returns per token (completions; chat allows 20).
+_MAX_LOGPROBS, _MAX_TOP_LOGPROBS = 5, 20
+# OpenAI's default max_tokens for /v1/completions.
+_COMPLETION_DEFAULT = 16
+
+
+class ApiError(Exception):
+    """A request the server refuses: the status and OpenAI's error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+    def body(self) -> dict[str, Any]:
+        code = {404: "not_found", 503: "overloaded"}.get(self.status)
+        return {
+            "error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}
+        }
+
+
+@dataclasses.dataclass
+class Job:
+    """One request as the engine runs it (the prompt already tokens)."""
+
+    chat: bool
+    model: str
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    logprobs: int | None = None  # completions: top-n per token; chat: top_logprobs
+    include_usage: bool = False
+    ignore_eos: bool = False  # vLLM's extension: run to max_tokens (benchmarks)
+    return_token_ids: bool = False  # vLLM's extension: each choice's new token ids
+    id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+
+def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any = None) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise ApiError(400, f"'{name}' must be {names}, got {type(value).__name__}", param=name)
+    return value
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    if _field(body, "n", (int,), 1) != 1:
+        raise ApiError(400, "'n' must be 1: one choice per request", param="n")
+    if _field(body, "best_of", (int,), 1) != 1:
+        raise ApiError(400, "'best_of' is not supported", param="best_of")
+    if _field(body, "echo", (bool,), False):
+        raise ApiError(400, "'echo' is not supported", param="echo")
+    for name in ("tools", "functions", "suffix"):
+        if body.get(name):
+            raise ApiError(400, f"'{name}' is not supported", param=name)
+
+
+def read_job(
+    body: Any, *, chat: bool, served: str, max_length: int, encode: Any, render: Any
+) -> Job:
+    """A request body (parsed JSON) as a :class:`Job`, or an :class:`ApiError`.
+
+    ``encode(text)`` tokenizes a completion prompt; ``render(messages)``
+    renders and tokenizes a chat (each raises ``ApiError`` when the file
+    cannot: no tokenizer, no template).
+    """
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = _field(body, "model", (str,))
+    if model is None:
+        raise ApiError(400, "'model' is required", param="model")
+    if model != served:
+        raise ApiError(
+            404, f"the model '{model}' does not exist: this server serves '{served}'", param="model"
+        )
+    _refuse_unsupported(body)
+    prompt = _messages(body, render) if chat else _prompt(body, encode)
+    if not prompt:
+        raise ApiError(400, "the prompt is empty: give at least one token", param="prompt")
+    room = max_length - len(prompt)
+    names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
+    asked = next((_field(body, n, (int,)) for n in names if body.get(n) is not None), None)
+    if asked is not None and asked < 1:
+        raise ApiError(400, f"'max_tokens' must be 1 or more, got {asked}", param="max_tokens")
+    default = room if chat else min(_COMPLETION_DEFAULT, room)
+    max_tokens = default if asked is None else asked
+    if max_tokens > room or room < 1:
+        raise ApiError(
+            400,
+            f"a prompt of {len(prompt)} tokens plus max_tokens={max_tokens} is past the "
+            f"model's max_length={max_length}: shorten the prompt or max_tokens",
+            param="max_tokens",
+        )
+    job = Job(chat=chat, model=model, prompt=prompt, max_tokens=max_tokens)
+    _sampling(body, job)
+    _options(body, job)
+    return job
+
+
+def _prompt(body: dict[str, Any], encode: Any) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return encode(prompt)
+    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        if any(t < 0 for t in prompt):
+            raise ApiError(400, "token ids must be 0 or more", param="prompt")
+        return list(prompt)
+    if prompt is None:
+        raise ApiError(400, "'prompt' is required", param="prompt")
+    raise ApiError(
+        400, "'prompt' must be a string or a list of token ids (one prompt per request)", "prompt"
+    )
+
+
+def _messages(body: dict[str, Any], render: Any) -> list[int]:
+    messages = body.get("messages")
+    if messages is None:
+        raise ApiError(400, "'messages' is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{i}] must be an object with a 'role'", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise ApiError(400, f"messages[{i}]: only text content is supported", "messages")
+        elif content is not None and not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string", "messages")
+    return render(messages)
+
+
+def _sampling(body: dict[str, Any], job: Job) -> None:
+    job.temperature = float(_field(body, "temperature", (int, float), 1.0))
+    if not 0 <= job.temperature <= 2:
+        raise ApiError(400, "'temperature' must be in [0, 2]", param="temperature")
+    top_p = _field(body, "top_p", (int, float))
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ApiError(400, "'top_p' must be in (0, 1]", param="top_p")
+    job.top_p = None if top_p is None else float(top_p)
+    top_k = _field(body, "top_k", (int,))
+    if top_k is not None and top_k < -1:
+        raise ApiError(400, "'top_k' must be -1, 0 (off) or a positive number", param="top_k")
+    job.top_k = top_k if top_k and top_k > 0 else None
+    job.seed = _field(body, "seed", (int,))
+
+
+def _options(body: dict[str, Any], job: Job) -> None:
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (
+        not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)
+    ):
+        raise ApiError(400, "'stop' must be a string or a list of non-empty strings", "stop")
+    job.stop = tuple(stop or ())
+    job.stream = bool(_field(body, "stream", (bool,), False))
+    job.ignore_eos = bool(_field(body, "ignore_eos", (bool,), False))
+    job.return_token_ids = bool(_field(body, "return_token_ids", (bool,), False))
+    options = _field(body, "stream_options", (dict,), {})
+    job.include_usage = bool(options.get("include_usage", False))
+    if job.chat:
+        top = _field(body, "top_logprobs", (int,))
+        if _field(body, "logprobs", (bool,), False):
+            job.logprobs = top or 0
+        if top is not None and not 0 <= top <= _MAX_TOP_LOGPROBS:
+            raise ApiError(400, f"'top_logprobs' must be in 0..{_MAX_TOP_LOGPROBS}", "top_logprobs")
+    else:
+        job.logprobs = _field(body, "logprobs", (int,))
+        if job.logprobs is not None and not 0 <= job.logprobs <= _MAX_LOGPROBS:
+            raise ApiError(400, f"'logprobs' must be in 0..{_MAX_LOGPROBS}", param="logprobs")
+
+
+def usage(job: Job, completion: int) -> dict[str, int]:
+    n = len(job.prompt)
+    return {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion}
+
+
+def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
+    """Each token's logprob (and its top alternatives) as OpenAI writes them."""
+    if job.logprobs is None:
+        return None
+    if job.chat:
+        content = [
+            {
+                "token": e["token"],
+                "logprob": e["logprob"],
+                "bytes": list(e["token"].encode()),
+                "top_logprobs": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in e["top"]
+                ],
+            }
+            for e in entries
+        ]
+        return {"content": content, "refusal": None}
+    offsets, at = [], offset
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [_first_of_each(e["top"]) for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _first_of_each(pairs: list[tuple[str, float]]) -> dict[str, float]:
+    """OpenAI's dict of alternatives: two tokens that decode alike keep the likelier."""
+    out: dict[str, float] = {}
+    for token, logprob in pairs:
+        out.setdefault(token, logprob)
+    return out
+
+
+def choice(
+    job: Job,
+    text: str,
+    entries: list[dict[str, Any]],
+    finish: str | None,
+    *,
+    delta: bool,
+    offset: int = 0,
+) -> dict[str, Any]:
+    """One choice: a whole answer, or (``delta``) a stream chunk's piece of one."""
+    out: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": finish,
+        "logprobs": _logprobs(job, entries, offset),
+    }
+    if not job.chat:
+        out["text"] = text
+    elif delta:
+        out["delta"] = {"content": text}
+    else:
+        out["message"] = {"role": "assistant", "content": text}
+    return out
+
+
+def envelope(job: Job, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
+    if job.chat:
+        kind, prefix = ("chat.completion.chunk" if chunk else "chat.completion"), "chatcmpl-"
+    else:
+        kind, prefix = "text_completion", "cmpl-"
+    return {
+        "id": prefix + job.id,
+        "object": kind,
+        "created": job.created,
+        "model": job.model,
+        "choices": choices,
+    }
+
+
+def models_list(name: str, created: int, max_length: int) -> dict[str, Any]:
+    entry = {"id": name, "object": "model", "created": created, "owned_by": "torch_precompile"}
+    return {"object": "list", "data": [{**entry, "max_model_len": max_length}]}

@@ -23,7 +23,7 @@ from .._api import Precompile
 from .._compat.local_collectives import local_collectives
 from ..distributed.shards import save_shard
 from ..runtime.generator import Generator, GeneratorSpec
-from .slots import slot_cache_and_mask, slot_example, slots_work
+from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
 
 log = logging.getLogger("torch_precompile")
 
@@ -36,10 +36,17 @@ class _Step(torch.nn.Module):
     keys and values of each layer, ``(batch, heads, max_length, head_dim)``.
     """
 
+    # The slot step's cache layer class (transformers' StaticLayer, one row per slot),
+    # read by the trace through type(self): a class attribute, which the file's guards
+    # leave to the build, where a global the trace read would be a guard that the
+    # serving process (which never makes the class) fails.
+    slot_layer: Any = None
+
     def __init__(self, model: torch.nn.Module, max_length: int) -> None:
         super().__init__()
         self.model = model
         self.max_length = max_length
+        type(self).slot_layer = slot_layer_class()  # one class per process
 
     def forward(
         self,
@@ -53,7 +60,7 @@ class _Step(torch.nn.Module):
 
         if start.dim() == 1:  # slots: each row its own offset (generation/slots.py)
             layers, attention_mask = slot_cache_and_mask(
-                self.model.config, cache, start, self.max_length
+                self.model.config, cache, start, self.max_length, type(self).slot_layer
             )
         else:
             layers = _shared_layers(cache, start, self.max_length)

@@ -29,10 +29,22 @@ _KINDS = ("full_attention", "sliding_attention")
 
 
 def slot_cache_and_mask(
-    config: Any, cache: tuple[torch.Tensor, ...], start: torch.Tensor, max_length: int
+    config: Any,
+    cache: tuple[torch.Tensor, ...],
+    start: torch.Tensor,
+    max_length: int,
+    layer_class: Any,
 ) -> tuple[list[Any], Any]:
-    """The cache layers writing each row at its own ``start[row]``, and the decoder's mask."""
-    layers = [_slot_layer(keys, values, start, max_length) for keys, values in _pairs(cache)]
+    """The cache layers writing each row at its own ``start[row]``, and the decoder's mask.
+
+    ``layer_class`` is :func:`slot_layer_class`'s, passed in by the traced step
+    (read off its class, which the file's guards leave to the build: a global
+    of this module read while tracing would be a guard the serving process,
+    which never makes the class, fails).
+    """
+    layers = [
+        _slot_layer(layer_class, keys, values, start, max_length) for keys, values in _pairs(cache)
+    ]
     return layers, _slot_mask(config, start, max_length, cache[0].dtype)
 
 
@@ -43,12 +55,11 @@ def _pairs(cache: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Te
 _SLOT_LAYER: Any = None
 
 
-def _slot_layer_class() -> Any:
+def slot_layer_class() -> Any:
     """``StaticLayer`` whose one new token per row lands at that row's ``start``.
 
-    Made on first use (transformers imported then), which is the eager check
-    of :func:`slots_work`, before any trace: Dynamo reads the class, never
-    defines it.
+    Made once per process at build (transformers imported then), outside any
+    trace: Dynamo reads the class, never defines it.
     """
     global _SLOT_LAYER
     if _SLOT_LAYER is None:
@@ -68,9 +79,9 @@ def _slot_layer_class() -> Any:
 
 
 def _slot_layer(
-    keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor, max_length: int
+    layer_class: Any, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor, max_length: int
 ) -> Any:
-    layer = _slot_layer_class()(max_length)
+    layer = layer_class(max_length)
     layer.keys, layer.values, layer.start = keys, values, start
     layer.dtype, layer.device = keys.dtype, keys.device
     layer.batch_size, layer.num_heads = keys.shape[0], keys.shape[1]

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..lean import LEAN_TYPES, named_class
 from .._compat import FROM_2_15
+from ..lean import LEAN_TYPES, named_class
 
 MISSING = object()
 _TYPE_NAMES = {cls: name for name, cls in LEAN_TYPES.items()}

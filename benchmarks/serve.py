@@ -82,7 +82,7 @@ def build(args: argparse.Namespace, path: Path) -> None:
     config.eos_token_id = None
     model = transformers.Qwen2ForCausalLM(config).to(args.device, getattr(torch, args.dtype))
     generator = compile_generator(
-        model.eval(), max_batch=args.max_batch, max_length=args.max_length
+        model.eval(), max_batch=args.max_batch, max_length=args.max_length, mode=args.mode
     )
     Precompile.save(path, generator)
 
@@ -97,7 +97,8 @@ def floor(device: str) -> float:
 
 
 def start(path: Path, port: int, log: Path) -> tuple[subprocess.Popen[bytes], float]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    path_before = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), path_before])))
     command = [sys.executable, "-c", _SERVER, "serve", str(path), "--port", str(port)]
     command += ["--model-name", "model"]
     t = time.perf_counter()
@@ -190,6 +191,9 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--file", type=Path, default=None, help="a built file to serve")
     parser.add_argument("--work", type=Path, default=Path("/tmp/serve_bench"))
+    parser.add_argument(
+        "--mode", default=None, help="compile_generator's mode (CUDA graphs: reduce-overhead)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results (JSON) here")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -207,11 +211,13 @@ def main() -> None:
     result["floor_s"] = round(floor(args.device), 3)
     proc, ready = start(path, port, args.work / "server.log")
     result["start_to_health_s"] = round(ready, 3)
+    print(json.dumps(result), file=sys.stderr, flush=True)
     try:
         load(port, 1, 1, 4)  # untimed: the first requests' allocations
-        result["loads"] = [
-            load(port, int(c), args.rounds, args.new_tokens) for c in args.clients.split(",")
-        ]
+        result["loads"] = []
+        for c in args.clients.split(","):  # each printed as it ends: a cut run keeps them
+            result["loads"].append(load(port, int(c), args.rounds, args.new_tokens))
+            print(json.dumps(result["loads"][-1]), file=sys.stderr, flush=True)
     finally:
         proc.terminate()
         proc.wait(30)

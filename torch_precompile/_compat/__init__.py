@@ -77,6 +77,7 @@ from .hooks import hook_check, registered_global_hooks, registered_hooks
 from .joint import (
     compile_joint,
     compiled_function_uses_cudagraphs,
+    default_decompositions,
     export_joint,
     joint_graph_module,
     joint_needs_autograd,
@@ -112,6 +113,7 @@ __all__ = [
     "concrete_zeros_like",
     "cpp_kernel_binaries",
     "cpp_kernels",
+    "default_decompositions",
     "deserialize_compiled_function",
     "export_joint",
     "external_global_refs",

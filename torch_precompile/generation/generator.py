@@ -10,17 +10,21 @@ batch 1 and 2..N by prompt 1 (a decode step, or a one-token prompt) and 2..L.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from .. import _compat
-from .._api import Precompile
+from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
+from .._errors import CaptureError
 from ..distributed.shards import save_shard
 from ..runtime.generator import Generator, GeneratorSpec
+from .torch_only import refuse_foreign_ops, torch_only_decompositions
 
 log = logging.getLogger("torch_precompile")
 
@@ -36,6 +40,7 @@ class _Step(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, max_length: int) -> None:
         super().__init__()
         self.model = model
+        self.head = _head_view(model)  # registered after ``model``: its weights keep their names
         self.max_length = max_length
 
     def forward(
@@ -70,11 +75,62 @@ class _Step(torch.nn.Module):
             past_key_values=Cache(layers=layers),
             use_cache=True,
         ).last_hidden_state
-        logits = self.model.get_output_embeddings()(hidden[:, -1:, :])
-        softcap = getattr(self.model.config, "final_logit_softcapping", None)
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        return logits
+        return _head_logits(self.head, hidden[:, -1:, :])
+
+
+class _GivenOutput:
+    """The decoder output :class:`_Given` returns: the hidden state as ``last_hidden_state``
+    (and item 0), ``None`` for whatever else a head reads (caches, attentions, router logits)."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.last_hidden_state = hidden
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index != 0:
+            raise IndexError(index)
+        return self.last_hidden_state
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+
+class _Given(torch.nn.Module):
+    """Stands for the decoder in :func:`_head_view`: returns the hidden state it is given
+    (as ``inputs_embeds``) as the decoder's output."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> _GivenOutput:
+        return _GivenOutput(kwargs["inputs_embeds"])
+
+
+def _head_view(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (a ``...ForCausalLM``) with its decoder replaced by :class:`_Given`: the
+    same weights and attributes, so its own ``forward`` computes the logits from a hidden
+    state with the family's own processing (Cohere's ``logit_scale``, Granite's
+    ``logits_scaling``, Gemma2's softcapping), not a copy of it. The model is unchanged."""
+    decoder = model.get_decoder()
+    name = next((n for n, m in model.named_children() if m is decoder), None)
+    if name is None:
+        raise CaptureError(
+            f"{type(model).__name__}: its decoder (get_decoder()) is not one of its "
+            "submodules; compile_generator serves a ...ForCausalLM whose decoder is"
+        )
+    # A new module sharing the model's submodules and attributes; its own dicts (of
+    # parameters, buffers, hooks), as a dict shared by two modules would be guarded on
+    # as one object, which the module a file rebuilds at load does not repeat.
+    view = copy.copy(model)
+    for key, value in vars(model).items():
+        if isinstance(value, (dict, set, list)):
+            vars(view)[key] = copy.copy(value)
+    view._modules[name] = _Given()
+    return view
+
+
+def _head_logits(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The logits of ``hidden`` (``(batch, 1, hidden)``, the decoder's last position) by the
+    model's own forward over :func:`_head_view`'s stand-in decoder: the decoder runs
+    without transformers' output capturing (whose context variable the compiled code
+    would write back, a read of the library at serve time), the head as the model's."""
+    return type(head).forward(head, inputs_embeds=hidden, use_cache=False).logits
 
 
 def _cache_layout(model: torch.nn.Module, max_length: int) -> tuple[list[tuple[int, int]], str]:
@@ -193,19 +249,10 @@ def compile_generator(
         even = _free_size(taken | {prompt, batch}, 2, 10**6, multiple_of=world)
         sizes.append((even, prompt))
     variants = []
-    with torch.no_grad():
+    with torch.no_grad(), _dropped_guards_once():
         for b, s in sizes:
             log.info("generator: compiling the step at batch %d, length %d", b, s)
-            variants.append(
-                Precompile.compile(
-                    step,
-                    example(b, s),
-                    dynamic=True,
-                    size_one=False,
-                    mode=mode,
-                    verbose=verbose,
-                )
-            )
+            variants.append(_compile_step(step, example(b, s), mode, verbose))
     config = model.config
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
@@ -224,6 +271,45 @@ def compile_generator(
         model_type=str(getattr(config, "model_type", "")),
     )
     return Generator(Precompile.precompile(variants), spec, tokenizer_json)
+
+
+def _compile_step(step: _Step, args: tuple[Any, ...], mode: str | None, verbose: bool) -> Any:
+    """One variant of the step, stage by stage: operators a model library registers are
+    decomposed into torch's where they can be, and the ATen graph is checked for any
+    left (a served file could not call them) before Inductor runs."""
+    with _progress_on_stderr(verbose):
+        captured = Precompile.dynamo(step, args, dynamic=True)
+        joint = Precompile.aot_autograd(captured, decompositions=torch_only_decompositions())
+        refuse_foreign_ops(joint.joint_graph, step.model)
+        return Precompile.precompile(Precompile.inductor(joint, mode=mode))
+
+
+class _OnceFilter(logging.Filter):
+    """Holds back the "guards not re-checked after load" record of each variant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "guards are not re-checked after load" in str(record.msg):
+            self.held.append(record)
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _dropped_guards_once() -> Iterator[None]:
+    """Each variant's stage logs the guards it could not keep; a build says it once, for
+    the variant that dropped the most (the variants share their guards)."""
+    once = _OnceFilter()
+    log.addFilter(once)
+    try:
+        yield
+    finally:
+        log.removeFilter(once)
+    if once.held:
+        log.handle(max(once.held, key=lambda r: r.args[0] if r.args else 0))
 
 
 def save_generator_shard(path: Any, model: torch.nn.Module) -> str:

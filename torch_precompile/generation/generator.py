@@ -108,20 +108,30 @@ def _head_view(model: torch.nn.Module) -> torch.nn.Module:
     state with the family's own processing (Cohere's ``logit_scale``, Granite's
     ``logits_scaling``, Gemma2's softcapping), not a copy of it. The model is unchanged."""
     decoder = model.get_decoder()
-    name = next((n for n, m in model.named_children() if m is decoder), None)
-    if name is None:
+    path = next((n for n, m in model.named_modules() if m is decoder and n), None)
+    if path is None:
         raise CaptureError(
             f"{type(model).__name__}: its decoder (get_decoder()) is not one of its "
             "submodules; compile_generator serves a ...ForCausalLM whose decoder is"
         )
-    # A new module sharing the model's submodules and attributes; its own dicts (of
-    # parameters, buffers, hooks), as a dict shared by two modules would be guarded on
-    # as one object, which the module a file rebuilds at load does not repeat.
-    view = copy.copy(model)
-    for key, value in vars(model).items():
+    view = _own_copy(model)
+    parent = view
+    *parents, last = path.split(".")  # OPT: model.decoder, each module on the way copied
+    for name in parents:
+        parent._modules[name] = _own_copy(parent._modules[name])
+        parent = parent._modules[name]
+    parent._modules[last] = _Given()
+    return view
+
+
+def _own_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A new module sharing ``module``'s submodules and attributes, with its own dicts (of
+    parameters, buffers, hooks): a dict shared by two modules would be guarded on as one
+    object, which the module a file rebuilds at load does not repeat."""
+    view = copy.copy(module)
+    for key, value in vars(module).items():
         if isinstance(value, (dict, set, list)):
             vars(view)[key] = copy.copy(value)
-    view._modules[name] = _Given()
     return view
 
 

@@ -9,8 +9,10 @@ neither it nor the compiler (Dynamo, Inductor's compiler, sympy) was imported.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,9 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import run_script  # noqa: E402
 
+from tests.fixtures.hf_models import assert_same_logits, generator_families  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
-from torch_precompile._errors import GenerationLimitError  # noqa: E402
+from torch_precompile._errors import CaptureError, GenerationLimitError  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
 from torch_precompile.runtime.generator import Generator  # noqa: E402
 
@@ -59,6 +62,10 @@ FAMILIES = {
         transformers.GemmaConfig(num_key_value_heads=1, head_dim=16, **SMALL)
     ),
     "gpt_neox": lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**SMALL)),
+    # Their own logit processing: Cohere multiplies by logit_scale, Granite divides by
+    # logits_scaling (greedy tokens would not show a dropped one; logits do).
+    "cohere": generator_families()["cohere"],
+    "granite": generator_families()["granite"],
 }
 
 
@@ -81,11 +88,26 @@ def _tokenizer() -> Any:
     )
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def _build(model: Any, path: Path, **kwargs: Any) -> dict[str, Any]:
     model.eval()
-    generator = compile_generator(model, max_batch=MAX_BATCH, max_length=MAX_LENGTH, **kwargs)
+    records = _Records()
+    logging.getLogger("torch_precompile").addHandler(records)
+    try:
+        generator = compile_generator(model, max_batch=MAX_BATCH, max_length=MAX_LENGTH, **kwargs)
+    finally:
+        logging.getLogger("torch_precompile").removeHandler(records)
     Precompile.save(path, generator)
-    return {"model": model, "path": path, "loaded": Precompile.load(path), **kwargs}
+    loaded = Precompile.load(path)
+    return {"model": model, "path": path, "loaded": loaded, "warnings": records.messages, **kwargs}
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +138,20 @@ def _hf(model: Any, ids: torch.Tensor, mask: torch.Tensor, new: int, **kw: Any) 
         )
 
 
+_LOGITS = dict(return_dict_in_generate=True, output_logits=True, output_scores=True)
+
+
+def _same_as_transformers(case: dict[str, Any], ids: Any, mask: Any, new: int, **kw: Any) -> Any:
+    """The generator's and transformers' results (tokens, each step's logits and
+    scores) agree; transformers' is returned."""
+    want = _hf(case["model"], ids, mask, new, **kw, **_LOGITS)
+    got = case["loaded"].generate(ids, mask, max_new_tokens=new, **kw, **_LOGITS)
+    assert_same_logits(want, got, str(kw))
+    for step, (w, g) in enumerate(zip(want.scores, got.scores)):
+        assert torch.allclose(w, g, atol=1e-4), (step, (w - g).abs().max())
+    return want
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 @pytest.mark.parametrize(
     ("batch", "length", "new"),
@@ -126,9 +162,7 @@ def test_greedy_equals_transformers_generate(
 ) -> None:
     case = built[name]
     ids, mask = _prompts(batch, length)
-    want = _hf(case["model"], ids, mask, new, eos_token_id=None)
-    got = case["loaded"].generate(ids, mask, max_new_tokens=new, eos_token_id=None)
-    assert torch.equal(got, want), (got, want)
+    want = _same_as_transformers(case, ids, mask, new, eos_token_id=None).sequences
     assert len(set(want[:, length:].flatten().tolist())) > 3  # not one repeated token
 
 
@@ -142,15 +176,12 @@ def test_end_of_sequence_and_min_new_tokens_as_transformers(
     # An end token that row 1 makes at its 4th new token: it stops there and is
     # padded while the others go on; with min_new_tokens the token is barred.
     eos = int(free[1, 6 + 3])
-    for extra in ({}, {"min_new_tokens": 6}):
-        want = _hf(case["model"], ids, mask, 12, eos_token_id=eos, **extra)
-        got = case["loaded"].generate(ids, mask, max_new_tokens=12, eos_token_id=eos, **extra)
-        assert torch.equal(got, want), (extra, got, want)
+    for extra in ({}, {"min_new_tokens": 6}):  # scores: the barred token at -inf
+        _same_as_transformers(case, ids, mask, 12, eos_token_id=eos, **extra)
     # Every row ends: the result ends where the last one did, as generate's.
     first = free[:, 6 + 2].tolist()
-    want = _hf(case["model"], ids, mask, 12, eos_token_id=first)
-    got = case["loaded"].generate(ids, mask, max_new_tokens=12, eos_token_id=first)
-    assert torch.equal(got, want) and got.shape[1] < 6 + 12, (got, want)
+    want = _same_as_transformers(case, ids, mask, 12, eos_token_id=first)
+    assert want.sequences.shape[1] < 6 + 12, want.sequences
 
 
 def test_top_k_1_is_greedy_and_a_streamer_sees_each_step(
@@ -286,6 +317,36 @@ def test_cli_prints_text_with_only_tokenizers_beside_torch(
     )
     assert long.returncode == 1 and long.stdout == "", (long.stdout, long.stderr)
     assert "max_length=40" in long.stderr and "shorten" in long.stderr, long.stderr
+    # A token id past the vocabulary: one line, no traceback.
+    bad = subprocess.run([*command, "--ids", "5,6000"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "6000" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    # inspect shows the generator's spec first, as text and as JSON.
+    shown = subprocess.run(
+        [sys.executable, "-m", "torch_precompile", "inspect", path], capture_output=True, text=True
+    )
+    assert shown.stdout.splitlines()[0] == (
+        f"generator: gpt2, max_batch {MAX_BATCH}, max_length {MAX_LENGTH}, float32 on cpu"
+    ), shown.stdout[:300]
+    assert "eos_token_id 2, pad_token_id 0, tokenizer inside" in shown.stdout.splitlines()[1]
+    shown = subprocess.run(
+        [sys.executable, "-m", "torch_precompile", "inspect", "--json", path],
+        capture_output=True,
+        text=True,
+    )
+    data = json.loads(shown.stdout)
+    assert next(iter(data)) == "generator", list(data)
+    assert data["generator"] == {
+        "max_batch": MAX_BATCH, "max_length": MAX_LENGTH, "eos_token_id": [2],
+        "pad_token_id": 0, "dtype": "float32", "device": "cpu", "model_type": "gpt2",
+        "tokenizer": True,
+    }  # fmt: skip
+
+
+def test_cli_text_escapes_control_characters_and_keeps_lines() -> None:
+    from torch_precompile.cli.main import _text
+
+    assert _text("red \x1b[31mtext\u202e\nnext\tline") == "red \\x1b[31mtext\\u202e\nnext\tline"
 
 
 @pytest.fixture(scope="module")
@@ -299,6 +360,105 @@ def test_family_left_padded_greedy_equals_transformers(families: dict[str, Any],
     case = _build(FAMILIES[name](), families["root"]["path"] / f"{name}.pt")
     ids, mask = _prompts(3, 10, seed=7)
     new = 20  # past the Mistral window of 12
-    want = _hf(case["model"], ids, mask, new, eos_token_id=None)
-    got = case["loaded"].generate(ids, mask, max_new_tokens=new, eos_token_id=None)
-    assert torch.equal(got, want), (name, got, want)
+    _same_as_transformers(case, ids, mask, new, eos_token_id=None)
+    # The build's "guards not re-checked after load" warning, once for its four variants.
+    assert sum("not re-checked after load" in m for m in case["warnings"]) == 1, case["warnings"]
+
+
+def test_float_ids_and_an_empty_row_are_refused_before_any_kernel(
+    built: dict[str, dict[str, Any]],
+) -> None:
+    gen: Generator = built["llama"]["loaded"]
+    calls: list[int] = []
+    step = gen.step
+    gen.step = lambda *a, **k: calls.append(1)  # type: ignore[method-assign]
+    try:
+        with pytest.raises(TypeError, match=r"dtype torch.float32.*integers"):
+            gen.generate(torch.tensor([[157.7, 3.0]]), max_new_tokens=2)
+        ids = torch.ones((2, 3), dtype=torch.long)
+        with pytest.raises(ValueError, match=r"all zeros in row\(s\) \[1\]"):
+            gen.generate(ids, torch.tensor([[1, 1, 1], [0, 0, 0]]), max_new_tokens=2)
+    finally:
+        gen.step = step  # type: ignore[method-assign]
+    assert calls == []
+
+
+def test_threads_sharing_a_generator_each_get_their_own_result(
+    built: dict[str, dict[str, Any]],
+) -> None:
+    gen: Generator = built["llama"]["loaded"]
+    calls = [
+        (_prompts(1 + (t + c) % MAX_BATCH, 3 + (5 * t + c) % 9, seed=100 + 5 * t + c), 4 + c)
+        for t in range(8)
+        for c in range(5)
+    ]
+    alone = [
+        gen.generate(ids, mask, max_new_tokens=n, eos_token_id=None) for (ids, mask), n in calls
+    ]
+    results: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for c in range(5):
+                (ids, mask), n = calls[5 * t + c]
+                results[5 * t + c] = gen.generate(ids, mask, max_new_tokens=n, eos_token_id=None)
+        except BaseException as exc:  # reported below, with the thread's result
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert errors == [] and len(results) == len(calls), errors
+    for i, want in enumerate(alone):
+        assert torch.equal(results[i], want), (i, results[i], want)
+
+
+_MOE = """
+import sys
+sys.modules["transformers"] = None  # not importable here: nor its registered operators
+import torch
+from torch_precompile import Precompile
+
+case = torch.load(sys.argv[2])
+out = Precompile.load(sys.argv[1]).generate(
+    case["ids"], case["mask"], max_new_tokens=case["new"], eos_token_id=None,
+    return_dict_in_generate=True, output_logits=True,
+)
+torch.save({"sequences": out.sequences, "logits": out.logits}, sys.argv[3])
+"""
+
+
+def test_a_mixture_of_experts_serves_without_transformers(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    case = _build(generator_families()["mixtral"](), tmp_path / "mixtral.pt")
+    ids, mask = _prompts(3, 7, seed=9)
+    want = _hf(case["model"], ids, mask, 6, eos_token_id=None, **_LOGITS)
+    torch.save({"ids": ids, "mask": mask, "new": 6}, tmp_path / "case.pt")
+    run_script(_MOE, str(case["path"]), str(tmp_path / "case.pt"), str(tmp_path / "out.pt"))
+    got = SimpleNamespace(**torch.load(tmp_path / "out.pt"))
+    assert_same_logits(want, got, "mixtral served without transformers")
+
+
+def test_an_operator_torch_does_not_provide_is_refused_at_build() -> None:
+    @torch.library.custom_op("gen43test::silu", mutates_args=())
+    def silu(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(x)
+
+    silu.register_fake(lambda x: torch.empty_like(x))
+
+    class LibrarySiLU(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.gen43test.silu(x)
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**{**SMALL, "num_hidden_layers": 1, "num_key_value_heads": 2})
+    ).eval()
+    model.model.layers[0].mlp.act_fn = LibrarySiLU()
+    with pytest.raises(CaptureError, match=r"gen43test::silu.*torch does not provide"):
+        compile_generator(model, max_batch=2, max_length=16)

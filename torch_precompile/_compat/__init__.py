@@ -73,6 +73,7 @@ from .hooks import hook_check, registered_global_hooks, registered_hooks
 from .joint import (
     compile_joint,
     compiled_function_uses_cudagraphs,
+    default_decompositions,
     export_joint,
     inductor_options,
     joint_graph_module,
@@ -106,6 +107,7 @@ __all__ = [
     "compiled_function_uses_cudagraphs",
     "compiled_graph_callable",
     "concrete_zeros_like",
+    "default_decompositions",
     "deserialize_compiled_function",
     "export_joint",
     "external_global_refs",

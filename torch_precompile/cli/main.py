@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `... | head`: the reader left, nothing to report
         sys.stderr.close()
         return 0
-    except (PrecompileError, OSError, ValueError, TypeError) as exc:
+    except (PrecompileError, OSError, ValueError, TypeError, IndexError, RuntimeError) as exc:
+        # IndexError: a token id past the vocabulary (the embedding's lookup).
         path = args.directory if args.command == "build" else args.path
         print(f"{PROG}: error: {_one_line(exc, path)}", file=sys.stderr)
         return 1
@@ -196,7 +197,7 @@ def _generate(args: argparse.Namespace) -> int:
         tokens.append(value)
         text = tokenizer.decode(tokens)
         if not text.endswith("\ufffd"):  # a character's bytes still to come
-            print(text[len(shown) :], end="", flush=True)
+            print(_text(text[len(shown) :]), end="", flush=True)
             shown = text
 
     prompt = torch.tensor([ids])
@@ -205,21 +206,31 @@ def _generate(args: argparse.Namespace) -> int:
         print(",".join(str(t) for t in ids), end="", flush=True)
     else:
         shown = tokenizer.decode(ids)
-        print(shown, end="", flush=True)
-    generator.generate(
-        prompt,
-        max_new_tokens=args.max_new_tokens,
-        do_sample=args.do_sample,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        streamer=show,
-    )
+        print(_text(shown), end="", flush=True)
+    try:
+        generator.generate(
+            prompt,
+            max_new_tokens=args.max_new_tokens,
+            do_sample=args.do_sample,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            streamer=show,
+        )
+    except BaseException:
+        print(flush=True)  # the partial line ends before the one-line error
+        raise
     if tokenizer is not None and tokenizer.decode(tokens) != shown:
-        print(tokenizer.decode(tokens)[len(shown) :], end="")
+        print(_text(tokenizer.decode(tokens)[len(shown) :]), end="")
     print()
     return 0
+
+
+def _text(text: str) -> str:
+    """Generated text safe for a terminal: lines and tabs kept, every other control
+    or format character (an ANSI escape the model wrote) escaped by :func:`printable`."""
+    return "\n".join("\t".join(printable(p) for p in line.split("\t")) for line in text.split("\n"))
 
 
 def _one_line(exc: BaseException, path: str) -> str:
@@ -291,6 +302,7 @@ def header(path: str, *, verify: bool = False) -> dict[str, Any]:
             ) from None
         raise
     return {
+        **_generator_record(path, info),
         "path": os.path.abspath(path),
         "format_version": info.format_version,
         "signed": info.signed,
@@ -307,6 +319,47 @@ def _digest_of(section: dict[str, Any]) -> dict[str, Any]:
     return {k: section[k] for k in ("sha256", "sha256_tree", "tree_chunk") if k in section}
 
 
+def _generator_record(path: str, info: Any) -> dict[str, Any]:
+    """``{"generator": ...}``, the spec a generator file records (JSON, checked against its
+    SHA-256 as every section read here) and whether its tokenizer is inside; ``{}`` for
+    a file of another kind."""
+    from ..runtime.generator import SPEC_SECTION, TOKENIZER_SECTION, GeneratorSpec
+
+    names = {s["name"] for s in info.sections}
+    if SPEC_SECTION not in names:
+        return {}
+    with open_artifact(path) as reader:
+        raw = reader.read(SPEC_SECTION)
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    spec = GeneratorSpec.from_json(data, path)
+    record = {
+        "max_batch": spec.max_batch,
+        "max_length": spec.max_length,
+        "eos_token_id": list(spec.eos_token_id),
+        "pad_token_id": spec.pad_token_id,
+        "dtype": spec.dtype,
+        "device": spec.device,
+        "model_type": spec.model_type,
+        "tokenizer": TOKENIZER_SECTION in names,
+    }
+    return {"generator": record}
+
+
+def _generator_lines(record: dict[str, Any]) -> list[str]:
+    """The text view of a generator's spec, shown before the rest of the header."""
+    g = _printable_tree(record)
+    eos = ", ".join(map(str, g["eos_token_id"])) or "none"
+    return [
+        f"generator: {g['model_type'] or 'decoder'}, max_batch {g['max_batch']}, "
+        f"max_length {g['max_length']}, {g['dtype']} on {g['device']}",
+        f"  eos_token_id {eos}, pad_token_id {g['pad_token_id']}, tokenizer "
+        f"{'inside' if g['tokenizer'] else 'not inside (token ids in and out)'}",
+    ]
+
+
 def _inspect(path: str, *, as_json: bool, verify: bool = False) -> int:
     data = header(path, verify=verify)
     if as_json:
@@ -316,6 +369,8 @@ def _inspect(path: str, *, as_json: bool, verify: bool = False) -> int:
     # A field of the wrong type raises ArtifactCorruptedError naming it (`--json`
     # still prints the header as it is). Strings are escaped before anything reads them.
     typed = Header.decode(data["format_version"], _printable_tree(data["meta"]), path)
+    if "generator" in data:
+        print("\n".join(_generator_lines(data["generator"])))
     print(format_header(data, typed))
     return 0
 

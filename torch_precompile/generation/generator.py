@@ -12,18 +12,22 @@ and a fifth where the model allows it: the slot decode step of ``serve``
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from .. import _compat
-from .._api import Precompile
+from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
+from .._errors import CaptureError
 from ..distributed.shards import save_shard
 from ..runtime.generator import Generator, GeneratorSpec
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
+from .torch_only import refuse_foreign_ops, torch_only_decompositions
 
 log = logging.getLogger("torch_precompile")
 
@@ -45,6 +49,7 @@ class _Step(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, max_length: int) -> None:
         super().__init__()
         self.model = model
+        self.head = _head_view(model)  # registered after ``model``: its weights keep their names
         self.max_length = max_length
         type(self).slot_layer = slot_layer_class()  # one class per process
 
@@ -76,11 +81,72 @@ class _Step(torch.nn.Module):
             past_key_values=Cache(layers=layers),
             use_cache=True,
         ).last_hidden_state
-        logits = self.model.get_output_embeddings()(hidden[:, -1:, :])
-        softcap = getattr(self.model.config, "final_logit_softcapping", None)
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        return logits
+        return _head_logits(self.head, hidden[:, -1:, :])
+
+
+class _GivenOutput:
+    """The decoder output :class:`_Given` returns: the hidden state as ``last_hidden_state``
+    (and item 0), ``None`` for whatever else a head reads (caches, attentions, router logits)."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.last_hidden_state = hidden
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index != 0:
+            raise IndexError(index)
+        return self.last_hidden_state
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+
+class _Given(torch.nn.Module):
+    """Stands for the decoder in :func:`_head_view`: returns the hidden state it is given
+    (as ``inputs_embeds``) as the decoder's output."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> _GivenOutput:
+        return _GivenOutput(kwargs["inputs_embeds"])
+
+
+def _head_view(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (a ``...ForCausalLM``) with its decoder replaced by :class:`_Given`: the
+    same weights and attributes, so its own ``forward`` computes the logits from a hidden
+    state with the family's own processing (Cohere's ``logit_scale``, Granite's
+    ``logits_scaling``, Gemma2's softcapping), not a copy of it. The model is unchanged."""
+    decoder = model.get_decoder()
+    path = next((n for n, m in model.named_modules() if m is decoder and n), None)
+    if path is None:
+        raise CaptureError(
+            f"{type(model).__name__}: its decoder (get_decoder()) is not one of its "
+            "submodules; compile_generator serves a ...ForCausalLM whose decoder is"
+        )
+    view = _own_copy(model)
+    parent = view
+    *parents, last = path.split(".")  # OPT: model.decoder, each module on the way copied
+    for name in parents:
+        parent._modules[name] = _own_copy(parent._modules[name])
+        parent = parent._modules[name]
+    parent._modules[last] = _Given()
+    return view
+
+
+def _own_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A new module sharing ``module``'s submodules and attributes, with its own dicts (of
+    parameters, buffers, hooks): a dict shared by two modules would be guarded on as one
+    object, which the module a file rebuilds at load does not repeat."""
+    view = copy.copy(module)
+    for key, value in vars(module).items():
+        if isinstance(value, (dict, set, list)):
+            vars(view)[key] = copy.copy(value)
+    return view
+
+
+def _head_logits(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The logits of ``hidden`` (``(batch, 1, hidden)``, the decoder's last position) by the
+    model's own forward over :func:`_head_view`'s stand-in decoder: the decoder runs
+    without transformers' output capturing (whose context variable the compiled code
+    would write back, a read of the library at serve time), the head as the model's."""
+    return type(head).forward(head, inputs_embeds=hidden, use_cache=False).logits
 
 
 def _shared_layers(cache: tuple[torch.Tensor, ...], start: torch.Tensor, max_length: int) -> list:
@@ -232,21 +298,11 @@ def compile_generator(
             for tensor in examples[-1][4:]:
                 _compat.mark_static_address(tensor)
     variants = []
-    with torch.no_grad(), _compat.inductor_options(options):
+    with torch.no_grad(), _compat.inductor_options(options), _dropped_guards_once():
         for args in examples:
             b, s = args[0].shape
             log.info("generator: compiling the step at batch %d, length %d", b, s)
-            variants.append(
-                Precompile.compile(
-                    step,
-                    args,
-                    dynamic=True,
-                    size_one=False,
-                    mode=mode,
-                    options=options,
-                    verbose=verbose,
-                )
-            )
+            variants.append(_compile_step(step, args, mode, options, verbose))
     config = model.config
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
@@ -282,6 +338,51 @@ def _chat_fields(tokenizer: Any) -> dict[str, Any]:
         if isinstance(value, str):
             tokens[name] = value
     return {"chat_template": template, "chat_tokens": tuple(sorted(tokens.items()))}
+
+
+def _compile_step(
+    step: _Step,
+    args: tuple[Any, ...],
+    mode: str | None,
+    options: dict[str, Any] | None,
+    verbose: bool,
+) -> Any:
+    """One variant of the step, stage by stage: operators a model library registers are
+    decomposed into torch's where they can be, and the ATen graph is checked for any
+    left (a served file could not call them) before Inductor runs."""
+    with _progress_on_stderr(verbose):
+        captured = Precompile.dynamo(step, args, dynamic=True)
+        joint = Precompile.aot_autograd(captured, decompositions=torch_only_decompositions())
+        refuse_foreign_ops(joint.joint_graph, step.model)
+        return Precompile.precompile(Precompile.inductor(joint, mode=mode, options=options))
+
+
+class _OnceFilter(logging.Filter):
+    """Holds back the "guards not re-checked after load" record of each variant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "guards are not re-checked after load" in str(record.msg):
+            self.held.append(record)
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _dropped_guards_once() -> Iterator[None]:
+    """Each variant's stage logs the guards it could not keep; a build says it once, for
+    the variant that dropped the most (the variants share their guards)."""
+    once = _OnceFilter()
+    log.addFilter(once)
+    try:
+        yield
+    finally:
+        log.removeFilter(once)
+    if once.held:
+        log.handle(max(once.held, key=lambda r: r.args[0] if r.args else 0))
 
 
 def save_generator_shard(path: Any, model: torch.nn.Module) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -88,6 +89,20 @@ def _optional_str(value: Any) -> str | None:
     return value
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+    """What ``generate(..., return_dict_in_generate=True)`` returns, as transformers'
+    ``GenerateDecoderOnlyOutput``: the token ids and, when asked for, each step's
+    ``(batch, vocab)`` scores (processed, as the sampler used them) and raw logits."""
+
+    sequences: torch.Tensor
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
 class Generator:
     """``generate(input_ids, ...)`` on a precompiled step; ``step`` is the raw artifact.
 
@@ -96,12 +111,18 @@ class Generator:
     tensors are written in place at positions ``start .. start + length - 1``.
     Where ``spec.slots``, ``start`` may also be a ``(batch,)`` tensor with one
     token per row: each row at its own offset (``torch_precompile/serve``).
+
+    One cache serves every call, so calls take turns: ``lock`` is held by each
+    ``generate`` from its first step to its last (threads sharing a generator
+    each get their own result, one after another). Whoever drives the cache
+    another way (a scheduler stepping ``step`` itself) holds ``lock`` too.
     """
 
     def __init__(self, step: Any, spec: GeneratorSpec, tokenizer_json: bytes | None = None) -> None:
         self.step = step
         self.spec = spec
         self.tokenizer_json = tokenizer_json
+        self.lock = threading.Lock()
         self._cache: list[torch.Tensor] | None = None
 
     def __repr__(self) -> str:
@@ -156,7 +177,10 @@ class Generator:
         eos_token_id: int | Sequence[int] | None = -1,
         pad_token_id: int | None = -1,
         streamer: Any = None,
-    ) -> torch.Tensor:
+        return_dict_in_generate: bool = False,
+        output_scores: bool = False,
+        output_logits: bool = False,
+    ) -> torch.Tensor | GenerateOutput:
         """Generate up to ``max_new_tokens`` per row: ``(batch, prompt + new)`` token ids.
 
         As transformers' ``generate``: rows padded on the left (``attention_mask``
@@ -167,9 +191,51 @@ class Generator:
         generator seeded by ``seed`` (the same seed, the same tokens). A
         ``streamer`` is called with each step's ``(batch,)`` tokens (or its
         ``put``, then ``end``, as transformers' streamers).
+
+        ``return_dict_in_generate=True`` returns a :class:`GenerateOutput` instead:
+        ``.sequences``, and with ``output_scores`` / ``output_logits`` each step's
+        scores after ``min_new_tokens``, temperature, top-k and top-p (what the
+        tokens were chosen from) and the model's raw logits, as transformers'.
+
+        Calls on one generator from several threads run one at a time (``lock``).
         """
-        spec = self.spec
         ids, mask = self._check(input_ids, attention_mask, max_new_tokens, min_new_tokens)
+        with self.lock:
+            sequences, scores, logits = self._generate(
+                ids,
+                mask,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=min_new_tokens,
+                sampler=_Sampler(do_sample, temperature, top_k, top_p, seed, self.spec.device),
+                eos_token_id=eos_token_id,
+                pad_token_id=pad_token_id,
+                streamer=streamer,
+                keep=(output_scores, output_logits),
+            )
+        if not return_dict_in_generate:
+            return sequences
+        return GenerateOutput(
+            sequences,
+            tuple(scores) if output_scores else None,
+            tuple(logits) if output_logits else None,
+        )
+
+    def _generate(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        min_new_tokens: int,
+        sampler: _Sampler,
+        eos_token_id: int | Sequence[int] | None,
+        pad_token_id: int | None,
+        streamer: Any,
+        keep: tuple[bool, bool],
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """The decode loop (``lock`` held): the sequences, and each step's scores and
+        logits where ``keep`` asks for them."""
+        spec = self.spec
         eos = _eos_ids(spec.eos_token_id if eos_token_id == -1 else eos_token_id)
         pad = spec.pad_token_id if pad_token_id == -1 else pad_token_id
         if pad is None:
@@ -177,15 +243,16 @@ class Generator:
         device = torch.device(spec.device)
         ids, mask = ids.to(device), mask.to(device)
         batch, prompt = ids.shape
+        kept_scores: list[torch.Tensor] = []
+        kept_logits: list[torch.Tensor] = []
         if max_new_tokens == 0:
-            return ids.clone()
+            return ids.clone(), kept_scores, kept_logits
         cache = [t[:batch] for t in self.cache()]
         full = torch.zeros((batch, spec.max_length), dtype=torch.long, device=device)
         full[:, :prompt] = mask
         positions = mask.cumsum(-1) - 1
         positions.masked_fill_(mask == 0, 1)
         eos_t = torch.tensor(eos or [-1], dtype=torch.long, device=device)
-        sampler = _Sampler(do_sample, temperature, top_k, top_p, seed, device)
         put, end = _streamer_calls(streamer)
         out = torch.full((batch, max_new_tokens), pad, dtype=torch.long, device=device)
         running = torch.ones(batch, dtype=torch.bool, device=device)
@@ -195,9 +262,15 @@ class Generator:
         steps = max_new_tokens
         for i in range(max_new_tokens):
             logits = self.step(step_ids, full, step_pos, start, *cache)[:, -1, :].float()
+            if keep[1]:
+                kept_logits.append(logits.clone())
+            scores = logits
             if eos and i < min_new_tokens:
-                logits[:, eos_t] = -float("inf")
-            token = sampler(logits)
+                scores = logits.index_fill(1, eos_t, -float("inf"))
+            scores = sampler.process(scores)
+            if keep[0]:  # a copy where the step's output buffer is the next step's too
+                kept_scores.append(scores.clone() if scores is logits else scores)
+            token = sampler.pick(scores)
             token = torch.where(running, token, torch.full_like(token, pad))
             out[:, i] = token
             if put is not None:
@@ -224,9 +297,10 @@ class Generator:
             ended = torch.isin(new, eos_t).cumsum(-1) > 0
             ended = torch.cat([torch.zeros_like(ended[:, :1]), ended[:, :-1]], dim=1)
             alive = (~ended).any(0)
-            keep = int(alive.nonzero().max()) + 1 if bool(alive.any()) else 1
-            new = new[:, :keep]
-        return torch.cat([ids, new], dim=1)
+            last = int(alive.nonzero().max()) + 1 if bool(alive.any()) else 1
+            new = new[:, :last]
+        steps = new.shape[1]
+        return torch.cat([ids, new], dim=1), kept_scores[:steps], kept_logits[:steps]
 
     def _check(
         self,
@@ -238,6 +312,11 @@ class Generator:
         spec = self.spec
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError("input_ids must be a (batch, prompt) tensor of token ids")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise TypeError(
+                f"input_ids has dtype {input_ids.dtype}: token ids are integers (torch.long); "
+                "pass the tokenizer's ids, or convert with .long() if they are whole numbers"
+            )
         batch, prompt = input_ids.shape
         if batch < 1 or prompt < 1:
             raise ValueError(f"input_ids is empty, shape {tuple(input_ids.shape)}")
@@ -263,6 +342,13 @@ class Generator:
                 f"{tuple(input_ids.shape)}: they must be the same"
             )
         mask = attention_mask.long()
+        empty = (mask == 0).all(-1)
+        if bool(empty.any()):
+            rows = empty.nonzero().flatten().tolist()
+            raise ValueError(
+                f"attention_mask is all zeros in row(s) {rows}: every row needs at least one "
+                "token to attend to; drop those rows or give them a prompt"
+            )
         if bool((mask[:, -1] == 0).any()):
             raise ValueError(
                 "a row's last token is padding: pad on the left (tokenizer padding_side='left')"
@@ -280,7 +366,7 @@ class _Sampler:
         top_k: int | None,
         top_p: float | None,
         seed: int | None,
-        device: torch.device,
+        device: torch.device | str,
     ) -> None:
         if do_sample and temperature <= 0:
             raise ValueError(f"temperature must be positive when sampling, got {temperature}")
@@ -302,9 +388,12 @@ class _Sampler:
             else:
                 self.generator.manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """The scores the tokens are chosen from: ``logits`` themselves when greedy, else
+        warped by temperature, top-k then top-p (filtered tokens at ``-inf``), as
+        transformers' warpers."""
         if not self.do_sample:
-            return logits.argmax(-1)
+            return logits
         scores = logits / self.temperature
         if self.top_k is not None and self.top_k < scores.shape[-1]:
             kth = torch.topk(scores, self.top_k, dim=-1).values[:, -1:]
@@ -315,8 +404,13 @@ class _Sampler:
             drop = cumulative <= 1 - self.top_p
             drop[:, -1] = False  # keep at least one token
             scores = scores.masked_fill(drop.scatter(1, order, drop), -float("inf"))
-        probs = scores.softmax(-1)
-        return torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+        return scores
+
+    def pick(self, scores: torch.Tensor) -> torch.Tensor:
+        """A token per row from :meth:`process`'s scores: argmax, or a seeded draw."""
+        if not self.do_sample:
+            return scores.argmax(-1)
+        return torch.multinomial(scores.softmax(-1), 1, generator=self.generator)[:, 0]
 
 
 def _eos_ids(value: int | Sequence[int] | None) -> list[int]:

@@ -225,7 +225,7 @@ class Engine:
         """Choose the slot's next token from its logits, send it, and end the run if done."""
         job = run.job
         if job.temperature > 0:
-            token = int(run.sampler(logits[None])[0])
+            token = int(run.sampler.pick(run.sampler.process(logits[None]))[0])
         else:
             token = int(logits.argmax()) if greedy is None else greedy
         run.tokens.append(token)

@@ -125,7 +125,8 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         TORCHINDUCTOR_CACHE_DIR=str(build_cache),
         TRITON_CACHE_DIR=str(build_cache / "triton"),
     )
-    build = _last_json(run_script(_BUILD, str(root), env=env).stdout)
+    # Four compiles (the generator several): a loaded machine needs more than the default.
+    build = _last_json(run_script(_BUILD, str(root), env=env, timeout=1200).stdout)
     results = _last_json(run_script(_LOAD, str(root), env=no_compiler_env(root)).stdout)
     return {"build_warnings": build["warnings"], "results": results, "root": root}
 

@@ -12,6 +12,7 @@ import torch
 
 from .._compat import distributed as _cdist
 from .._errors import DistributedLayoutError
+from ..file.sections import DISTRIBUTED_HOOKS
 from ..standin import module as _standin
 from .placement import (
     Layout,
@@ -22,7 +23,7 @@ from .placement import (
     decode_placement,
     encode_placement,
 )
-from .shards import HOOKS_SECTION, _local_device, read_shard
+from .shards import _local_device, read_shard
 
 _MESHES: dict[tuple[Any, ...], Any] = {}
 # The meshes the job handed over (use_device_mesh): an artifact saved for another
@@ -216,7 +217,7 @@ def build_standin(
             stride=spec.stride,
         )
     standin = _standin.build_standin(skeleton, tensors)
-    hooks = pickle.loads(sections[HOOKS_SECTION]) if HOOKS_SECTION in sections else {}
+    hooks = pickle.loads(sections[DISTRIBUTED_HOOKS]) if DISTRIBUTED_HOOKS in sections else {}
     _cdist.restore_parallel_hooks(standin, hooks, mesh)
     _cdist.rebind_meshes(standin, mesh)  # parameters may hold an equal mesh of the job
     return standin

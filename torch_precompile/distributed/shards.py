@@ -12,13 +12,11 @@ import torch
 from .._compat import distributed as _cdist
 from .._errors import ArtifactCorruptedError, DistributedLayoutError
 from ..file import read_artifact, write_artifact
+from ..file import sections as names
 from ..standin import module as _standin
 from .placement import Layout, _sharded, describe
 
 log = logging.getLogger("torch_precompile")
-
-
-HOOKS_SECTION = "distributed_hooks"
 
 
 def shard_path(path: str | os.PathLike[str], rank: int, world_size: int) -> str:
@@ -40,7 +38,7 @@ def code_file_parts(
             len(unknown),
             unknown[0],
         )
-    return plain, {HOOKS_SECTION: pickle.dumps(hooks, protocol=pickle.HIGHEST_PROTOCOL)}
+    return plain, {names.DISTRIBUTED_HOOKS: pickle.dumps(hooks, protocol=pickle.HIGHEST_PROTOCOL)}
 
 
 def save_shard(path: str | os.PathLike[str], model: torch.nn.Module) -> str:
@@ -65,7 +63,7 @@ def save_shard(path: str | os.PathLike[str], model: torch.nn.Module) -> str:
             "layout_id": layout.layout_id,
         }
     }
-    write_artifact(out, meta, {"weights": _standin.pack_tensors(locals_)})
+    write_artifact(out, meta, {names.WEIGHTS: _standin.pack_tensors(locals_)})
     return out
 
 
@@ -94,7 +92,7 @@ def read_shard(path: str, layout: Layout, rank: int) -> dict[str, torch.Tensor]:
             "the shard file was written by another save; save the code file and every rank's "
             "shard from one job",
         )
-    local = _standin.unpack_tensors(sections["weights"])
+    local = _standin.unpack_tensors(sections[names.WEIGHTS])
     missing = sorted(set(layout.tensors) - set(local))
     if missing:
         raise ArtifactCorruptedError(f"{spath}: the shard lacks tensor {missing[0]!r}; re-save it")

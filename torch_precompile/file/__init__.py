@@ -4,6 +4,7 @@
 - :mod:`.write`, :mod:`.read`: the checksummed, optionally signed container of
   named byte sections (atomic write; whole-file or header-first reads);
 - :mod:`.header`: the typed header ``Precompile.save`` writes, read back once;
+- :mod:`.sections`: every section name the file uses;
 - :mod:`.standin`: a model's weights and plain attributes, without its class;
 - :mod:`.save`, :mod:`.load`: ``Precompile.save`` / ``Precompile.load``.
 

@@ -21,25 +21,19 @@ from typing import Any
 
 from .._errors import ArtifactCorruptedError
 from .layout import FORMAT_VERSION
+from .sections import KERNEL_PREFIX, section_name
+from .sections import LEAN as LEAN_SECTION
 
 __all__ = ["KERNEL_PREFIX", "Header", "VariantRecord", "section_name"]
 
 KINDS = ("module", "object", "function")
-# Each shipped C++ kernel is one section, "kernel/<key>" (the key names its source).
-KERNEL_PREFIX = "kernel/"
 _MAX_NUMBER = 1e18  # a size or time beyond this is a damaged or hand-made header
 
 
-# The lean section of a variant (what runs it without the compiler), and why a variant
-# has none; format versions 1 and 2 named them "fastload" and "fast_load_refusal".
-LEAN_SECTION = "lean"
+# Why a variant has no lean section; format versions 1 and 2 named the section and
+# this key "fastload" and "fast_load_refusal".
 LEAN_REFUSAL = "lean_refusal"
 _BEFORE_3 = {LEAN_SECTION: "fastload", LEAN_REFUSAL: "fast_load_refusal"}
-
-
-def section_name(base: str, variant: int) -> str:
-    """``compiled`` / ``lean`` for variant 0, ``compiled.<i>`` for variant ``i``."""
-    return base if variant == 0 else f"{base}.{variant}"
 
 
 def on_disk(name: str, format_version: int) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .. import _compat
+from ..file import sections as names
 from ..guards import Guards, RangeGuard, describe_source
 from ..standin.module import module_tensors
 from .call import Runtime
@@ -193,12 +194,14 @@ class PrecompiledArtifact:
 def _measure_sizes(artifact: PrecompiledArtifact) -> dict[str, int]:
     sizes: dict[str, int] = {}
     try:
-        sizes["compiled"] = len(_compat.serialize_compiled_function(artifact.compiled_function))
+        sizes[names.COMPILED] = len(_compat.serialize_compiled_function(artifact.compiled_function))
     except Exception as exc:  # a view must not fail because a size cannot be measured
         log.debug("could not measure the compiled function's size: %s", exc)
     mod = artifact.module
     if isinstance(mod, torch.nn.Module):
-        sizes["weights"] = sum(t.numel() * t.element_size() for t in module_tensors(mod).values())
+        sizes[names.WEIGHTS] = sum(
+            t.numel() * t.element_size() for t in module_tensors(mod).values()
+        )
     return sizes
 
 

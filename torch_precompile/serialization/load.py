@@ -27,10 +27,12 @@ from .. import _compat, _trace, lean
 from .._errors import ArtifactCorruptedError, GuardError, KernelDirectoryError
 from ..distributed.binding import build_standin, check_job, deserializing
 from ..distributed.placement import Layout
-from ..file.header import KERNEL_PREFIX, Header, section_name
+from ..file import sections as names
+from ..file.header import Header
 from ..file.layout import looks_like_artifact
 from ..file.read import read_file, read_prefix
 from ..file.reader import ArtifactReader, open_artifact
+from ..file.sections import KERNEL_PREFIX, section_name
 from ..guards import Guards, Source, TensorGuard, hooks_entry, unmet_by
 from ..guards._python import dtype_name
 from ..runtime import generator as _generator
@@ -72,8 +74,8 @@ def load(
             bound = _bind(header.kind, sections, model, path, layout)
         with _trace.phase("guards"):
             guards = [Guards.from_json(list(record.guards)) for record in header.variants]
-            if model is not None and header.kind == "module" and "skeleton" in sections:
-                _check_model(json.loads(sections["skeleton"]), guards, model, path)
+            if model is not None and header.kind == "module" and names.SKELETON in sections:
+                _check_model(json.loads(sections[names.SKELETON]), guards, model, path)
         # A compile_on_one_rank graph holds a DeviceMesh: bound to this rank's mesh.
         # On saved weights, the guard state's dict configs are the stand-ins' class.
         with (
@@ -190,7 +192,7 @@ def _kernels(format_version: int, sections: _Sections) -> Kernels:
     """The shipped kernels, ``{key: shared object}``: one ``kernel/<key>`` section each
     (format version 1 nested them in one ``kernels`` section)."""
     if format_version == 1:
-        return _v1_kernels(sections["kernels"]) if "kernels" in sections else {}
+        return _v1_kernels(sections[names.KERNELS_V1]) if names.KERNELS_V1 in sections else {}
     return _ShippedKernels(sections)
 
 
@@ -218,7 +220,7 @@ def _load_variant(
 ) -> PrecompiledArtifact:
     """Variant ``i`` of the file (the only one of a single artifact) as an artifact."""
     record = header.variants[i]
-    compiled = section_name("compiled", i)
+    compiled = section_name(names.COMPILED, i)
     if compiled not in sections:
         raise ArtifactCorruptedError(
             f"{path}: variant {i} has no {compiled!r} section; re-save the artifact"
@@ -290,7 +292,7 @@ def _load_lean(
         return lean.load_lean_compiled_function(
             sections[lean_section],
             kernels,
-            sections.reader_of(section_name("compiled", variant)),  # read to re-save only
+            sections.reader_of(section_name(names.COMPILED, variant)),  # read to re-save only
             f"<torch_precompile {path}{suffix}>",
             module_globals,
         )
@@ -332,14 +334,14 @@ def _bind(
                     f"model= must be an nn.Module for this artifact, got {type(model).__name__}"
                 )
             return model  # the weights in the file are not even read
-        skeleton = json.loads(sections["skeleton"])
-        tensors = standin.unpack_tensors(sections.copied_out("weights"))
-        sections.forget("weights")  # copied out: its pages leave this process
+        skeleton = json.loads(sections[names.SKELETON])
+        tensors = standin.unpack_tensors(sections.copied_out(names.WEIGHTS))
+        sections.forget(names.WEIGHTS)  # copied out: its pages leave this process
         if layout is not None:  # DTensors from this rank's own shard file
             return build_standin(path, layout, skeleton, tensors, sections)
         return standin.build_standin(skeleton, tensors)
     if kind == "object":
-        return model if model is not None else pickle.loads(sections["self"])
+        return model if model is not None else pickle.loads(sections[names.SELF])
     if model is not None:
         log.warning("%s: the artifact was captured from a function; model= is ignored", path)
     return None

@@ -23,7 +23,9 @@ import torch
 from .. import _compat, lean_writer
 from ..distributed.placement import describe as describe_layout
 from ..distributed.shards import code_file_parts, save_shard
-from ..file.header import KERNEL_PREFIX, LEAN_SECTION, Header, VariantRecord, section_name
+from ..file import sections as names
+from ..file.header import Header, VariantRecord
+from ..file.sections import KERNEL_PREFIX, section_name
 from ..file.write import write_artifact
 from ..guards import Guards, unmet_by
 from ..runtime.artifact import PrecompiledArtifact
@@ -51,7 +53,7 @@ def save(
     _check_save_arguments(artifact, bytecode, guards)
     variants = artifact.variants or (artifact,)
     sections: dict[str, bytes] = {
-        section_name("compiled", i): _compat.serialize_compiled_function(v.compiled_function)
+        section_name(names.COMPILED, i): _compat.serialize_compiled_function(v.compiled_function)
         for i, v in enumerate(variants)
     }
     bound = artifact.module
@@ -64,13 +66,13 @@ def save(
         if layout is not None:  # shards go to per-rank files (save_shard)
             tensors, extra = code_file_parts(bound, tensors)
             sections.update(extra)
-        sections["skeleton"] = json.dumps(skeleton).encode()
-        sections["weights"] = standin.pack_tensors(tensors)
+        sections[names.SKELETON] = json.dumps(skeleton).encode()
+        sections[names.WEIGHTS] = standin.pack_tensors(tensors)
         if layout is None:
             _warn_if_standin_falls_short(path, artifact, skeleton, tensors)
     elif bound is not None:
         kind = "object"
-        sections["self"] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
+        sections[names.SELF] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
 
     # Each variant the lean path handles gets its "lean" section and brings its
     # kernels; the others' kernels (the artifact's own) go for PyTorch's full path.
@@ -83,7 +85,7 @@ def save(
         if fast is None:
             slow.append(variant)
             continue
-        sections[section_name(LEAN_SECTION, i)] = fast[0]
+        sections[section_name(names.LEAN, i)] = fast[0]
         kernels.update(fast[1])
     kernels.update(_full_path_kernels(slow))
     for key in sorted(kernels):

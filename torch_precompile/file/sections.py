@@ -1,0 +1,22 @@
+"""Every section name ``Precompile.save`` writes, in one place (``docs/FORMAT.md``
+says what each holds). No torch import: the command line reads them too.
+
+The generator's records (``generator``, ``generator-tokenizer``) are named by
+``runtime/generator.py`` for now.
+"""
+
+from __future__ import annotations
+
+COMPILED = "compiled"  # PyTorch's serialization of variant 0 (``compiled.<i>``: variant i)
+LEAN = "lean"  # what runs variant 0 without the compiler (``lean.<i>``: variant i)
+KERNEL_PREFIX = "kernel/"  # one C++ shared object or Triton cubin each: ``kernel/<key>``
+SKELETON = "skeleton"  # a module's tree, attributes and tensor names (JSON)
+WEIGHTS = "weights"  # a module's tensors (also the one section of a rank's shard file)
+SELF = "self"  # another object the compiled code reads as ``self`` (pickled)
+DISTRIBUTED_HOOKS = "distributed_hooks"  # the parallelisation hooks of a distributed model
+KERNELS_V1 = "kernels"  # format version 1: every kernel in one nested container
+
+
+def section_name(base: str, variant: int) -> str:
+    """``compiled`` / ``lean`` for variant 0, ``compiled.<i>`` for variant ``i``."""
+    return base if variant == 0 else f"{base}.{variant}"

@@ -325,8 +325,9 @@ def child_generator(a) -> dict:
         run(1)  # the prefill and first token alone: decode = the rest
         sync(a.device)
         decode_s = (dt - (time.perf_counter() - t)) / max(1, a.new_tokens - 1)
+        heavy = ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
+        imported = [m for m in heavy if m in sys.modules]  # the profiler imports Dynamo
         profile = decode_profile(run, a) if a.device == "cuda" else {}
-    heavy = ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
     with open(os.path.join(a.dir, f"generator_tokens_b{a.batch}.json"), "w") as f:
         json.dump(out[:, a.prompt :].tolist(), f)
     return {
@@ -343,7 +344,7 @@ def child_generator(a) -> dict:
         "generate_s": dt,
         "tokens_per_s": a.new_tokens * a.batch / dt,
         "tokens": out[:, a.prompt :].tolist(),
-        "imported": [m for m in heavy if m in sys.modules],
+        "imported": imported,
     }
 
 

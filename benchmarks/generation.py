@@ -298,10 +298,17 @@ def child_generator(a) -> dict:
     ids, mask = make_inputs(meta, a)
     phases["inputs"] = time.time() - a.t0
     path = os.path.join(a.dir, "generator.pt")
+    from torch_precompile._trace import recording
+
     began = time.perf_counter()
-    gen = Precompile.load(path)
-    sync(a.device)
+    with recording() as trace:  # each phase, section read and checksum of the load
+        gen = Precompile.load(path)
+        sync(a.device)
     load_s = time.perf_counter() - began
+    load_trace = {
+        kind: [[e.name, e.nbytes, round(e.seconds, 4)] for e in trace.of(kind)][:12]
+        for kind in ("phase", "read", "hash")
+    }
     phases["load"] = time.time() - a.t0
 
     def run(n: int):
@@ -325,8 +332,9 @@ def child_generator(a) -> dict:
         run(1)  # the prefill and first token alone: decode = the rest
         sync(a.device)
         decode_s = (dt - (time.perf_counter() - t)) / max(1, a.new_tokens - 1)
+        heavy = ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
+        imported = [m for m in heavy if m in sys.modules]  # the profiler imports Dynamo
         profile = decode_profile(run, a) if a.device == "cuda" else {}
-    heavy = ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
     with open(os.path.join(a.dir, f"generator_tokens_b{a.batch}.json"), "w") as f:
         json.dump(out[:, a.prompt :].tolist(), f)
     return {
@@ -335,6 +343,7 @@ def child_generator(a) -> dict:
         "load_s": load_s,
         "load_gb_per_s": os.path.getsize(path) / load_s / 1e9,
         "file_bytes": os.path.getsize(path),
+        "load_trace": load_trace,
         "decode_ms_per_token": decode_s * 1e3,
         "decode_tokens_per_s": a.batch / decode_s,
         "hbm_share": hbm_share(meta, 1 / decode_s),
@@ -343,7 +352,7 @@ def child_generator(a) -> dict:
         "generate_s": dt,
         "tokens_per_s": a.new_tokens * a.batch / dt,
         "tokens": out[:, a.prompt :].tolist(),
-        "imported": [m for m in heavy if m in sys.modules],
+        "imported": imported,
     }
 
 

@@ -263,6 +263,7 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
                 g = torch.Generator().manual_seed(10 * b + p)
                 x = torch.randint(0, 1000, (b, p), generator=g)
                 kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=20, min_new_tokens=20)
+                kw.update(return_dict_in_generate=True, output_logits=True)
                 driver = shell if how == "shell" else model
                 with torch.no_grad():
                     eager = model.generate(x, do_sample=False, **kw)
@@ -273,8 +274,14 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
                     torch.manual_seed(5)
                     with generate_with(driver, loaded):
                         ours_s = driver.generate(x, do_sample=True, top_k=50, **kw)
+                logits = [(e, o) for r, q in ((eager, ours), (eager_s, ours_s))
+                          for e, o in zip(r.logits, q.logits)]
                 out[f"{how} {b}x{p}"] = [
-                    torch.equal(eager, ours), list(ours.shape), torch.equal(eager_s, ours_s)
+                    torch.equal(eager.sequences, ours.sequences),
+                    list(ours.sequences.shape),
+                    torch.equal(eager_s.sequences, ours_s.sequences),
+                    [len(r.logits) for r in (eager, ours, eager_s, ours_s)],
+                    max((e - o).abs().max().item() for e, o in logits),
                 ]
             assert "forward" not in model.__dict__ and "forward" not in shell.__dict__
             # Every call was served by the plain-Python guards: no variant built
@@ -316,11 +323,13 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
         else:
             assert len(eager[0]) == 68 and ours == eager, how
     assert len(result) == 12
-    for case, (greedy_equal, shape, sampled_equal) in result.items():
+    for case, (greedy_equal, shape, sampled_equal, steps, diff) in result.items():
         batch, prompt = (int(v) for v in case.split()[1].split("x"))
         assert shape == [batch, prompt + 20], case
         assert greedy_equal, f"{kind} {case}: greedy tokens differ from eager's"
         assert sampled_equal, f"{kind} {case}: seeded sampling differs from eager's"
+        assert steps == [20] * 4, f"{kind} {case}: logits of {steps} steps"
+        assert diff <= 1e-4, f"{kind} {case}: logits differ from eager's by {diff}"
 
 
 @pytest.fixture(scope="module")
@@ -360,6 +369,7 @@ def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> No
                     kw = dict(
                         attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
                         do_sample=False, cache_implementation="static",
+                        return_dict_in_generate=True, output_logits=True,
                     )
                     # generate sizes a static cache for the longest call so far: not here
                     model.__dict__.pop("_previous_max_cache_length", None)
@@ -368,7 +378,12 @@ def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> No
                         model.__dict__.pop("_previous_max_cache_length", None)
                         with generate_with(model, loaded):
                             ours = model.generate(x, **kw)
-                    out[f"{how} {p} {n}"] = [torch.equal(eager, ours), list(ours.shape)]
+                    out[f"{how} {p} {n}"] = [
+                        torch.equal(eager.sequences, ours.sequences),
+                        list(ours.sequences.shape),
+                        [len(eager.logits), len(ours.logits)],
+                        max((e - o).abs().max().item() for e, o in zip(eager.logits, ours.logits)),
+                    ]
             out[f"{how} light"] = [  # no variant built Dynamo's guard manager
                 getattr(v.runtime.guard_manager, "_full", "full path") is None
                 for v in loaded.variants
@@ -381,10 +396,12 @@ def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> No
         light = result.pop(f"{how} light")
         assert len(light) == 6 and all(light), f"{how}: {light}"
     assert len(result) == 12
-    for case, (equal, shape) in result.items():
+    for case, (equal, shape, steps, diff) in result.items():
         _, prompt, new = case.split()
         assert shape == [1, int(prompt) + int(new)], case
         assert equal, f"{case}: tokens differ from eager's"
+        assert steps == [int(new)] * 2, f"{case}: logits of {steps} steps"
+        assert diff <= 1e-4, f"{case}: logits differ from eager's by {diff}"
 
 
 def test_a_static_cache_file_refuses_a_dynamic_cache_naming_both(static_cache_file: str) -> None:

@@ -6,7 +6,7 @@ column-wise; ``o``, ``down`` row-wise). Rank 0 builds its generator
 (``compile_generator``) in a *build* job; a fresh *load* job, where
 transformers cannot be imported, loads it on both ranks and generates greedily
 (``tests/fixtures/tp_gen_job.py``). The tokens are compared with transformers'
-``generate`` on the same model unsharded, exactly.
+``generate`` on the same model unsharded, exactly, and each step's logits within 1e-4.
 """
 
 from __future__ import annotations
@@ -59,6 +59,18 @@ def test_greedy_tokens_equal_unsharded_generate(job: dict[str, Any], batch: str)
     assert len(want[0]) > 6  # new tokens were generated
     for res in job["load"]:
         assert res[batch] == want  # every rank, every row, every token
+
+
+@pytest.mark.parametrize("batch", ["batch2", "batch1"])
+def test_logits_equal_unsharded_generate(job: dict[str, Any], batch: str) -> None:
+    """Each step's raw logits on every rank within 1e-4 of the unsharded model's
+    (``output_logits``): what sampling draws from, not only its argmax."""
+    want = torch.tensor(job["reference"][batch + " logits"])
+    for rank, res in enumerate(job["load"]):
+        got = torch.tensor(res[batch + " logits"])
+        assert got.shape == want.shape, f"rank {rank}: {tuple(got.shape)}"
+        diff = (got - want).abs().max().item()
+        assert diff <= 1e-4, f"rank {rank}: logits differ from the unsharded model's by {diff}"
 
 
 def test_cache_holds_this_ranks_heads(job: dict[str, Any]) -> None:

@@ -63,14 +63,17 @@ def test_greedy_tokens_equal_unsharded_generate(job: dict[str, Any], batch: str)
 
 @pytest.mark.parametrize("batch", ["batch2", "batch1"])
 def test_logits_equal_unsharded_generate(job: dict[str, Any], batch: str) -> None:
-    """Each step's raw logits on every rank within 1e-4 of the unsharded model's
-    (``output_logits``): what sampling draws from, not only its argmax."""
+    """Each step's raw logits on every rank within 1e-4 (and fp32's relative 1e-5) of
+    the unsharded model's (``output_logits``): what sampling draws from, not only its
+    argmax."""
     want = torch.tensor(job["reference"][batch + " logits"])
     for rank, res in enumerate(job["load"]):
         got = torch.tensor(res[batch + " logits"])
         assert got.shape == want.shape, f"rank {rank}: {tuple(got.shape)}"
         diff = (got - want).abs().max().item()
-        assert diff <= 1e-4, f"rank {rank}: logits differ from the unsharded model's by {diff}"
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-5), (
+            f"rank {rank}: logits differ from the unsharded model's by {diff}"
+        )
 
 
 def test_cache_holds_this_ranks_heads(job: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ try:
     import torch
 except ImportError as exc:  # a clear word on what to install, not a bare traceback
     raise ImportError(
-        "torch_precompile needs PyTorch (torch>=2.11,<2.15): install it first, e.g. "
+        "torch_precompile needs PyTorch (torch>=2.11,<2.16): install it first, e.g. "
         "`pip install torch==2.13.0`, then `pip install -e .` (README, Set up)"
     ) from exc
 

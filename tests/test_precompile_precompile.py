@@ -81,14 +81,16 @@ def test_default_dtype_change_is_a_guard_error(staged) -> None:
 
 
 def test_in_process_artifact_uses_the_live_weights(staged) -> None:
+    bias = staged.model.head.bias
+    before = bias.detach().clone()
     with torch.no_grad():
-        staged.model.head.bias.add_(1.0)
+        bias.add_(1.0)
         try:
             torch.testing.assert_close(
                 staged.artifact(staged.example), staged.model(staged.example)
             )
         finally:
-            staged.model.head.bias.sub_(1.0)
+            bias.copy_(before)  # exactly: (b + 1) - 1 is not b in fp32
 
 
 def test_thread_count_change_is_a_readable_guard_error(staged) -> None:

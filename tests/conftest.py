@@ -88,10 +88,10 @@ def script_json(source: str, *args: Any, **env: str) -> Any:
 
 
 def torchrun(job: str, nproc: int, *args: str, env: dict[str, str] | None = None) -> None:
-    """Run ``tests/fixtures/<job>.py`` as a real ``torchrun`` job of ``nproc`` ranks; fail
+    """Run the module ``tests.fixtures.<job>`` as a real ``torchrun`` job of ``nproc`` ranks; fail
     loudly on error."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={nproc}", str(ROOT / "tests" / "fixtures" / f"{job}.py"), *args]
+    cmd += [f"--nproc-per-node={nproc}", "-m", f"tests.fixtures.{job}", *args]
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=400)
     tail = f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"

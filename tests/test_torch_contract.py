@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from torch_precompile._compat import contract
+from torch_precompile._compat import contract, contract_check
 from torch_precompile._compat.contract import PrivateName
 from torch_precompile.lean.wrapper import WRAPPER_IMPORTS
 
@@ -26,8 +26,8 @@ _TENSOR_GUARDS_PROBE = "TensorGuards(*tensors, dynamic_dims_sizes=, dynamic_dims
 
 
 def test_every_private_name_resolves() -> None:
-    found = contract.problems()
-    assert not found, contract.report(found)
+    found = contract_check.problems()
+    assert not found, contract_check.report(found)
 
 
 def test_missing_and_changed_names_are_all_reported_in_one_message() -> None:
@@ -46,8 +46,8 @@ def test_missing_and_changed_names_are_all_reported_in_one_message() -> None:
         # A C++ callable's keywords are checked by running our call: here on the wrong class.
         PrivateName("torch._C:_dynamo.guards.GlobalStateGuard", probe=_TENSOR_GUARDS_PROBE),
     )
-    found = contract.problems(names)
-    message = contract.report(found)
+    found = contract_check.problems(names)
+    message = contract_check.report(found)
     assert len(found) == 6, message
     assert message.startswith("6 private PyTorch name(s)")
     for bogus in ("NoSuchCache", "no_such_module", "no_such_parameter", "no_such.config_key"):
@@ -68,7 +68,7 @@ def test_an_alternative_place_is_enough() -> None:
             "torch.no_such_module", ("strict_autograd_cache",), ("torch._functorch.config",)
         ),
     )
-    assert contract.problems(names) == []
+    assert contract_check.problems(names) == []
 
 
 def test_an_entry_is_checked_only_on_the_torches_that_have_it() -> None:
@@ -77,17 +77,17 @@ def test_an_entry_is_checked_only_on_the_torches_that_have_it() -> None:
     import torch
 
     gone = "torch._dynamo.no_such_module:thing"
-    assert contract.problems((PrivateName(gone, until="2.0"),)) == []
-    assert contract.problems((PrivateName(gone, since="99.0"),)) == []
-    assert contract.problems((PrivateName(gone, until="99.0"),)) != []
+    assert contract_check.problems((PrivateName(gone, until="2.0"),)) == []
+    assert contract_check.problems((PrivateName(gone, since="99.0"),)) == []
+    assert contract_check.problems((PrivateName(gone, until="99.0"),)) != []
     # Versions compare as versions: 2.15 is after 2.9 (not so as strings).
-    assert contract.problems((PrivateName(gone, since="2.9"),)) != []
+    assert contract_check.problems((PrivateName(gone, since="2.9"),)) != []
     entries = {e.name: e for e in contract.CONTRACT}
     old = entries["torch._dynamo.graph_utils:_graph_device_type"]
     new = entries["torch._dynamo.graph_utils:_graph_device_types"]
     assert (old.until, new.since) == ("2.15", "2.15")
     checked = torch.torch_version.TorchVersion(torch.__version__) >= (2, 15)
-    assert contract.problems((new if checked else old,)) == []
+    assert contract_check.problems((new if checked else old,)) == []
 
 
 # ------------------------------------------------------------------ layout
@@ -344,7 +344,9 @@ def test_every_private_attribute_read_is_in_the_contract() -> None:
 
 
 def test_every_run_time_attribute_has_a_probe() -> None:
-    unchecked = [e.name for e in contract.CONTRACT if e.attrs and e.probe not in contract._PROBES]
+    unchecked = [
+        e.name for e in contract.CONTRACT if e.attrs and e.probe not in contract_check.PROBES
+    ]
     assert not unchecked, unchecked
 
 
@@ -352,9 +354,9 @@ def test_a_member_of_a_class_is_not_taken_for_a_constructor_keyword() -> None:
     """ShapeEnv's constructor takes ``**kwargs``: a member it lacks is still reported;
     ``"a|b"`` is met by either."""
     shape_env = "torch.fx.experimental.symbolic_shapes:ShapeEnv"
-    found = contract.problems((PrivateName(shape_env, ("no_such_member",)),))
+    found = contract_check.problems((PrivateName(shape_env, ("no_such_member",)),))
     assert found == [f"changed: {shape_env} has no no_such_member"]
-    assert contract.problems((PrivateName(shape_env, ("no_such_member|guards",)),)) == []
+    assert contract_check.problems((PrivateName(shape_env, ("no_such_member|guards",)),)) == []
 
 
 def test_the_source_grammar_probe_fails_on_a_grammar_change(monkeypatch) -> None:
@@ -363,13 +365,13 @@ def test_the_source_grammar_probe_fails_on_a_grammar_change(monkeypatch) -> None
     from torch_precompile.guards import _source
 
     entry = next(e for e in contract.CONTRACT if e.probe == "guard source strings")
-    assert contract.problems((entry,)) == []
+    assert contract_check.problems((entry,)) == []
     parse = _source.Source.parse.__func__
 
     def without_module_items(cls: type, text: str) -> _source.Source | None:
         return None if "._modules[" in text else parse(cls, text)
 
     monkeypatch.setattr(_source.Source, "parse", classmethod(without_module_items))
-    (line,) = contract.problems((entry,))
+    (line,) = contract_check.problems((entry,))
     assert "guard source strings our grammar does not read" in line
     assert "L['self']._modules['lin']" in line

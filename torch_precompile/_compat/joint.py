@@ -5,14 +5,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from .capture import BEFORE_2_13, Capture, size_oblivious_context
+from .capture import Capture, size_oblivious_context
+from .inductor_fixes import (
+    bounds_checks_after_their_index,
+    resolve_overload_packets,
+    stride_order_without_guards,
+)
 
 
 def default_decompositions() -> dict[Any, Callable[..., Any]]:
@@ -265,119 +269,6 @@ def _compiler_config_extra(cfx: Any, inductor_config: Any, dynamo_gm: torch.fx.G
     return cfx.create_compiler_config_extra(dynamo_gm)
 
 
-def optimization_hint(shape_env: Any, expr: Any) -> int | None:
-    """The example's value of ``expr``, read without adding a guard (None: no hint,
-    an unbacked size on torch 2.11).
-
-    torch 2.13 and 2.14 have ``ShapeEnv.optimization_hint`` (with a fallback for
-    unbacked sizes); torch 2.11 has ``size_hint``, which substitutes the example's
-    sizes. Only a layout heuristic reads it: ties break by position.
-    """
-    if hasattr(shape_env, "optimization_hint"):
-        return int(shape_env.optimization_hint(expr))
-    hint = shape_env.size_hint(expr, allow_none=True)
-    return None if hint is None else int(hint)
-
-
-def _argsort_sym_without_guards(
-    shape_env: Any, seq: Sequence[Any], *, reverse: bool = False
-) -> list[int]:
-    """Inductor's ``argsort_sym`` (stride order for layout heuristics), minus its guards.
-
-    PyTorch documents that order as "optimization-only": no correctness
-    decision may rest on it. Yet it decides ``128*s1 > 128`` with a guard,
-    which narrows a sequence range [1, 128] to [2, 128]. Here, what the shape
-    environment knows statically decides, and the example's sizes break ties,
-    without adding a guard.
-    """
-    import sympy
-
-    def as_expr(v: Any) -> Any:
-        return v.node.expr if isinstance(v, torch.SymInt) else sympy.sympify(v)
-
-    def less(a: Any, b: Any) -> bool:
-        known = shape_env._maybe_evaluate_static(sympy.Lt(a, b))
-        if known is not None:
-            return bool(known)
-        hint_a, hint_b = optimization_hint(shape_env, a), optimization_hint(shape_env, b)
-        return hint_a is not None and hint_b is not None and hint_a < hint_b
-
-    def cmp(a: tuple[int, Any], b: tuple[int, Any]) -> int:
-        if less(a[1], b[1]):
-            return -1
-        if less(b[1], a[1]):
-            return 1
-        return 1 if a[0] < b[0] else -1 if a[0] > b[0] else 0
-
-    exprs = [(i, as_expr(v)) for i, v in enumerate(seq)]
-    exprs = sorted(exprs, key=functools.cmp_to_key(cmp), reverse=reverse)
-    return [i for i, _ in exprs]
-
-
-@contextlib.contextmanager
-def _stride_order_without_guards(enabled: bool) -> Iterator[None]:
-    """Keep Inductor's stride-order heuristic from narrowing dynamic ranges."""
-    if not enabled:
-        yield
-        return
-    from torch._inductor import ir, utils
-
-    saved = (ir.argsort_sym, utils.argsort_sym)
-    ir.argsort_sym = utils.argsort_sym = _argsort_sym_without_guards  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        ir.argsort_sym, utils.argsort_sym = saved  # type: ignore[assignment]
-
-
-def _resolve_overload_packets(gm: torch.fx.GraphModule) -> None:
-    """Give each node that calls an op packet (``torch.ops.ns.op``) its ``.default``
-    overload, which is what Inductor lowers.
-
-    On a 2-D mesh, tracing re-derives a submesh a backward closure holds from the
-    root mesh with ``torch.ops.device_mesh._get_submesh(proxy, dims)`` (torch
-    2.13-2.14, ``_device_mesh_reconstruct_fn``): called on a proxy, the node's
-    target is the packet, and Inductor refuses it ("is not an OpOverload").
-    """
-    changed = False
-    for node in gm.graph.nodes:
-        target = node.target
-        if node.op == "call_function" and isinstance(target, torch._ops.OpOverloadPacket):
-            node.target = target.default
-            changed = True
-    if changed:
-        gm.recompile()
-
-
-@contextlib.contextmanager
-def _bounds_checks_after_their_index() -> Iterator[None]:
-    """torch 2.11's C++ kernels may check an index in the loads section before the
-    compute section defines it (``'tmp2' was not declared``: a compile error, seen
-    on a mask indexed by an ``arange``); torch 2.13 checks such an index in compute,
-    as this does while Inductor generates code."""
-    if not BEFORE_2_13:
-        yield
-        return
-    from torch._inductor.codegen.cpp import CppKernel
-
-    original = CppKernel.check_bounds
-
-    def check_bounds(self: Any, expr: Any, size: Any, lower: bool, upper: bool) -> Any:
-        if self.cse.try_get(self.sexpr(self.rename_indexing(expr))) is None:
-            return original(self, expr, size, lower, upper)
-        loads, self.loads = self.loads, self.compute  # the index is already in compute
-        try:
-            return original(self, expr, size, lower, upper)
-        finally:
-            self.loads = loads
-
-    CppKernel.check_bounds = check_bounds  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        CppKernel.check_bounds = original  # type: ignore[method-assign]
-
-
 def compile_joint(
     capture: Capture,
     exported: Any,
@@ -414,7 +305,7 @@ def compile_joint(
         return output_code
 
     def fw_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        _resolve_overload_packets(gm)
+        resolve_overload_packets(gm)
         return keep_source(
             "forward",
             cfx.compile_fx_forward(
@@ -428,15 +319,15 @@ def compile_joint(
         )
 
     def bw_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        _resolve_overload_packets(gm)
+        resolve_overload_packets(gm)
         return keep_source(
             "backward", cfx.compile_fx_backward(gm, example_inputs, compiler_config_extra=extra)
         )
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(size_oblivious_context(capture.size_oblivious))
-        stack.enter_context(_stride_order_without_guards(capture.size_oblivious))
-        stack.enter_context(_bounds_checks_after_their_index())
+        stack.enter_context(stride_order_without_guards(capture.size_oblivious))
+        stack.enter_context(bounds_checks_after_their_index())
         stack.enter_context(inductor_config.patch(patches))
         # Read under the patch: it boxes config.triton.cudagraphs (mode="reduce-overhead").
         extra = _compiler_config_extra(cfx, inductor_config, dynamo_gm)

@@ -3,11 +3,8 @@
 ``build`` precompiles a model saved with ``save_pretrained`` into one file
 (see ``_build``).
 
-``inspect`` reads the header only (``file.read.open_artifact``, then the typed
-``file.header.Header``): it checks the header's SHA-256, which pins every
-section's, and never unpickles, so it is safe on untrusted files and does not
-import the compiler; ``--verify`` also checks the whole file's SHA-256 (every
-byte read). ``bench`` loads the artifact (which runs code from the file, as
+``inspect`` reads the header only and never unpickles (``cli/inspect_header.py``).
+``bench`` loads the artifact (which runs code from the file, as
 ``Precompile.load`` does) and times it on random inputs built from the
 recorded input signature.
 """
@@ -24,11 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import PrecompileError
-from ..file.header import Header
-from ..file.layout import looks_like_artifact
-from ..file.read import read_info, read_prefix
-from ..file.reader import open_artifact
 from ..serve.command import add_serve, serve
+from .inspect_header import header, inspect_command
+from .text import one_line, terminal_text
 
 PROG = "torch-precompile"
 
@@ -71,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return serve(args)
         if args.command == "inspect":
-            return _inspect(args.path, as_json=args.json, verify=args.verify)
+            return inspect_command(args.path, as_json=args.json, verify=args.verify)
         return _bench(
             args.path, iters=args.iters, warmup=args.warmup, seed=args.seed, as_json=args.json
         )
@@ -81,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PrecompileError, OSError, ValueError, TypeError, IndexError, RuntimeError) as exc:
         # IndexError: a token id past the vocabulary (the embedding's lookup).
         path = args.directory if args.command == "build" else args.path
-        print(f"{PROG}: error: {_one_line(exc, path)}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(exc, path)}", file=sys.stderr)
         return 1
 
 
@@ -197,7 +192,7 @@ def _generate(args: argparse.Namespace) -> int:
         tokens.append(value)
         text = tokenizer.decode(tokens)
         if not text.endswith("\ufffd"):  # a character's bytes still to come
-            print(_text(text[len(shown) :]), end="", flush=True)
+            print(terminal_text(text[len(shown) :]), end="", flush=True)
             shown = text
 
     prompt = torch.tensor([ids])
@@ -206,7 +201,7 @@ def _generate(args: argparse.Namespace) -> int:
         print(",".join(str(t) for t in ids), end="", flush=True)
     else:
         shown = tokenizer.decode(ids)
-        print(_text(shown), end="", flush=True)
+        print(terminal_text(shown), end="", flush=True)
     try:
         generator.generate(
             prompt,
@@ -222,232 +217,9 @@ def _generate(args: argparse.Namespace) -> int:
         print(flush=True)  # the partial line ends before the one-line error
         raise
     if tokenizer is not None and tokenizer.decode(tokens) != shown:
-        print(_text(tokenizer.decode(tokens)[len(shown) :]), end="")
+        print(terminal_text(tokenizer.decode(tokens)[len(shown) :]), end="")
     print()
     return 0
-
-
-def _text(text: str) -> str:
-    """Generated text safe for a terminal: lines and tabs kept, every other control
-    or format character (an ANSI escape the model wrote) escaped by :func:`printable`."""
-    return "\n".join("\t".join(printable(p) for p in line.split("\t")) for line in text.split("\n"))
-
-
-def _one_line(exc: BaseException, path: str) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    if isinstance(exc, OSError) and exc.strerror:
-        text = f"{path}: {exc.strerror}"
-    return printable(text, limit=2000)
-
-
-# Characters a terminal may act on: C0/C1 controls (ANSI escapes start with ESC),
-# DEL, and the invisible format characters that reorder text (bidi overrides).
-_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
-
-
-def printable(text: str, *, limit: int | None = None) -> str:
-    """``text`` safe to write to a terminal: control and format characters (ANSI escape
-    sequences, bidi overrides, newlines) shown as ``\\x1b``-style escapes, and cut at
-    ``limit`` characters."""
-    import unicodedata
-
-    out = "".join(
-        ch.encode("unicode_escape").decode("ascii")
-        if not " " <= ch <= "~" and unicodedata.category(ch) in _UNPRINTABLE_CATEGORIES
-        else ch
-        for ch in text
-    )
-    if limit is not None and len(out) > limit:
-        out = f"{out[:limit]}... ({len(out) - limit} more characters)"
-    return out
-
-
-def _printable_tree(value: Any) -> Any:
-    """``value`` (decoded JSON) with every string made printable and cut to a sane length."""
-    if isinstance(value, str):
-        return printable(value, limit=_FIELD_LIMIT)
-    if isinstance(value, dict):
-        return {printable(str(k), limit=_FIELD_LIMIT): _printable_tree(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_printable_tree(v) for v in value]
-    return value
-
-
-_FIELD_LIMIT = 500
-_LINE_LIMIT = 4000
-
-
-# ------------------------------------------------------------------ inspect
-
-
-def header(path: str, *, verify: bool = False) -> dict[str, Any]:
-    """Everything ``inspect`` shows, as one JSON-able dict (no unpickling).
-
-    Reads the fixed fields and the header, checked against the header's SHA-256
-    (a file of format version 1, which has none, is checked whole); with
-    ``verify``, the whole file's SHA-256 is checked too (every byte is read)."""
-    try:
-        if verify:
-            info = read_info(path)
-        else:
-            with open_artifact(path) as reader:
-                info = reader.info
-    except PrecompileError as exc:
-        prefix = read_prefix(path, 2)
-        if prefix[:1] == b"\x80" and not looks_like_artifact(prefix):
-            raise type(exc)(
-                f"{path} is not a torch_precompile artifact: it looks like a pickle (a file of "
-                "torch's save_compiled_function?); inspect never unpickles, load it with "
-                "Precompile.load(path, model=...)"
-            ) from None
-        raise
-    return {
-        **_generator_record(path, info),
-        "path": os.path.abspath(path),
-        "format_version": info.format_version,
-        "signed": info.signed,
-        "file_size": info.file_size,
-        "sections": [
-            {"name": s["name"], "length": s["length"], **_digest_of(s)} for s in info.sections
-        ],
-        "meta": info.meta,
-    }
-
-
-def _digest_of(section: dict[str, Any]) -> dict[str, Any]:
-    """A section's digest fields as the table records them (plain or tree SHA-256)."""
-    return {k: section[k] for k in ("sha256", "sha256_tree", "tree_chunk") if k in section}
-
-
-def _generator_record(path: str, info: Any) -> dict[str, Any]:
-    """``{"generator": ...}``, the spec a generator file records (JSON, checked against its
-    SHA-256 as every section read here) and whether its tokenizer is inside; ``{}`` for
-    a file of another kind."""
-    from ..runtime.generator import SPEC_SECTION, TOKENIZER_SECTION, GeneratorSpec
-
-    names = {s["name"] for s in info.sections}
-    if SPEC_SECTION not in names:
-        return {}
-    with open_artifact(path) as reader:
-        raw = reader.read(SPEC_SECTION)
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        data = None
-    spec = GeneratorSpec.from_json(data, path)
-    record = {
-        "max_batch": spec.max_batch,
-        "max_length": spec.max_length,
-        "eos_token_id": list(spec.eos_token_id),
-        "pad_token_id": spec.pad_token_id,
-        "dtype": spec.dtype,
-        "device": spec.device,
-        "model_type": spec.model_type,
-        "tokenizer": TOKENIZER_SECTION in names,
-    }
-    return {"generator": record}
-
-
-def _generator_lines(record: dict[str, Any]) -> list[str]:
-    """The text view of a generator's spec, shown before the rest of the header."""
-    g = _printable_tree(record)
-    eos = ", ".join(map(str, g["eos_token_id"])) or "none"
-    return [
-        f"generator: {g['model_type'] or 'decoder'}, max_batch {g['max_batch']}, "
-        f"max_length {g['max_length']}, {g['dtype']} on {g['device']}",
-        f"  eos_token_id {eos}, pad_token_id {g['pad_token_id']}, tokenizer "
-        f"{'inside' if g['tokenizer'] else 'not inside (token ids in and out)'}",
-    ]
-
-
-def _inspect(path: str, *, as_json: bool, verify: bool = False) -> int:
-    data = header(path, verify=verify)
-    if as_json:
-        # ensure_ascii: every control character is written as a \u escape.
-        print(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=True))
-        return 0
-    # A field of the wrong type raises ArtifactCorruptedError naming it (`--json`
-    # still prints the header as it is). Strings are escaped before anything reads them.
-    typed = Header.decode(data["format_version"], _printable_tree(data["meta"]), path)
-    if "generator" in data:
-        print("\n".join(_generator_lines(data["generator"])))
-    print(format_header(data, typed))
-    return 0
-
-
-def format_header(data: dict[str, Any], typed: Header) -> str:
-    """The human-readable view of :func:`header`'s dict and its typed header.
-
-    Every string from the file is shown with its control characters escaped
-    (no ANSI escape reaches the terminal) and cut at a sane length.
-    """
-    # Imported when used: the command line starts without torch until a command needs it.
-    from ..guards import Guards
-    from ..runtime.artifact import human_size, signature_lines
-    from ..runtime.signature import CallSignature
-
-    system = typed.system
-    signed = "signed (HMAC-SHA256)" if data["signed"] else "unsigned"
-    kind = "training" if typed.training else "inference"
-    lines = [
-        f"{data['path']}: torch_precompile artifact, format version {data['format_version']}, "
-        f"{human_size(data['file_size'])}, {signed}",
-        f"producer:  {typed.producer}",
-        f"created:   {typed.created}",
-        f"kind:      {kind}, device {typed.device_type}, captured from a {typed.kind}",
-        "system:    "
-        + ", ".join(
-            part
-            for part in (
-                f"torch {system.get('torch')}" if system.get("torch") else "",
-                f"Python {system.get('python')}" if system.get("python") else "",
-                " ".join(str(system[k]) for k in ("platform", "os") if system.get(k)),
-                f"CPU instruction set {system['cpu_isa']}" if system.get("cpu_isa") else "",
-                _cuda(system.get("cuda")),
-            )
-            if part
-        ),
-        "signature:",
-    ]
-    recorded = CallSignature.from_dict(typed.variants[0].signature)
-    lines += [f"  {line}" for line in signature_lines(recorded)]
-    sizes = typed.sizes or {s["name"]: s["length"] for s in data["sections"]}
-    lines.append("sizes:     " + ", ".join(f"{k} {human_size(int(v))}" for k, v in sizes.items()))
-    lines += _load_paths(data, typed)
-    if typed.timings:
-        lines.append("timings:   " + ", ".join(f"{k} {v:.2f} s" for k, v in typed.timings.items()))
-    for i, variant in enumerate(typed.variants):
-        guards = Guards.from_json(list(variant.guards))
-        which = f"variant {i} ({'training' if variant.training else 'inference'}) " * typed.bundle
-        lines.append(f"{which}guards ({len(guards)}), by stage:")
-        lines += [f"  {line}" for line in str(guards).splitlines()]
-    # Strings from the file, escaped and cut line by line.
-    return "\n".join(printable(line, limit=_LINE_LIMIT) for line in lines)
-
-
-def _load_paths(data: dict[str, Any], typed: Header) -> list[str]:
-    """Which load path each variant takes: lean, or PyTorch's full path and why."""
-    names = {s["name"] for s in data["sections"]}
-    lines = []
-    for i, variant in enumerate(typed.variants):
-        label = f"variant {i}:" if typed.bundle else "load path:"
-        if typed.lean_section(i) in names:
-            how = "lean (shipped kernels; no Dynamo, Inductor, AOTAutograd or Triton compiler)"
-        else:
-            why = variant.lean_refusal or "no lean section"
-            how = f"PyTorch's full path ({why})"
-        lines.append(f"{label:10s} {how}")
-    return lines
-
-
-def _cuda(cuda: Any) -> str:
-    if not cuda:
-        return ""
-    if isinstance(cuda, dict):
-        return f"CUDA {cuda.get('name', '')} capability {cuda.get('capability', '?')}".replace(
-            "  ", " "
-        )
-    return f"CUDA {cuda}"
 
 
 # -------------------------------------------------------------------- bench

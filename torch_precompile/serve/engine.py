@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from ..runtime.generator import Generator, _Sampler
+from ..runtime.generator import Generator
+from ..runtime.sampling import Sampler
 from .protocol import ApiError, Job
 
 log = logging.getLogger("torch_precompile")
@@ -44,7 +45,7 @@ class _Run:
     def __init__(self, job: Job, sink: Sink, device: torch.device) -> None:
         self.job, self.sink = job, sink
         sample = job.temperature > 0
-        self.sampler = _Sampler(
+        self.sampler = Sampler(
             sample, job.temperature or 1.0, job.top_k, job.top_p, job.seed, device
         )
         self.tokens: list[int] = []

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._errors import PrecompileError
 from ..file.header import Header
-from ..file.layout import looks_like_artifact
+from ..file.layout import looks_like_artifact, looks_like_torch_compiled_file
 from ..file.read import read_info, read_prefix
 from ..file.reader import open_artifact
 from .text import LINE_LIMIT, printable, printable_tree
@@ -33,11 +33,11 @@ def header(path: str, *, verify: bool = False) -> dict[str, Any]:
             with open_artifact(path) as reader:
                 info = reader.info
     except PrecompileError as exc:
-        prefix = read_prefix(path, 2)
-        if prefix[:1] == b"\x80" and not looks_like_artifact(prefix):
+        prefix = read_prefix(path, 16)
+        if looks_like_torch_compiled_file(prefix) and not looks_like_artifact(prefix):
             raise type(exc)(
-                f"{path} is not a torch_precompile artifact: it looks like a pickle (a file of "
-                "torch's save_compiled_function?); inspect never unpickles, load it with "
+                f"{path} is not a torch_precompile artifact: it looks like a pickle or a file of "
+                "torch's save_compiled_function; inspect never unpickles, load it with "
                 "Precompile.load(path, model=...)"
             ) from None
         raise

@@ -79,6 +79,17 @@ def looks_like_artifact(data_prefix: bytes) -> bool:
     return bytes(data_prefix[: len(MAGIC)]) == MAGIC
 
 
+# What torch's own save_compiled_function writes first: a pickle up to torch 2.14, its
+# ``PT2AOT`` magic (then a format version byte and the pickle) from 2.15.
+_TORCH_COMPILED_FILE_STARTS = (b"\x80", b"PT2AOT")
+
+
+def looks_like_torch_compiled_file(data_prefix: bytes) -> bool:
+    """Whether ``data_prefix`` (at least 6 bytes of a file) starts as a file of torch's
+    ``save_compiled_function`` does."""
+    return bytes(data_prefix[:6]).startswith(_TORCH_COMPILED_FILE_STARTS)
+
+
 def as_key(key: bytes | str | None, what: str) -> bytes | None:
     """A signing key as bytes (``str`` is encoded as UTF-8); None stays None."""
     if key is None:

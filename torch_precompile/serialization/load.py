@@ -29,7 +29,7 @@ from ..distributed.binding import build_standin, check_job, deserializing
 from ..distributed.placement import Layout
 from ..file import sections as names
 from ..file.header import Header
-from ..file.layout import looks_like_artifact
+from ..file.layout import looks_like_artifact, looks_like_torch_compiled_file
 from ..file.read import read_file, read_prefix
 from ..file.reader import ArtifactReader, open_artifact
 from ..file.sections import KERNEL_PREFIX, section_name
@@ -58,7 +58,11 @@ def load(
     """Load an artifact; ``model=`` binds it to a live module instead of the saved weights."""
     path = os.fspath(path)
     prefix = read_prefix(path, 16)  # a pipe or device is refused, never waited on
-    if not looks_like_artifact(prefix) and verify_key is None and prefix[:1] == b"\x80":
+    if (
+        not looks_like_artifact(prefix)
+        and verify_key is None
+        and looks_like_torch_compiled_file(prefix)
+    ):
         return _load_torch_file(path, model)
     start = time.perf_counter()
     with _trace.phase("header"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from conftest import run_script
 
@@ -34,17 +36,21 @@ def test_seed_spelling_works_end_to_end_in_a_fresh_process() -> None:
 
 
 def test_import_adds_little_to_import_torch() -> None:
+    """``import torch_precompile`` after ``import torch`` adds the package's own modules
+    and a few of the standard library's, nothing of the compiler or another library
+    (counted, not timed: a time bound fails on a busy machine)."""
     proc = run_script(
         """
-        import time
-        t0 = time.perf_counter(); import torch; t1 = time.perf_counter()
-        import torch_precompile; t2 = time.perf_counter()
         import sys
-        compilers = ("torch._inductor.compile_fx", "torch._functorch.aot_autograd")
-        heavy = [m for m in compilers if m in sys.modules]
-        print(f"{t2 - t1:.4f}", ",".join(heavy))
+        import torch
+        before = set(sys.modules)
+        import torch_precompile
+        added = sorted(set(sys.modules) - before)
+        print(" ".join(m for m in added if not m.startswith("torch_precompile")))
         """
     )
-    seconds, _, heavy = proc.stdout.strip().partition(" ")
-    assert heavy == "", f"import torch_precompile pulled in compiler modules: {heavy}"
-    assert float(seconds) < 0.5, seconds
+    others = proc.stdout.split()
+    outside = [m for m in others if m.split(".")[0] not in sys.stdlib_module_names]
+    assert outside == [], (
+        f"import torch_precompile imported more than the standard library: {outside}"
+    )

@@ -344,9 +344,12 @@ def test_cli_prints_text_with_only_tokenizers_beside_torch(
 
 
 def test_cli_text_escapes_control_characters_and_keeps_lines() -> None:
-    from torch_precompile.cli.text import terminal_text as _text
+    from torch_precompile.cli.text import terminal_text
 
-    assert _text("red \x1b[31mtext\u202e\nnext\tline") == "red \\x1b[31mtext\\u202e\nnext\tline"
+    assert (
+        terminal_text("red \x1b[31mtext\u202e\nnext\tline")
+        == "red \\x1b[31mtext\\u202e\nnext\tline"
+    )
 
 
 @pytest.fixture(scope="module")

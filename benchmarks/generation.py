@@ -300,11 +300,17 @@ def child_generator(a) -> dict:
     path = os.path.join(a.dir, "generator.pt")
     from torch_precompile._trace import recording
 
+    profiler = cProfile.Profile() if a.profile_load else None
     began = time.perf_counter()
     with recording() as trace:  # each phase, section read and checksum of the load
+        if profiler is not None:
+            profiler.enable()
         gen = Precompile.load(path)
         sync(a.device)
+        if profiler is not None:
+            profiler.disable()
     load_s = time.perf_counter() - began
+    extra = {"load_profile": _stats(profiler, "cumulative", 40)} if profiler else {}
     load_trace = {
         kind: [[e.name, e.nbytes, round(e.seconds, 4)] for e in trace.of(kind)][:12]
         for kind in ("phase", "read", "hash")
@@ -335,6 +341,13 @@ def child_generator(a) -> dict:
         heavy = ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
         imported = [m for m in heavy if m in sys.modules]  # the profiler imports Dynamo
         profile = decode_profile(run, a) if a.device == "cuda" else {}
+        if a.profile_decode:  # the host's side of decode: Python per token, by function
+            profiler = cProfile.Profile()
+            profiler.enable()
+            run(64)
+            sync(a.device)
+            profiler.disable()
+            extra["decode_host_profile_64_tokens"] = _stats(profiler, "tottime", 30)
     with open(os.path.join(a.dir, f"generator_tokens_b{a.batch}.json"), "w") as f:
         json.dump(out[:, a.prompt :].tolist(), f)
     return {
@@ -348,12 +361,19 @@ def child_generator(a) -> dict:
         "decode_tokens_per_s": a.batch / decode_s,
         "hbm_share": hbm_share(meta, 1 / decode_s),
         **profile,
+        **extra,
         "warmup_generate_s": warmup_s,
         "generate_s": dt,
         "tokens_per_s": a.new_tokens * a.batch / dt,
         "tokens": out[:, a.prompt :].tolist(),
         "imported": imported,
     }
+
+
+def _stats(profiler: cProfile.Profile, key: str, lines: int) -> str:
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(lines)
+    return text.getvalue()[-12000:]
 
 
 def hbm_share(meta: dict, steps_per_s: float) -> float | None:
@@ -583,6 +603,7 @@ def child_argv(a, role: str, model: str, workdir: str, mode: str, batch: int) ->
         + (["--ours-mode", a.ours_mode] if a.ours_mode else [])
         + (["--ours-options", a.ours_options] if a.ours_options else [])
         + (["--profile-load"] if a.profile_load else [])
+        + (["--profile-decode"] if a.profile_decode else [])
     )
 
 
@@ -668,9 +689,16 @@ def parent(a) -> None:
     models = [m for m in a.models.split(",") if m]
     workdirs = {m: tempfile.mkdtemp(prefix=f"gen-{m}-") for m in models}
     builds = {}
+    if a.workdir:  # builds kept there, and reused when already made (--modes '' builds only)
+        workdirs = {m: os.path.join(a.workdir, m) for m in models}
+        for m, d in workdirs.items():
+            os.makedirs(d, exist_ok=True)
+            if os.path.exists(os.path.join(d, "build.json")):
+                with open(os.path.join(d, "build.json")) as f:
+                    builds[m] = json.load(f)
     if a.parallel_builds:  # side by side, before any measurement
-        started = {m: start(a, "build", m, workdirs[m]) for m in models}
-        builds = {m: finish(a, started[m]) for m in models}
+        started = {m: start(a, "build", m, workdirs[m]) for m in models if m not in builds}
+        builds |= {m: finish(a, started[m]) for m in started}
     for model in models:
         workdir = workdirs[model]
         entry: dict = {}
@@ -678,6 +706,11 @@ def parent(a) -> None:
             print(f"[{model}] build ...", flush=True)
             builds[model] = spawn(a, "build", model, workdir)
         entry["build"] = builds[model]
+        if a.workdir and "error" not in builds[model]:
+            with open(os.path.join(workdir, "build.json"), "w") as f:
+                json.dump(builds[model], f)
+        if a.build_only:
+            continue
         print(
             f"[{model}] build: "
             + json.dumps({k: v for k, v in entry["build"].items() if k != "traceback"})[:500],
@@ -698,7 +731,7 @@ def parent(a) -> None:
                 for _ in range(a.repeats):
                     r = spawn(a, "measure", model, workdir, mode, batch)
                     runs.append(r)
-                    shown = {k: v for k, v in r.items() if k not in ("tokens", "load_profile")}
+                    shown = {k: v for k, v in r.items() if k != "tokens" and "profile" not in k}
                     print(f"[{model}] {key}: " + json.dumps(shown)[:600], flush=True)
                 entry[key] = summarize(runs)
                 write(a, results, modes, batches)  # what is measured survives a time limit
@@ -818,6 +851,15 @@ def main() -> None:
     )
     p.add_argument(
         "--profile-load", action="store_true", help="cProfile Precompile.load (into the JSON)"
+    )
+    p.add_argument(
+        "--profile-decode",
+        action="store_true",
+        help="generator: cProfile 64 decode tokens on the host (into the JSON)",
+    )
+    p.add_argument("--build-only", action="store_true", help="build, measure nothing")
+    p.add_argument(
+        "--workdir", default=None, help="keep each model's build in DIR/MODEL, reused if there"
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
     p.add_argument(

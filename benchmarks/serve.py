@@ -195,6 +195,7 @@ def main() -> None:
         "--mode", default=None, help="compile_generator's mode (CUDA graphs: reduce-overhead)"
     )
     parser.add_argument("--out", type=Path, default=None, help="write the results (JSON) here")
+    parser.add_argument("--build-only", action="store_true", help="build the file and stop")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     path = args.file or args.work / "model.pt"
@@ -202,6 +203,8 @@ def main() -> None:
         t = time.perf_counter()
         build(args, path)
         print(f"built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    if args.build_only:
+        return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -289,3 +289,57 @@ def test_reduce_overhead_with_a_static_cache_returned_loads_lean(tmp_path: Path)
     assert result["cache_diff"] < 1e-4, result
     for same, diff in result["results"]:
         assert same and diff < 1e-4, result
+
+
+_FRESH_GENERATOR = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["transformers"] = None
+    import torch
+    from torch_precompile import Precompile
+    gen = Precompile.load(sys.argv[1])
+    io = torch.load(sys.argv[2])
+    out = gen.generate(io["ids"].cuda(), max_new_tokens=io["new"], eos_token_id=None)
+    print(json.dumps({"tokens": out[:, io["ids"].shape[1]:].tolist()}))
+    """
+)
+
+
+@needs_cuda
+def test_a_kernel_tuned_two_ways_in_two_variants_launches_its_own_cubin(tmp_path: Path) -> None:
+    """Coordinate descent tuning picks a configuration per graph, so one kernel source
+    in two variants of a generator (prefill, decode) can win with two (warps, block).
+    Each variant must launch its own binary: a file holding one cubin per source
+    launched one variant's with the other's warps, and its first decode step failed
+    ("CUDA driver error: invalid argument", H100, 2026-11-27). Tokens equal eager's
+    (fp32, greedy) after a fresh load without transformers."""
+    transformers = pytest.importorskip("transformers")
+    from torch_precompile.generation import compile_generator
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(  # Qwen2.5-0.5B's widths, one layer: the shape it failed on
+        num_hidden_layers=1,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+    )
+    config.eos_token_id = None
+    model = transformers.Qwen2ForCausalLM(config).cuda().eval()
+    gen = compile_generator(
+        model, max_batch=1, max_length=128, options={"coordinate_descent_tuning": True}
+    )
+    path = tmp_path / "cdt.pt"
+    Precompile.save(path, gen)
+    ids = torch.randint(0, 151936, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager = model.generate(
+            ids.cuda(), attention_mask=torch.ones_like(ids).cuda(), max_new_tokens=16,
+            do_sample=False,
+        )  # fmt: skip
+    torch.save({"ids": ids, "new": 16}, tmp_path / "io.pt")
+    result = script_json(_FRESH_GENERATOR, path, tmp_path / "io.pt")
+    assert result["tokens"] == eager[:, 40:].tolist(), result

@@ -373,13 +373,22 @@ def _overlapping(tensors: list[Any]) -> bool:
     """
     spans = []
     for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+        if not isinstance(t, torch.Tensor):
             continue
-        extent = sum((n - 1) * abs(s) for n, s in zip(t.size(), t.stride())) + 1
+        numel = t.numel()
+        if numel == 0:
+            continue
+        # A contiguous tensor spans its numel (size-1 dimensions add nothing).
+        extent = (
+            numel
+            if t.is_contiguous()
+            else sum((n - 1) * abs(s) for n, s in zip(t.size(), t.stride())) + 1
+        )
         start = t.data_ptr()
-        spans.append((t.device, start, start + extent * t.element_size()))
-    spans.sort(key=lambda span: (str(span[0]), span[1]))
-    return any(a[0] == b[0] and b[1] < a[2] for a, b in itertools.pairwise(spans))
+        device = t.device
+        spans.append((device.type, device.index or 0, start, start + extent * t.element_size()))
+    spans.sort()
+    return any(a[:2] == b[:2] and b[2] < a[3] for a, b in itertools.pairwise(spans))
 
 
 def _tensor_ok(t: Any, check: _TensorCheck, inc: Any, exc: Any) -> bool:

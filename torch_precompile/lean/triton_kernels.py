@@ -61,21 +61,24 @@ class StaticKernel:
         return self._launcher(*args, stream=stream)
 
 
-def _runner(function: Any, num_warps: int, shared: int, arg_tys: str, scratch: int) -> Any:
+def _runner(
+    name: str, function: Any, num_warps: int, shared: int, arg_tys: str, scratch: int
+) -> Any:
     launch = torch._C._StaticCudaLauncher._launch_kernel  # type: ignore[attr-defined]
-    if scratch:
-        # Newer Triton passes unused scratch pointers: Inductor passes None for each.
-        tys, extra = arg_tys + "O" * scratch, (None,) * scratch
+    # Newer Triton passes unused scratch pointers: Inductor passes None for each.
+    tys, extra = arg_tys + "O" * scratch, (None,) * scratch
 
-        def runner(gx: int, gy: int, gz: int, stream: int, *args: Any) -> None:
+    def runner(gx: int, gy: int, gz: int, stream: int, *args: Any) -> None:
+        try:
             launch(function, gx, gy, gz, num_warps, shared, tys, (*args, *extra), stream)
+        except RuntimeError as exc:  # the driver's message names no kernel: say which
+            raise RuntimeError(
+                f"launching Triton kernel {name} (grid {gx}x{gy}x{gz}, {num_warps} warps, "
+                f"{shared} bytes of shared memory, argument types {tys!r}, {len(args)} "
+                f"arguments) failed: {exc}"
+            ) from exc
 
-        return runner
-
-    def plain_runner(gx: int, gy: int, gz: int, stream: int, *args: Any) -> None:
-        launch(function, gx, gy, gz, num_warps, shared, arg_tys, args, stream)
-
-    return plain_runner
+    return runner
 
 
 class KernelAndTritonLoader(KernelLoader):
@@ -95,7 +98,9 @@ class KernelAndTritonLoader(KernelLoader):
     def triton(self, kernel_name: str, source_code: str, device_str: str = "cuda") -> StaticKernel:
         key = triton_key(device_str, source_code)
         spec = self._triton_specs.get(key)
-        if spec is None or key not in self._kernels:
+        # The cubin's own name (files before it: the source's, one binary per source).
+        cubin = spec.get("cubin", key) if spec is not None else key
+        if spec is None or cubin not in self._kernels:
             raise KeyError(f"Triton kernel {kernel_name} is not among the artifact's kernels")
         if spec.get("version", TRITON_SPEC_VERSION) != TRITON_SPEC_VERSION:
             raise ValueError("the Triton kernel spec was written by another version")
@@ -104,14 +109,19 @@ class KernelAndTritonLoader(KernelLoader):
             # The driver loads modules into the device's primary context: make it exist.
             torch.zeros(1, device=f"cuda:{device}")
             self._devices.add(device)
-        path = kernel_file(self._directory, key, self._kernels, suffix=".cubin")
+        path = kernel_file(self._directory, cubin, self._kernels, suffix=".cubin")
         loaded = torch._C._StaticCudaLauncher._load_kernel(  # type: ignore[attr-defined]
             path, spec["name"], spec["shared"], device
         )
         # torch 2.11 returns (function, n_regs, n_spills); later ones put the module first.
         function = loaded[0] if len(loaded) == 3 else loaded[1]
         runner = _runner(
-            function, spec["num_warps"], spec["shared"], spec["arg_tys"], spec["scratch"]
+            spec["name"],
+            function,
+            spec["num_warps"],
+            spec["shared"],
+            spec["arg_tys"],
+            spec["scratch"],
         )
         code = marshal.loads(spec["launcher"])
         launcher = types.FunctionType(

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .._compat.local_collectives import UnknownCollectiveError, local_collectives
+from ..lean.kernels import kernel_key
 from ..lean.triton_kernels import BUILTIN_NAMES, triton_key
 
 
@@ -114,11 +115,16 @@ def _add_specs(
         if kernel is None or names - BUILTIN_NAMES or code.co_freevars:
             return f"Triton kernel {name}: its launcher reads {sorted(names - BUILTIN_NAMES)}"
         device = int(getattr(tuner.triton_meta.get("device"), "index", 0) or 0)
+        # One source tuned in two graphs (two variants' sizes) can win with two
+        # configurations, so two binaries: each is named by its compile's hash too,
+        # and a spec names its own (a spec's warps launching another's cubin fail).
+        cubin = kernel_key(["triton", device_str, str(kernel.hash)], source)
         try:
-            binaries[key] = _cubin(kernel, device)
+            binaries[cubin] = _cubin(kernel, device)
         except OSError as exc:
             return f"Triton kernel {name}: its cubin is not found ({exc})"
         specs[key] = {
+            "cubin": cubin,
             "name": kernel.name,
             "launcher": marshal.dumps(code),
             "defaults": launcher.__defaults__,

@@ -125,6 +125,7 @@ class Generator:
         self.tokenizer_json = tokenizer_json
         self.lock = threading.Lock()
         self._cache: list[torch.Tensor] | None = None
+        self._runtime = getattr(step, "runtime", None)
 
     def __repr__(self) -> str:
         s = self.spec
@@ -136,6 +137,16 @@ class Generator:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The raw step (see the class docstring)."""
         return self.step(*args, **kwargs)
+
+    def run_step(self, *args: Any) -> Any:
+        """The step on inputs made by this package (the decode loop's, the server's).
+
+        Their strides are already contiguous ones, so the artifact's own call, which
+        makes them so (a Python pass over every cache tensor, each token), is skipped.
+        """
+        if self._runtime is None:
+            return self.step(*args)
+        return self._runtime(args, {})
 
     def cache(self) -> list[torch.Tensor]:
         """The key/value tensors, ``max_batch`` rows each, allocated on first use."""
@@ -262,7 +273,7 @@ class Generator:
         step_ids, step_pos = ids, positions
         steps = max_new_tokens
         for i in range(max_new_tokens):
-            logits = self.step(step_ids, full, step_pos, start, *cache)[:, -1, :].float()
+            logits = self.run_step(step_ids, full, step_pos, start, *cache)[:, -1, :].float()
             if keep[1]:
                 kept_logits.append(logits.clone())
             scores = logits

@@ -40,7 +40,9 @@ def serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    began = time.perf_counter()
     generator = load(args.path)
+    loaded = time.perf_counter()
     if not isinstance(generator, Generator):
         raise ValueError(
             f"{args.path} is not a generator: build one with "
@@ -49,9 +51,12 @@ def serve(args: argparse.Namespace) -> int:
     tokenizer = generator.tokenizer() if generator.tokenizer_json is not None else None
     engine = Engine(generator, max_queue=args.max_queue, tokenizer=tokenizer)
     engine.start()
+    warm = time.perf_counter()
     name = args.model_name or Path(args.path).stem
     app = _app(engine, name, tokenizer)
     import uvicorn
+
+    stack = time.perf_counter()
 
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2
@@ -59,7 +64,8 @@ def serve(args: argparse.Namespace) -> int:
     logging.getLogger("torch_precompile").info("serve: ready")
     print(
         f"serving {name} ({generator!r}) at http://{args.host}:{args.port}/v1, "
-        f"ready {time.perf_counter() - _T0:.2f} s after import",
+        f"ready {time.perf_counter() - _T0:.2f} s after import (load {loaded - began:.2f} s, "
+        f"warm-up {warm - loaded:.2f} s, HTTP stack {stack - warm:.2f} s)",
         file=sys.stderr,
         flush=True,
     )

@@ -64,7 +64,7 @@ class Engine:
                 "model whose attention cannot take a per-row mask: ALiBi families such as Bloom "
                 "and Falcon): build it again with compile_generator, or use Generator.generate"
             )
-        self.step, self.spec, self.tokenizer = generator.step, spec, tokenizer
+        self.step, self.spec, self.tokenizer = generator.run_step, spec, tokenizer
         self.max_queue = max_queue
         self.device = torch.device(spec.device)
         slots, length = spec.max_batch, spec.max_length

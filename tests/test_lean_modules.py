@@ -12,9 +12,11 @@ take the lean path says why, in one INFO line at load.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,6 +24,7 @@ from conftest import no_compiler_env, run_script
 
 from tests.fixtures.models import build_closure, build_dropout_mlp_train, build_tiny_mlp
 from torch_precompile import Precompile
+from torch_precompile.lean import pycode
 
 HEAVY = (
     "torch._dynamo",
@@ -145,3 +148,62 @@ def test_refused_artifact_says_why_in_one_info_line(files: dict[str, Path], tmp_
     lines = [ln for ln in proc.stdout.splitlines() if "full path" in ln]
     assert len(lines) == 1 and lines[0].startswith("INFO"), proc.stdout
     assert "random ops" in lines[0]
+
+
+NO_COMPILE = r"""
+import builtins, json, sys
+compiled = []
+_compile = builtins.compile
+def counting(source, filename, *args, **kwargs):
+    compiled.append(str(filename))
+    return _compile(source, filename, *args, **kwargs)
+builtins.compile = counting
+import torch
+from tests.fixtures import models
+from torch_precompile import Precompile
+
+def close(a, b):
+    assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
+eager = models.build_tiny_mlp()[0]
+art = Precompile.load(sys.argv[1])  # two variants
+with torch.no_grad():
+    for n in (4, 9):
+        x = torch.randn(n, 64)
+        close(art(x), eager(x))
+art = Precompile.load(sys.argv[2])  # a forward and a backward wrapper
+x = torch.randn(8, 64, requires_grad=True)
+art(x).pow(2).sum().backward()
+ex = x.detach().clone().requires_grad_()
+eager.train()(ex).pow(2).sum().backward()
+close(x.grad, ex.grad)
+skip = "<torch_precompile binder>"  # a few lines, made at load
+print(json.dumps([f for f in compiled if f.startswith("<torch_precompile") and f != skip]))
+"""
+
+
+def test_a_load_compiles_no_guard_function_or_wrapper(files: dict[str, Path]) -> None:
+    """The guard function and Inductor's wrappers were compiled at save; a load on the
+    same Python unmarshals them (compiling them took most of a generator's load) and
+    the results are eager's."""
+    proc = run_script(NO_COMPILE, files["bundle"], files["training"])
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+_SOURCE = "def f(x):\n    return x + 1\n"
+
+
+def test_code_of_another_python_or_source_is_compiled_from_the_source() -> None:
+    saved = pycode.compiled(_SOURCE, "<saved>")
+    for stale, source in [
+        (dict(saved, magic="00000000"), _SOURCE),  # another interpreter's bytecode
+        (saved, _SOURCE.replace("+ 1", "+ 2")),  # a source the saved code is not of
+        ({"magic": pycode.MAGIC, "sha256": saved["sha256"], "code": b"\x00"}, _SOURCE),
+    ]:
+        namespace: dict[str, Any] = {}
+        exec(pycode.code_for(source, "<here>", stale), namespace)
+        assert namespace["f"](1) == (3 if "+ 2" in source else 2)
+    code = pycode.code_for(_SOURCE, "<here>", saved)  # the saved code, named where it runs
+    namespace = {}
+    exec(code, namespace)
+    assert namespace["f"](1) == 2
+    assert code.co_filename == namespace["f"].__code__.co_filename == "<here>"

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .guard_types import LEAN_TYPES, MethodRead, named_class, shape_expr_ok
+from .pycode import code_for
 from .subclasses import DTensorSpecCheck, MeshCheck
 
 # (python type, dtype, requires_grad, size, stride, dispatch keys, device): a size
@@ -18,6 +19,9 @@ from .subclasses import DTensorSpecCheck, MeshCheck
 _TensorCheck = tuple[
     type, torch.dtype, bool, tuple[int | None, ...], tuple[int | None, ...], int, int | None
 ]
+
+
+GUARDS_FILENAME = "<torch_precompile lean guards>"
 
 
 def _same_dims(actual: Any, expected: tuple[int | None, ...]) -> bool:
@@ -34,7 +38,8 @@ class LeanGuards:
     the way Dynamo's guard manager does.
     """
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], code: Any = None) -> None:
+        """``code``: the check compiled at save (:mod:`.pycode`), used where it fits."""
         self.spec = spec  # what a re-save writes again
         self._alias_groups: list[list[str]] = []  # distinct, non-overlapping tensors
         self._same_groups: list[list[str]] = []  # one object (OBJECT_ALIASING)
@@ -68,7 +73,7 @@ class LeanGuards:
 
         namespace["utils_device"] = _device
         self.namespace = dict(namespace)  # what ``source`` reads besides its arguments
-        exec(compile(source, "<torch_precompile lean guards>", "exec"), namespace)
+        exec(code_for(source, GUARDS_FILENAME, code), namespace)
         self._fn = namespace["lean_check"]
         self.source = source
         # Dynamo compares a tensor's dispatch keys under the thread-local state of

@@ -143,6 +143,7 @@ def _graph_call(
         spec.get("triton"),
         spec.get("mutated_inputs", ()),
         meshes,
+        _pycode(spec, "wrapper"),
     )
     backward = spec.get("backward")
     if backward is not None:
@@ -158,6 +159,7 @@ def _graph_call(
             spec.get("triton"),
             (),
             meshes,
+            _pycode(spec, "backward"),
         )
         forward = graph_call.call_list
         wrap_gradients: Callable[[Any], tuple[Any, ...]] = tuple
@@ -189,7 +191,7 @@ def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> LeanGua
     saved = spec.get("lean_guards", spec.get("light_guards"))  # format 2: "light_guards"
     if saved is not None:
         try:
-            light = LeanGuards(saved)
+            light = LeanGuards(saved, _pycode(spec, "guards"))
         except Exception as exc:
             log.debug("lean guards unavailable: %s", exc)
     guard_manager = LeanGuardManager(
@@ -207,6 +209,12 @@ def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> LeanGua
     if light is None:
         guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
     return guard_manager
+
+
+def _pycode(spec: dict[str, Any], name: str) -> Any:
+    """The code of ``name`` (``guards``, ``wrapper``, ``backward``) compiled at save;
+    None in a file before it."""
+    return (spec.get("pycode") or {}).get(name)
 
 
 def _subclass_spec(spec: dict[str, Any]) -> lean_subclasses.SubclassSpec | None:

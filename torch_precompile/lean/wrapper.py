@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .kernels import KernelLoader, kernel_dir
+from .pycode import code_for
 from .triton_kernels import KernelAndTritonLoader
 
 ALIGNMENT = 16  # bytes; what Inductor assumes of inputs listed in ``inputs_to_check``
@@ -201,10 +202,12 @@ def build_graph_call(
     triton_specs: dict[str, dict[str, Any]] | None = None,
     mutated_inputs: Sequence[int] = (),
     constants: Mapping[str, Any] | None = None,
+    code: Any = None,
 ) -> GraphCall:
     """Execute Inductor's wrapper with the shipped kernels (``{key: bytes}``: C++ shared
     objects, Triton cubins described by ``triton_specs``); returns its ``call``.
-    ``constants``: the module attributes Inductor's loader would set (a DeviceMesh)."""
+    ``constants``: the module attributes Inductor's loader would set (a DeviceMesh);
+    ``code``: the wrapper compiled at save (:mod:`.pycode`), used where it fits."""
     directory = kernel_dir(kernels)
     loader: KernelLoader
     if triton_specs:
@@ -215,8 +218,8 @@ def build_graph_call(
     module.__file__ = filename
     namespace = module.__dict__
     namespace.update(_namespace(loader, extern_names))
-    code = compile(strip_wrapper_imports(wrapper_source), filename, "exec")
-    exec(code, namespace)  # generated code shipped in the (trusted) artifact
+    compiled = code_for(strip_wrapper_imports(wrapper_source), filename, code)
+    exec(compiled, namespace)  # generated code shipped in the (trusted) artifact
     namespace.update(constants or {})  # the wrapper declares them as None
     graph_call = GraphCall(namespace["call"], inputs_to_check, mutated_inputs)
     graph_call.apply_to_partitions = namespace.get("recursively_apply_fns")

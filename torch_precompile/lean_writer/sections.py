@@ -47,9 +47,12 @@ from ..lean import (
     LeanCompiledFunction,
     SubclassSpec,
     kernel_key,
+    pycode,
 )
 from ..lean.bytecode_globals import global_homes
+from ..lean.guards import GUARDS_FILENAME, LeanGuards
 from ..lean.pickling import dumps_lean
+from ..lean.wrapper import strip_wrapper_imports
 from .guard_spec import lean_guards_of
 from .specs import (
     autograd_refusal,
@@ -288,7 +291,25 @@ def lean_sections(
             "inputs_to_check": [int(i) for i in (graphs[1].inputs_to_check or ())],
             "autograd": dataclasses.asdict(autograd),
         }
+    spec["pycode"] = _compiled_python(spec)
     return (pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), binaries), None
+
+
+def _compiled_python(spec: dict[str, Any]) -> dict[str, Any]:
+    """What the load would compile (the wrappers, the guard function), compiled here
+    (:mod:`..lean.pycode`): a load on the same Python unmarshals it instead."""
+    out = {"wrapper": pycode.compiled(strip_wrapper_imports(spec["wrapper"]), "<wrapper>")}
+    if "backward" in spec:
+        backward = strip_wrapper_imports(spec["backward"]["wrapper"])
+        out["backward"] = pycode.compiled(backward, "<wrapper>")
+    if spec["lean_guards"] is not None:
+        try:
+            source = LeanGuards(spec["lean_guards"]).source
+        except Exception as exc:  # the load will say so too, and use Dynamo's guards
+            log.debug("no compiled lean guards: %s", exc)
+        else:
+            out["guards"] = pycode.compiled(source, GUARDS_FILENAME)
+    return out
 
 
 def cpp_kernels(fns: Sequence[tuple[Any, Kernels]]) -> dict[str, bytes]:

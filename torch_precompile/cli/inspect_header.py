@@ -63,13 +63,14 @@ def _generator_record(path: str, info: Any) -> dict[str, Any]:
     """``{"generator": ...}``, the spec a generator file records (JSON, checked against its
     SHA-256 as every section read here) and whether its tokenizer is inside; ``{}`` for
     a file of another kind."""
-    from ..runtime.generator import SPEC_SECTION, TOKENIZER_SECTION, GeneratorSpec
+    from ..file.sections import GENERATOR, GENERATOR_TOKENIZER
+    from ..runtime.generator import GeneratorSpec
 
     names = {s["name"] for s in info.sections}
-    if SPEC_SECTION not in names:
+    if GENERATOR not in names:
         return {}
     with open_artifact(path) as reader:
-        raw = reader.read(SPEC_SECTION)
+        raw = reader.read(GENERATOR)
     try:
         data = json.loads(raw)
     except ValueError:
@@ -83,7 +84,7 @@ def _generator_record(path: str, info: Any) -> dict[str, Any]:
         "dtype": spec.dtype,
         "device": spec.device,
         "model_type": spec.model_type,
-        "tokenizer": TOKENIZER_SECTION in names,
+        "tokenizer": GENERATOR_TOKENIZER in names,
     }
     return {"generator": record}
 

@@ -209,7 +209,10 @@ class ArtifactReader:
 
 
 def open_artifact(
-    path: str | os.PathLike[str], *, verify_key: bytes | str | None = None
+    path: str | os.PathLike[str],
+    *,
+    verify_key: bytes | str | None = None,
+    opened: io.FileIO | None = None,
 ) -> ArtifactReader:
     """Open the artifact at ``path`` and check its header; read sections later.
 
@@ -217,12 +220,13 @@ def open_artifact(
     header's SHA-256 (and, with ``verify_key``, the HMAC that covers it) is
     checked, and the header pins each section's SHA-256, checked as it is read.
     A file of another version is checked whole first, as :func:`read_info` does.
-    The same errors as :func:`read_artifact`, in the same cases.
+    The same errors as :func:`read_artifact`, in the same cases. ``opened``: the
+    file, already opened by :func:`open_regular` (the reader owns it from here).
     """
     key = as_key(verify_key, "verify_key")
     name = os.fspath(path)
     began = time.perf_counter()
-    f = open_regular(name)
+    f = opened if opened is not None else open_regular(name)
     try:
         size = os.fstat(f.fileno()).st_size
         fixed = _read_fixed(f, name, size, key)

@@ -1,9 +1,5 @@
 """Every section name ``Precompile.save`` writes, in one place (``docs/FORMAT.md``
-says what each holds). No torch import: the command line reads them too.
-
-The generator's records (``generator``, ``generator-tokenizer``) are named by
-``runtime/generator.py`` for now.
-"""
+says what each holds). No torch import: the command line reads them too."""
 
 from __future__ import annotations
 
@@ -14,6 +10,8 @@ SKELETON = "skeleton"  # a module's tree, attributes and tensor names (JSON)
 WEIGHTS = "weights"  # a module's tensors (also the one section of a rank's shard file)
 SELF = "self"  # another object the compiled code reads as ``self`` (pickled)
 DISTRIBUTED_HOOKS = "distributed_hooks"  # the parallelisation hooks of a distributed model
+GENERATOR = "generator"  # a generator file's record: limits, cache layout, token ids (JSON)
+GENERATOR_TOKENIZER = "generator-tokenizer"  # its tokenizer (tokenizers' JSON), if built with one
 KERNELS_V1 = "kernels"  # format version 1: every kernel in one nested container
 
 

@@ -24,11 +24,8 @@ from typing import Any
 import torch
 
 from .._errors import ArtifactCorruptedError, GenerationLimitError
+from ..file.sections import GENERATOR, GENERATOR_TOKENIZER
 from .sampling import Sampler
-
-# The file sections a generator adds to its step's artifact.
-SPEC_SECTION = "generator"
-TOKENIZER_SECTION = "generator-tokenizer"
 
 # Without a streamer, whether every row has finished is read back from the
 # device every this many tokens only (the extra tokens are cut off).
@@ -79,7 +76,7 @@ class GeneratorSpec:
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ArtifactCorruptedError(
-                f"{where}: the '{SPEC_SECTION}' section is not a generator record ({exc}); "
+                f"{where}: the '{GENERATOR}' section is not a generator record ({exc}); "
                 "build the generator again with compile_generator and Precompile.save"
             ) from None
 
@@ -390,7 +387,7 @@ def from_sections(step: Any, spec_json: bytes, tokenizer: bytes | None, where: s
         data = json.loads(spec_json)
     except ValueError as exc:
         raise ArtifactCorruptedError(
-            f"{where}: the '{SPEC_SECTION}' section is not JSON ({exc}); build the generator "
+            f"{where}: the '{GENERATOR}' section is not JSON ({exc}); build the generator "
             "again with compile_generator and Precompile.save"
         ) from None
     return Generator(step, GeneratorSpec.from_json(data, where), tokenizer)
@@ -398,16 +395,16 @@ def from_sections(step: Any, spec_json: bytes, tokenizer: bytes | None, where: s
 
 def sections_of(generator: Generator) -> dict[str, bytes]:
     """The sections a generator adds to its step's file."""
-    sections = {SPEC_SECTION: json.dumps(generator.spec.to_json()).encode()}
+    sections = {GENERATOR: json.dumps(generator.spec.to_json()).encode()}
     if generator.tokenizer_json is not None:
-        sections[TOKENIZER_SECTION] = generator.tokenizer_json
+        sections[GENERATOR_TOKENIZER] = generator.tokenizer_json
     return sections
 
 
 def records(sections: Any, path: str) -> tuple[bytes, bytes | None] | None:
     """A file's generator record and tokenizer (``None`` in a file of another kind)."""
-    if SPEC_SECTION not in sections:
+    if GENERATOR not in sections:
         return None
-    if TOKENIZER_SECTION not in sections:
-        return bytes(sections[SPEC_SECTION]), None
-    return bytes(sections[SPEC_SECTION]), bytes(sections[TOKENIZER_SECTION])
+    if GENERATOR_TOKENIZER not in sections:
+        return bytes(sections[GENERATOR]), None
+    return bytes(sections[GENERATOR]), bytes(sections[GENERATOR_TOKENIZER])

@@ -29,8 +29,7 @@ from ..distributed.binding import build_standin, check_job, deserializing
 from ..distributed.placement import Layout
 from ..file import sections as names
 from ..file.header import Header
-from ..file.layout import looks_like_artifact, looks_like_torch_compiled_file
-from ..file.read import read_file, read_prefix
+from ..file.layout import looks_like_artifact, looks_like_torch_compiled_file, open_regular
 from ..file.reader import ArtifactReader, open_artifact
 from ..file.sections import KERNEL_PREFIX, section_name
 from ..guards import Guards, Source, TensorGuard, hooks_entry, unmet_by
@@ -57,16 +56,22 @@ def load(
 ) -> PrecompiledArtifact:
     """Load an artifact; ``model=`` binds it to a live module instead of the saved weights."""
     path = os.fspath(path)
-    prefix = read_prefix(path, 16)  # a pipe or device is refused, never waited on
-    if (
-        not looks_like_artifact(prefix)
-        and verify_key is None
-        and looks_like_torch_compiled_file(prefix)
-    ):
-        return _load_torch_file(path, model)
+    f = open_regular(path)  # a pipe or device is refused, never waited on; opened once
     start = time.perf_counter()
-    with _trace.phase("header"):
-        reader = open_artifact(path, verify_key=verify_key)
+    try:
+        prefix = os.pread(f.fileno(), 16, 0)
+        if (
+            not looks_like_artifact(prefix)
+            and verify_key is None
+            and looks_like_torch_compiled_file(prefix)
+        ):
+            with f:
+                return _load_torch_file(path, f.read(), model)
+        with _trace.phase("header"):
+            reader = open_artifact(path, verify_key=verify_key, opened=f)
+    except BaseException:
+        f.close()
+        raise
     try:
         with _trace.phase("header"):
             header = Header.decode(reader.info.format_version, reader.info.meta, path)
@@ -407,9 +412,8 @@ def _missing_attribute(guards: list[Guards], model: torch.nn.Module) -> str | No
     return per_variant[0] if per_variant else None
 
 
-def _load_torch_file(path: str, model: Any) -> PrecompiledArtifact:
+def _load_torch_file(path: str, data: bytes, model: Any) -> PrecompiledArtifact:
     """Files written by torch's own ``save_compiled_function`` (the ugly.py flow)."""
-    data = read_file(path)
     try:
         compiled_function = _compat.deserialize_compiled_function(data)
     except Exception as exc:

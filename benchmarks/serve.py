@@ -4,7 +4,8 @@
    given shape (random init, fixed seed), ``compile_generator`` with
    ``--max-batch`` slots, saved (``--file`` reuses a built file);
 2. ``floor``: a fresh ``python -c "import torch"`` (on CUDA also the context
-   and one kernel), what every server pays;
+   and one kernel), what every server pays: from the spawn to the end of that
+   work, read by the child (its exit is not counted);
 3. ``start``: the server spawned (transformers not importable in it), the wall
    time from ``Popen`` to the first ``GET /health`` answered 200 (polled
    every 10 ms);
@@ -88,12 +89,15 @@ def build(args: argparse.Namespace, path: Path) -> None:
 
 
 def floor(device: str) -> float:
-    code = "import torch"
+    """Spawn to the end of ``import torch`` (and the CUDA context, one kernel), read by
+    the child: its exit, which a server never waits for, is not counted."""
+    code = "import time, torch"
     if device == "cuda":
         code += "; torch.ones(1, device='cuda').add_(1); torch.cuda.synchronize()"
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True)
-    return time.perf_counter() - t
+    code += "; print(time.time())"
+    t = time.time()
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return float(out.stdout.split()[-1]) - t
 
 
 def start(path: Path, port: int, log: Path) -> tuple[subprocess.Popen[bytes], float]:

@@ -43,7 +43,7 @@ COMPILER = ("torch._dynamo", "torch._inductor", "torch._functorch", "sympy")
 COMPILER_ALLOWED = ("torch._inductor.runtime",)
 DYNAMO_FALLBACK = {
     "dynamo_fallback.py": {"hook_guards_enabled", "load_dynamo_guard_manager"},
-    "load.py": {"__call__"},
+    "compiled_function.py": {"__call__"},
 }
 
 

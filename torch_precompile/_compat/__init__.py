@@ -16,7 +16,7 @@ One module per concern, in pipeline order:
 - ``guard_vocab``: Dynamo's guard kinds sorted into the package's categories;
 - ``functions``: PyTorch's ``AOTCompiledFunction`` (assembly, serialization,
   the accessors the runtime reads);
-- ``kernels``: a C++ kernel's shared object from Inductor's code cache, and the
+- ``codecache``: a C++ kernel's shared object from Inductor's code cache, and the
   shipped kernels loaded on PyTorch's full path (Inductor's code cache patched
   to load them instead of compiling);
 - ``local_collectives``: collectives answered on one rank (a graph run on the
@@ -43,6 +43,10 @@ from .capture import (
     shape_env_symbol_sources,
     shape_env_var_ranges,
     wants_size_oblivious,
+)
+from .codecache import (
+    shipped_cpp_kernels,
+    shipped_kernels_enabled,
 )
 from .functions import (
     begin_cudagraph_step,
@@ -79,10 +83,6 @@ from .joint import (
     joint_graph_module,
     joint_needs_autograd,
     joint_placeholder_count,
-)
-from .kernels import (
-    shipped_cpp_kernels,
-    shipped_kernels_enabled,
 )
 
 __all__ = [

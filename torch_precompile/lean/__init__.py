@@ -9,7 +9,7 @@ for DTensor inputs), CUDA graph recording for ``mode="reduce-overhead"``
 (``cudagraphs``), Dynamo's guard tree as a plain-Python check (``guards``,
 ``guard_types``), the saved bytecode's globals and code objects
 (``bytecode_globals``, ``pickling``), and the loader that assembles them
-(``load``).
+(``compiled_function``).
 
 The rule of this folder, kept by ``tests/test_layout.py``: it imports nothing
 of the package above ``standin/`` (no stage, no save-time adapter of
@@ -17,7 +17,7 @@ of the package above ``standin/`` (no stage, no save-time adapter of
 subpackage aside, which generated code imports too), not AOTAutograd, not
 sympy. The one exception is Dynamo's own guard manager, rebuilt from its
 saved state when the lean guards refuse a call (``dynamo_fallback.load_dynamo_guard_manager``,
-``dynamo_fallback.hook_guards_enabled``, ``load.LeanCompiledFunction.__call__``): it
+``dynamo_fallback.hook_guards_enabled``, ``compiled_function.LeanCompiledFunction.__call__``): it
 imports ``torch._dynamo``, never a compiler.
 
 Each runtime module defines its spec, a dataclass stored with
@@ -32,10 +32,14 @@ names below, never the modules inside.
 """
 
 from .autograd import AUTOGRAD_SPEC_VERSION, AutogradSpec
+from .compiled_function import (
+    LEAN_SECTION_VERSION,
+    LeanCompiledFunction,
+    load_lean_compiled_function,
+)
 from .dynamo_fallback import hook_guards_enabled
 from .guard_types import LEAN_TYPES, frame_local, named_class, shape_expr_ok
 from .kernels import KernelLoader, kernel_dir, kernel_key
-from .load import LEAN_SECTION_VERSION, LeanCompiledFunction, load_lean_compiled_function
 from .runtime import RUNTIME_SPEC_VERSION, InferenceSpec
 from .subclasses import (
     SUBCLASS_SPEC_VERSION,

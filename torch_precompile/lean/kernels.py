@@ -3,7 +3,7 @@
 An artifact ships each kernel's shared object as one file section; here the
 kernels are a mapping ``{key: bytes}`` (:func:`kernel_key` names a kernel by its
 argument types and source), whatever the file layout. PyTorch's full path loads
-them through ``_compat/kernels.py`` (:func:`shipped_cpp_kernels`), with the
+them through ``_compat/codecache.py`` (:func:`shipped_cpp_kernels`), with the
 :class:`KernelLoader` defined here."""
 
 from __future__ import annotations

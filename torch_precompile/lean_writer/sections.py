@@ -15,7 +15,7 @@ An artifact carries two extra sections:
   Dynamo's transformed bytecode (which reads the graph inputs off ``self`` and
   rebuilds the outputs), its globals, the signature and the guard state.
 
-How loading runs them is :mod:`.lean.load`'s docstring. A variant that none of the
+How loading runs them is :mod:`.lean.compiled_function`'s docstring. A variant that none of the
 lean runtime's cases covers gets no ``lean`` section (the reason is recorded)
 and loads through PyTorch's full path.
 """
@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from .._compat.joint import compiled_function_uses_cudagraphs
-from .._compat.kernels import (
+from .._compat.codecache import (
     built_kernel_binary,
     compiled_graph_sources,
     kernel_file_without_compiling,
 )
+from .._compat.joint import compiled_function_uses_cudagraphs
 from ..lean import (
     AUTOGRAD_SPEC_VERSION,
     LEAN_SECTION_VERSION,

@@ -37,7 +37,7 @@ from test_generator import SMALL, _tokenizer  # noqa: E402
 
 from torch_precompile import Precompile  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
-from torch_precompile.generation.generator import _cache_layout, _Step  # noqa: E402
+from torch_precompile.generation.compile import _cache_layout, _Step  # noqa: E402
 from torch_precompile.generation.slots import slots_work  # noqa: E402
 from torch_precompile.runtime.generator import Generator, GeneratorSpec  # noqa: E402
 

@@ -17,7 +17,6 @@ except ImportError as exc:  # a clear word on what to install, not a bare traceb
         "`pip install torch==2.13.0`, then `pip install -e .` (README, Set up)"
     ) from exc
 
-from . import _old_paths
 from ._api import Precompile
 from ._errors import (
     ArtifactCorruptedError,
@@ -70,6 +69,5 @@ __all__ = [
     "use_device_mesh",
 ]
 
-_old_paths.install()
 torch.Precompile = Precompile  # type: ignore[attr-defined]
 torch.precompile = sys.modules[__name__]  # type: ignore[attr-defined]

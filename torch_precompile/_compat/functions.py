@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .._names import stable_reduction, today
 from ..lean import LeanCompiledFunction, hook_guards_enabled
 from ..lean.pickling import (
     findable_by_name,
@@ -122,7 +123,7 @@ def import_global_refs(refs: dict[str, list[str]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, (module, qualname) in refs.items():
         try:
-            obj: Any = importlib.import_module(module)
+            obj: Any = importlib.import_module(today(module))
             for part in qualname.split(".") if qualname else ():
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as exc:
@@ -330,6 +331,9 @@ def functions_pickled_by_value() -> Iterator[None]:
     original = AOTCompilePickler.reducer_override
 
     def reducer_override(self: Any, obj: Any) -> Any:
+        stable = stable_reduction(obj)
+        if stable is not None:
+            return stable
         by_value = inspect.isfunction(obj) and "<locals>" not in obj.__qualname__
         if by_value and not findable_by_name(obj):
             return function_by_value(obj)

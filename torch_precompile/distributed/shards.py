@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 
 import torch
 
 from .._compat import distributed as _cdist
 from .._errors import ArtifactCorruptedError, DistributedLayoutError
+from .._names import dumps as stable_dumps
 from ..file import read_artifact, write_artifact
 from ..file import sections as names
 from ..standin import module as _standin
@@ -38,7 +38,7 @@ def code_file_parts(
             len(unknown),
             unknown[0],
         )
-    return plain, {names.DISTRIBUTED_HOOKS: pickle.dumps(hooks, protocol=pickle.HIGHEST_PROTOCOL)}
+    return plain, {names.DISTRIBUTED_HOOKS: stable_dumps(hooks)}
 
 
 def save_shard(path: str | os.PathLike[str], model: torch.nn.Module) -> str:

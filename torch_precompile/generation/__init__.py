@@ -2,7 +2,7 @@
 
 Two ways, one package:
 
-- :func:`compile_generator` (``generator.py``) builds a *generator*: the
+- :func:`compile_generator` (``compile.py``) builds a *generator*: the
   model's prefill and decode step over a static KV cache passed as plain
   tensors, saved with ``Precompile.save``. ``Precompile.load`` returns a
   :class:`~torch_precompile.runtime.generator.Generator` whose ``generate``
@@ -17,7 +17,7 @@ Building needs transformers; serving a generator does not.
 
 from __future__ import annotations
 
-from .generator import compile_generator, save_generator_shard
+from .compile import compile_generator, save_generator_shard
 from .hf import compile_for_generation, forward_calls, generate_with
 
 __all__ = [

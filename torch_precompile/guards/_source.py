@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .._compat.contract_probes import register_probe
+from .._names import today
 
 _ROOT = re.compile(r"([LG])\['([^']+)'\]")
 _STEP = re.compile(r"\.(\w+)|\['([^']*)'\]|\[(-?\d+)\]")
@@ -124,7 +125,8 @@ class Source:
             obj = f_globals[self.root]
         elif self.root.startswith("__import_"):
             try:
-                obj = importlib.import_module(self.root[len("__import_") :].replace("_dot_", "."))
+                module = self.root[len("__import_") :].replace("_dot_", ".")
+                obj = importlib.import_module(today(module))
             except ImportError:
                 return UNRESOLVED
         elif self.root.startswith("__builtins_dict__"):

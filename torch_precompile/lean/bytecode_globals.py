@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _profiler_state
 
+from .._names import today
 from ..standin.config import find
 from .pickling import loads_code
 
@@ -102,7 +103,7 @@ class _LazyModule(types.ModuleType):
         home = self.__homes.get(attr)
         if home is not None and self.__name__ not in sys.modules:
             return find(home[0], home[1])
-        return getattr(importlib.import_module(self.__name__), attr)
+        return getattr(importlib.import_module(today(self.__name__)), attr)
 
 
 def global_homes(code: types.CodeType, import_sources: Mapping[str, str]) -> dict[str, Any]:
@@ -135,7 +136,7 @@ def _bytecode_global_module(module_name: str, homes: dict[str, list[str]] | None
     """
     if module_name == "torch._dynamo.utils":
         return _DynamoUtils()
-    loaded = sys.modules.get(module_name)
+    loaded = sys.modules.get(today(module_name))
     return loaded if loaded is not None else _LazyModule(module_name, homes)
 
 

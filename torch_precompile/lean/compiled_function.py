@@ -1,6 +1,6 @@
 """Lean load: shipped kernels, no compiler, no Inductor, no Dynamo, no Triton.
 
-Runs what ``lean_writer/sections.py`` wrote at save (:func:`lean_sections`): the
+Runs what ``lean_writer/lean_sections.py`` wrote at save (:func:`lean_sections`): the
 shipped kernels (one section each) and the ``lean`` section (Inductor's wrapper,
 Dynamo's bytecode, its globals, the signature and the guard state).
 

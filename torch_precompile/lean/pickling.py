@@ -14,6 +14,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._names import stable_reduction, today
 from ..standin.config import find
 
 
@@ -55,7 +56,7 @@ def _function(
 def _rebuild_function(code: types.CodeType, module: str, *rest: Any) -> types.FunctionType:
     """Inverse of :func:`function_by_value`: the function in its imported module."""
     try:
-        f_globals = importlib.import_module(module).__dict__
+        f_globals = importlib.import_module(today(module)).__dict__
     except ImportError:
         # The code runs nowhere (Dynamo traced it into the graph); it is kept
         # so that guards and closures that hold it can be rebuilt.
@@ -92,7 +93,7 @@ class _ModuleGlobals(dict):  # type: ignore[type-arg]
     def __missing__(self, key: str) -> Any:
         if hasattr(builtins, key):
             raise KeyError(key)  # LOAD_GLOBAL then looks in the builtins
-        return importlib.import_module(self.module).__dict__[key]
+        return importlib.import_module(today(self.module)).__dict__[key]
 
 
 def _function_with_module_globals(
@@ -118,9 +119,13 @@ def _reduce_code(code: types.CodeType) -> tuple[Any, tuple[Any, ...]]:
 
 
 class _LeanPickler(pickle.Pickler):
-    """Functions pickle cannot find by name go by value, their globals by module name."""
+    """Functions pickle cannot find by name go by value, their globals by module name;
+    the package's own functions by stable name."""
 
     def reducer_override(self, obj: Any) -> Any:
+        stable = stable_reduction(obj)
+        if stable is not None:
+            return stable
         if isinstance(obj, types.CodeType):
             return _reduce_code(obj)
         if isinstance(obj, types.CellType):

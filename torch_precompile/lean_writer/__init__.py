@@ -21,6 +21,6 @@ is listed in ``_compat/contract.py``.
 """
 
 from .guard_spec import read_lean_guards
-from .sections import cpp_kernels, kept_kernels, lean_sections
+from .lean_sections import cpp_kernels, kept_kernels, lean_sections
 
 __all__ = ["cpp_kernels", "kept_kernels", "lean_sections", "read_lean_guards"]

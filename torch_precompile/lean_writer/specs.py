@@ -9,12 +9,12 @@ between this module and ``lean/``; ``lean_sections`` writes them into the file.
 
 from __future__ import annotations
 
-import pickle
 import re
 from typing import Any
 
 import torch
 
+from .._names import dumps as stable_dumps
 from ..lean.autograd import RNG_IN_WRAPPER, AutogradSpec
 from ..lean.cudagraphs import CUDAGraphSpec
 from ..lean.guard_types import named_class
@@ -178,7 +178,7 @@ def _rebuilt(metas: Any, opaque: type, what: str) -> tuple[str | None, tuple[tup
         if not all(isinstance(a, (PlainTensorMeta, opaque)) for a in m.attrs.values()):
             return f"a nested tensor subclass {what}", ()
         try:
-            flat_meta = pickle.dumps(m.meta, protocol=pickle.HIGHEST_PROTOCOL)
+            flat_meta = stable_dumps(m.meta)
         except Exception as exc:
             return f"a tensor subclass {what}'s metadata cannot be pickled ({exc})", ()
         rebuilt.append(

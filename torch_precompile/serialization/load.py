@@ -25,6 +25,7 @@ import torch
 
 from .. import _compat, _trace, lean
 from .._errors import ArtifactCorruptedError, GuardError, KernelDirectoryError
+from .._names import moved_modules_answered, today
 from ..distributed.binding import build_standin, check_job, deserializing
 from ..distributed.placement import Layout
 from ..file import sections as names
@@ -55,7 +56,11 @@ def load(
     verify_key: bytes | str | None = None,
 ) -> PrecompiledArtifact:
     """Load an artifact; ``model=`` binds it to a live module instead of the saved weights."""
-    path = os.fspath(path)
+    with moved_modules_answered():  # module paths the file holds that have moved since
+        return _load(os.fspath(path), model, verify_key)
+
+
+def _load(path: str, model: Any, verify_key: bytes | str | None) -> PrecompiledArtifact:
     f = open_regular(path)  # a pipe or device is refused, never waited on; opened once
     start = time.perf_counter()
     try:
@@ -319,7 +324,7 @@ def _module_globals(header: Header, path: str) -> dict[str, Any] | None:
     if not header.global_names:
         return None
     try:
-        module = importlib.import_module(header.globals_module)
+        module = importlib.import_module(today(header.globals_module))
     except ImportError as exc:
         raise ImportError(
             f"{path}: the compiled code uses {', '.join(header.global_names)} from module "

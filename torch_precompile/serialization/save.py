@@ -13,7 +13,6 @@ import datetime
 import json
 import logging
 import os
-import pickle
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 
 from .. import _compat, lean_writer
+from .._names import dumps as stable_dumps
 from ..distributed.placement import describe as describe_layout
 from ..distributed.shards import code_file_parts, save_shard
 from ..file import sections as names
@@ -72,7 +72,7 @@ def save(
             _warn_if_standin_falls_short(path, artifact, skeleton, tensors)
     elif bound is not None:
         kind = "object"
-        sections[names.SELF] = pickle.dumps(bound, protocol=pickle.HIGHEST_PROTOCOL)
+        sections[names.SELF] = stable_dumps(bound)
 
     # Each variant the lean path handles gets its "lean" section and brings its
     # kernels; the others' kernels (the artifact's own) go for PyTorch's full path.

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import pickle
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -37,6 +36,7 @@ from .._compat.codecache import (
     kernel_file_without_compiling,
 )
 from .._compat.joint import compiled_function_uses_cudagraphs
+from .._names import dumps as stable_dumps
 from ..lean import (
     AUTOGRAD_SPEC_VERSION,
     LEAN_SECTION_VERSION,
@@ -238,7 +238,7 @@ def lean_sections(
     env = fn._artifacts.runtime_env
     try:
         used_globals = dumps_lean(dict(env.used_globals))
-        signature = pickle.dumps(fn._artifacts.signature, protocol=pickle.HIGHEST_PROTOCOL)
+        signature = stable_dumps(fn._artifacts.signature)
         # A closure's cells hold values the compiled code reads (and guards check);
         # they travel by value, as PyTorch's serialization carries them (a decorated
         # method's undecorated function included).
@@ -292,7 +292,7 @@ def lean_sections(
             "autograd": dataclasses.asdict(autograd),
         }
     spec["pycode"] = _compiled_python(spec)
-    return (pickle.dumps(spec, protocol=pickle.HIGHEST_PROTOCOL), binaries), None
+    return (stable_dumps(spec), binaries), None
 
 
 def _compiled_python(spec: dict[str, Any]) -> dict[str, Any]:

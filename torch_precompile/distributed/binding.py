@@ -6,12 +6,13 @@ from __future__ import annotations
 import contextlib
 import pickle
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._compat import distributed as _cdist
 from .._errors import DistributedLayoutError
+from ..file.extension import FileExtension
 from ..file.sections import DISTRIBUTED_HOOKS
 from ..standin import module as _standin
 from .placement import (
@@ -24,6 +25,9 @@ from .placement import (
     encode_placement,
 )
 from .shards import _local_device, read_shard
+
+if TYPE_CHECKING:
+    from ..file.opened import OpenedFile, Sections
 
 _MESHES: dict[tuple[Any, ...], Any] = {}
 # The meshes the job handed over (use_device_mesh): an artifact saved for another
@@ -197,7 +201,7 @@ def build_standin(
     layout: Layout,
     skeleton: dict[str, Any],
     tensors: dict[str, torch.Tensor],
-    sections: dict[str, bytes],
+    sections: Sections,
 ) -> torch.nn.Module:
     """The stand-in model of this rank: plain tensors from the code file, DTensors
     from the rank's own shard file on a new mesh, the parallelisation hooks again."""
@@ -221,3 +225,23 @@ def build_standin(
     _cdist.restore_parallel_hooks(standin, hooks, mesh)
     _cdist.rebind_meshes(standin, mesh)  # parameters may hold an equal mesh of the job
     return standin
+
+
+class DistributedFile(FileExtension):
+    """A distributed job's code file: checked against this job (world size, mesh, and
+    ``model=``'s placements) before anything is read; the weights are this rank's
+    shard on this rank's mesh; a ``compile_on_one_rank`` graph's mesh is bound to it."""
+
+    def __init__(self, file: OpenedFile, layout: Layout, model: Any) -> None:
+        self.file, self.layout, self.model = file, layout, model
+
+    @classmethod
+    def for_file(cls, file: OpenedFile, model: Any) -> DistributedFile | None:
+        layout = check_job(file.header.distributed, file.path, model)
+        return None if layout is None else cls(file, layout, model)
+
+    def weights(self, skeleton: dict[str, Any], tensors: dict[str, Any]) -> Any:
+        return build_standin(self.file.path, self.layout, skeleton, tensors, self.file.sections)
+
+    def deserializing(self) -> contextlib.AbstractContextManager[None]:
+        return deserializing(self.layout, self.model, self.file.path)

@@ -1,15 +1,16 @@
-"""The artifact file: its container, typed header, stand-in module, save and load.
+"""The artifact file: its container and typed header; no torch import.
 
 - :mod:`.layout`: the byte layout (magic, fixed fields, flags), regular-file checks;
-- :mod:`.write`, :mod:`.read`: the checksummed, optionally signed container of
-  named byte sections (atomic write; whole-file or header-first reads);
+- :mod:`.write`, :mod:`.read`, :mod:`.reader`: the checksummed, optionally signed
+  container of named byte sections (atomic write; whole-file or header-first reads,
+  sections on demand);
 - :mod:`.header`: the typed header ``Precompile.save`` writes, read back once;
-- :mod:`.sections`: every section name the file uses;
-- :mod:`.standin`: a model's weights and plain attributes, without its class;
-- :mod:`.save`, :mod:`.load`: ``Precompile.save`` / ``Precompile.load``.
+- :mod:`.opened`: a file opened for ``Precompile.load`` (header, sections, kernels);
+- :mod:`.extension`: what a kind of file (a generator, a distributed job) adds;
+- :mod:`.sections`: every section name the file uses.
 
-The package exports the container (no torch import): ``torch-precompile
-inspect`` reads a header with it and :mod:`.header`, without torch's compiler.
+The package exports the container: ``torch-precompile inspect`` reads a header
+with it and :mod:`.header`, without torch's compiler.
 """
 
 from __future__ import annotations

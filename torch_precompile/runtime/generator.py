@@ -19,13 +19,17 @@ import dataclasses
 import json
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._errors import ArtifactCorruptedError, GenerationLimitError
+from ..file.extension import FileExtension
 from ..file.sections import GENERATOR, GENERATOR_TOKENIZER
 from .sampling import Sampler
+
+if TYPE_CHECKING:
+    from ..file.opened import OpenedFile
 
 # Without a streamer, whether every row has finished is read back from the
 # device every this many tokens only (the extra tokens are cut off).
@@ -381,30 +385,38 @@ def _streamer_calls(streamer: Any) -> tuple[Callable[[torch.Tensor], Any] | None
     return streamer, None
 
 
-def from_sections(step: Any, spec_json: bytes, tokenizer: bytes | None, where: str) -> Generator:
-    """The generator a file holds: its loaded step and its records."""
-    try:
-        data = json.loads(spec_json)
-    except ValueError as exc:
-        raise ArtifactCorruptedError(
-            f"{where}: the '{GENERATOR}' section is not JSON ({exc}); build the generator "
-            "again with compile_generator and Precompile.save"
-        ) from None
-    return Generator(step, GeneratorSpec.from_json(data, where), tokenizer)
+class GeneratorFile(FileExtension):
+    """A generator's file: its step's file, with the generator's records (its spec,
+    and its tokenizer when built with one); load returns the :class:`Generator`."""
 
+    def __init__(self, path: str, spec_json: bytes, tokenizer: bytes | None) -> None:
+        self.path, self.spec_json, self.tokenizer = path, spec_json, tokenizer
 
-def sections_of(generator: Generator) -> dict[str, bytes]:
-    """The sections a generator adds to its step's file."""
-    sections = {GENERATOR: json.dumps(generator.spec.to_json()).encode()}
-    if generator.tokenizer_json is not None:
-        sections[GENERATOR_TOKENIZER] = generator.tokenizer_json
-    return sections
+    @classmethod
+    def parts_to_save(cls, obj: Any) -> tuple[Any, dict[str, bytes]] | None:
+        if not isinstance(obj, Generator):
+            return None
+        sections = {GENERATOR: json.dumps(obj.spec.to_json()).encode()}
+        if obj.tokenizer_json is not None:
+            sections[GENERATOR_TOKENIZER] = obj.tokenizer_json
+        return obj.step, sections
 
+    @classmethod
+    def for_file(cls, file: OpenedFile, model: Any) -> GeneratorFile | None:
+        sections = file.sections
+        if GENERATOR not in sections:
+            return None
+        tokenizer = None
+        if GENERATOR_TOKENIZER in sections:
+            tokenizer = bytes(sections[GENERATOR_TOKENIZER])
+        return cls(file.path, bytes(sections[GENERATOR]), tokenizer)
 
-def records(sections: Any, path: str) -> tuple[bytes, bytes | None] | None:
-    """A file's generator record and tokenizer (``None`` in a file of another kind)."""
-    if GENERATOR not in sections:
-        return None
-    if GENERATOR_TOKENIZER not in sections:
-        return bytes(sections[GENERATOR]), None
-    return bytes(sections[GENERATOR]), bytes(sections[GENERATOR_TOKENIZER])
+    def loaded(self, artifact: Any) -> Generator:
+        try:
+            data = json.loads(self.spec_json)
+        except ValueError as exc:
+            raise ArtifactCorruptedError(
+                f"{self.path}: the '{GENERATOR}' section is not JSON ({exc}); build the "
+                "generator again with compile_generator and Precompile.save"
+            ) from None
+        return Generator(artifact, GeneratorSpec.from_json(data, self.path), self.tokenizer)

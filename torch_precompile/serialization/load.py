@@ -1,24 +1,23 @@
 """``Precompile.load``: decide from the header, then read the sections it needs.
 
-The header is checked and typed first (:class:`~.header.Header`): format version,
-fields, then the system the artifact was built for. Only then are sections
-read, each checked against its SHA-256, and only those this load uses (the
-weights not at all when ``model=`` is given). Every variant, of a single
-artifact or of a bundle, is rebuilt by :func:`_load_variant`.
+A straight pipeline: open the file once and check and type its header
+(:class:`~..file.opened.OpenedFile`), check the system it was built for and let each
+extension of the file check this job (``serialization/extensions.py``: a generator,
+a distributed job), bind the weights, rebuild every variant (:func:`_load_variant`),
+and let the extensions finish what load returns. Sections are read, each checked
+against its SHA-256, only when used (the weights not at all with ``model=``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import importlib
 import json
 import logging
 import os
 import pickle
 import time
-from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,16 +25,14 @@ import torch
 from .. import _compat, _trace, lean
 from .._errors import ArtifactCorruptedError, GuardError, KernelDirectoryError
 from .._names import moved_modules_answered, today
-from ..distributed.binding import build_standin, check_job, deserializing
-from ..distributed.placement import Layout
 from ..file import sections as names
+from ..file.extension import FileExtension
 from ..file.header import Header
 from ..file.layout import looks_like_artifact, looks_like_torch_compiled_file, open_regular
-from ..file.reader import ArtifactReader, open_artifact
-from ..file.sections import KERNEL_PREFIX, section_name
+from ..file.opened import OpenedFile
+from ..file.sections import section_name
 from ..guards import Guards, Source, TensorGuard, hooks_entry, unmet_by
 from ..guards._python import dtype_name
-from ..runtime import generator as _generator
 from ..runtime import machine as _system
 from ..runtime.artifact import PrecompiledArtifact
 from ..runtime.bundle import bundle_variants
@@ -43,10 +40,9 @@ from ..runtime.call import Runtime
 from ..runtime.signature import CallSignature
 from ..standin import module as standin
 from ..standin.config import standins_in_guards
+from .extensions import EXTENSIONS
 
 log = logging.getLogger("torch_precompile")
-
-Kernels = Mapping[str, bytes | memoryview]
 
 
 def load(
@@ -60,179 +56,59 @@ def load(
         return _load(os.fspath(path), model, verify_key)
 
 
-def _load(path: str, model: Any, verify_key: bytes | str | None) -> PrecompiledArtifact:
-    f = open_regular(path)  # a pipe or device is refused, never waited on; opened once
+def _load(path: str, model: Any, verify_key: bytes | str | None) -> Any:
+    """Read the header, check, bind the weights, rebuild each variant, then let the
+    file's extensions (a generator, a distributed job) finish what load returns."""
     start = time.perf_counter()
+    f = open_regular(path)  # a pipe or device is refused, never waited on; opened once
     try:
         prefix = os.pread(f.fileno(), 16, 0)
-        if (
-            not looks_like_artifact(prefix)
-            and verify_key is None
-            and looks_like_torch_compiled_file(prefix)
-        ):
-            with f:
-                return _load_torch_file(path, f.read(), model)
-        with _trace.phase("header"):
-            reader = open_artifact(path, verify_key=verify_key, opened=f)
     except BaseException:
         f.close()
         raise
-    try:
+    torch_file = not looks_like_artifact(prefix) and looks_like_torch_compiled_file(prefix)
+    if torch_file and verify_key is None:
+        with f:
+            return _load_torch_file(path, f.read(), model)
+    with OpenedFile.open(path, f, verify_key) as file:
         with _trace.phase("header"):
-            header = Header.decode(reader.info.format_version, reader.info.meta, path)
-            _system.check_compatible(header.system, header.device_type, path=path)
-            layout = check_job(header.distributed, path, model)
-        sections = _Sections(reader)
-        kernels = _kernels(reader.info.format_version, sections)
+            _system.check_compatible(file.header.system, file.header.device_type, path=path)
+            extensions = [e for kind in EXTENSIONS if (e := kind.for_file(file, model))]
         with _trace.phase("weights"):
-            bound = _bind(header.kind, sections, model, path, layout)
+            bound = _bind(file, model, extensions)
         with _trace.phase("guards"):
-            guards = [Guards.from_json(list(record.guards)) for record in header.variants]
-            if model is not None and header.kind == "module" and names.SKELETON in sections:
-                _check_model(json.loads(sections[names.SKELETON]), guards, model, path)
-        # A compile_on_one_rank graph holds a DeviceMesh: bound to this rank's mesh.
-        # On saved weights, the guard state's dict configs are the stand-ins' class.
-        with (
-            deserializing(layout, model, path),
-            standins_in_guards() if model is None else contextlib.nullcontext(),
-        ):
-            variants = [
-                _load_variant(header, i, guards[i], sections, kernels, bound, path)
-                for i in range(len(header.variants))
-            ]
-        generator = _generator.records(sections, path)
-        reader.finish()  # the weights' checksum, computed while they were copied out
-    except BaseException as exc:
-        try:
-            reader.finish()  # bytes that fail their checksum explain any error above
-        except ArtifactCorruptedError as corrupt:
-            raise corrupt from exc
-        finally:
-            reader.close()
-        raise
-    reader.settle()  # a re-save reads compiled from the bytes loaded, later
-    artifact = bundle_variants(variants) if header.bundle else variants[0]
+            guards = [Guards.from_json(list(record.guards)) for record in file.header.variants]
+            if model is not None and file.header.kind == "module":
+                _check_model(file, guards, model)
+        variants = _variants(file, guards, bound, extensions, model)
+    artifact = bundle_variants(variants) if file.header.bundle else variants[0]
     artifact = dataclasses.replace(  # the loaded artifact, with where and how long it took
         artifact,
         timings={**artifact.timings, "load": time.perf_counter() - start},
-        _origin={"path": os.path.abspath(path), "created": header.created},
+        _origin={"path": os.path.abspath(path), "created": file.header.created},
     )
-    if generator is not None:  # compile_generator's file: the generator around its step
-        return _generator.from_sections(artifact, *generator, path)
+    for extension in extensions:  # a generator's file: the generator around its step
+        artifact = extension.loaded(artifact)
     return artifact
 
 
-class _Sections:
-    """The file's sections by name, each read and checked once, when first asked for
-    (the reader keeps them); a section no one asks for is never read."""
-
-    def __init__(self, reader: ArtifactReader) -> None:
-        self._reader = reader
-        self._names = set(reader.names())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names
-
-    def _need(self, name: str) -> None:
-        if name not in self._names:
-            raise ArtifactCorruptedError(
-                f"{self._reader.path}: the artifact has no {name!r} section; re-save it"
-            )
-
-    def __getitem__(self, name: str) -> bytes:
-        self._need(name)
-        return self._reader.read(name)
-
-    def mapped(self, name: str) -> memoryview:
-        """Section ``name`` as a checked read-only view of the mapped file (no copy)."""
-        self._need(name)
-        return self._reader.view(name)
-
-    def copied_out(self, name: str) -> memoryview:
-        """Section ``name`` as a view of the mapped file to copy out at once, its checksum
-        computed meanwhile on a thread and checked before ``load`` returns."""
-        self._need(name)
-        return self._reader.view_checked_beside(name)
-
-    def forget(self, name: str) -> None:
-        """Section ``name`` was copied out and is not needed again (the weights)."""
-        self._reader.forget(name)
-
-    def reader_of(self, name: str) -> Callable[[], bytes]:
-        """Reads section ``name`` when called (after the load too: the file stays open)."""
-        self._need(name)
-        return functools.partial(self._reader.read, name)
-
-    def names(self) -> list[str]:
-        return self._reader.names()
+def _variants(
+    file: OpenedFile, guards: list[Guards], bound: Any, extensions: list[FileExtension], model: Any
+) -> list[PrecompiledArtifact]:
+    """Every variant of the file (the only one of a single artifact), rebuilt."""
+    # A compile_on_one_rank graph holds a DeviceMesh: bound to this rank's mesh.
+    # On saved weights, the guard state's dict configs are the stand-ins' class.
+    with contextlib.ExitStack() as stack:
+        for extension in extensions:
+            stack.enter_context(extension.deserializing())
+        if model is None:
+            stack.enter_context(standins_in_guards())
+        return [_load_variant(file, i, guards[i], bound) for i in range(len(file.header.variants))]
 
 
-class _ShippedKernels(Mapping[str, memoryview]):
-    """The ``kernel/<key>`` sections by key, each read and checked when a graph first
-    asks for it; :meth:`sha256` and :meth:`length` answer from the checked header,
-    so naming the kernel directory and finding a kernel already in it read nothing."""
-
-    def __init__(self, sections: _Sections) -> None:
-        self._sections = sections
-        self._entries = {
-            entry["name"][len(KERNEL_PREFIX) :]: entry
-            for entry in sections._reader.info.sections
-            if entry["name"].startswith(KERNEL_PREFIX)
-        }
-
-    def __getitem__(self, key: str) -> memoryview:
-        if key not in self._entries:
-            raise KeyError(key)
-        return self._sections.mapped(KERNEL_PREFIX + key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries  # Mapping's would read the kernel
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def sha256(self, key: str) -> str:
-        entry = self._entries[key]  # a kernel of 64 MiB or more has a tree digest
-        return str(entry.get("sha256") or entry["sha256_tree"])
-
-    def length(self, key: str) -> int:
-        return int(self._entries[key]["length"])
-
-
-def _kernels(format_version: int, sections: _Sections) -> Kernels:
-    """The shipped kernels, ``{key: shared object}``: one ``kernel/<key>`` section each
-    (format version 1 nested them in one ``kernels`` section)."""
-    if format_version == 1:
-        return _v1_kernels(sections[names.KERNELS_V1]) if names.KERNELS_V1 in sections else {}
-    return _ShippedKernels(sections)
-
-
-def _v1_kernels(data: bytes) -> dict[str, bytes | memoryview]:
-    """Format version 1's ``kernels`` section: ``u64 L | JSON {key: [offset, length]} | bytes``."""
-    n = int.from_bytes(data[:8], "little")
-    try:
-        index = json.loads(data[8 : 8 + n])
-        view = memoryview(data)[8 + n :]
-        return {key: view[off : off + length] for key, (off, length) in index.items()}
-    except (ValueError, TypeError) as exc:
-        raise ArtifactCorruptedError(
-            f"the kernels section is malformed ({exc}); re-save it"
-        ) from None
-
-
-def _load_variant(
-    header: Header,
-    i: int,
-    guards: Guards,
-    sections: _Sections,
-    kernels: Kernels,
-    bound: Any,
-    path: str,
-) -> PrecompiledArtifact:
+def _load_variant(file: OpenedFile, i: int, guards: Guards, bound: Any) -> PrecompiledArtifact:
     """Variant ``i`` of the file (the only one of a single artifact) as an artifact."""
+    header, sections, kernels, path = file.header, file.sections, file.kernels, file.path
     record = header.variants[i]
     compiled = section_name(names.COMPILED, i)
     if compiled not in sections:
@@ -243,7 +119,7 @@ def _load_variant(
         f_globals = _compat.import_global_refs(record.external_refs) or None
     else:  # version-1 files written before external_refs: the model's whole module
         f_globals = _module_globals(header, path)
-    compiled_function = _load_lean(sections, kernels, path, f_globals, i, header.lean_section(i))
+    compiled_function = _load_lean(file, f_globals, i)
     if compiled_function is None:
         if header.lean_section(i) not in sections:
             which = f"variant {i} loads" if header.bundle else "loading"
@@ -284,16 +160,11 @@ def _load_variant(
     )
 
 
-def _load_lean(
-    sections: _Sections,
-    kernels: Kernels,
-    path: str,
-    module_globals: dict[str, Any] | None,
-    variant: int,
-    lean_section: str,
-) -> Any:
+def _load_lean(file: OpenedFile, module_globals: dict[str, Any] | None, variant: int) -> Any:
     """The lean path of :mod:`..lean` for one variant, or None to load
     through PyTorch's full path."""
+    sections, kernels, path = file.sections, file.kernels, file.path
+    lean_section = file.header.lean_section(variant)
     if lean_section not in sections or not kernels:
         return None
     # TORCH_PRECOMPILE_LEAN=0: the full path (TORCH_PRECOMPILE_FAST_LOAD, its old name, too)
@@ -334,13 +205,10 @@ def _module_globals(header: Header, path: str) -> dict[str, Any] | None:
     return module.__dict__
 
 
-def _bind(
-    kind: str,
-    sections: _Sections,
-    model: Any,
-    path: str,
-    layout: Layout | None = None,
-) -> Any:
+def _bind(file: OpenedFile, model: Any, extensions: list[FileExtension]) -> Any:
+    """What the compiled code runs on: ``model=``, else the saved weights (a stand-in
+    module, or what an extension builds of them), or the pickled bound object."""
+    kind, sections, path = file.header.kind, file.sections, file.path
     if kind == "module":
         if model is not None:
             if not isinstance(model, torch.nn.Module):
@@ -351,8 +219,10 @@ def _bind(
         skeleton = json.loads(sections[names.SKELETON])
         tensors = standin.unpack_tensors(sections.copied_out(names.WEIGHTS))
         sections.forget(names.WEIGHTS)  # copied out: its pages leave this process
-        if layout is not None:  # DTensors from this rank's own shard file
-            return build_standin(path, layout, skeleton, tensors, sections)
+        for extension in extensions:  # a distributed file: DTensors from this rank's shard
+            built = extension.weights(skeleton, tensors)
+            if built is not None:
+                return built
         return standin.build_standin(skeleton, tensors)
     if kind == "object":
         return model if model is not None else pickle.loads(sections[names.SELF])
@@ -361,17 +231,19 @@ def _bind(
     return None
 
 
-def _check_model(skeleton: dict[str, Any], guards: list[Guards], model: Any, path: str) -> None:
+def _check_model(file: OpenedFile, guards: list[Guards], model: Any) -> None:
     """Refuse ``model=`` when its module tree or a weight's shape differs from the
     model captured: the first difference, named (the calls would fail on it)."""
-    problem = standin.tree_difference(skeleton, model)
+    if names.SKELETON not in file.sections:
+        return
+    problem = standin.tree_difference(json.loads(file.sections[names.SKELETON]), model)
     if problem is None:
         problem = _weight_shape_difference(guards, model)
     if problem is None:
         problem = _missing_attribute(guards, model)
     if problem is not None:
         raise GuardError(
-            f"{path}: model= is not the model this artifact was captured from: {problem}; "
+            f"{file.path}: model= is not the model this artifact was captured from: {problem}; "
             "pass a model of the same architecture and configuration, or load without model= "
             "to use the file's own weights"
         )

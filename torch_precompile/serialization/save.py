@@ -29,8 +29,8 @@ from ..file.sections import KERNEL_PREFIX, section_name
 from ..file.write import write_artifact
 from ..guards import Guards, unmet_by
 from ..runtime.artifact import PrecompiledArtifact
-from ..runtime.generator import Generator, sections_of
 from ..standin import module as standin
+from .extensions import EXTENSIONS
 
 log = logging.getLogger("torch_precompile")
 
@@ -47,9 +47,11 @@ def save(
 ) -> None:
     """Write ``artifact`` to one file, atomically (weights included)."""
     extra_sections: dict[str, bytes] = {}
-    if isinstance(artifact, Generator):  # its step, with the generator's records
-        extra_sections = sections_of(artifact)
-        artifact = artifact.step
+    for kind in EXTENSIONS:  # a generator: its step, with the generator's records
+        parts = kind.parts_to_save(artifact)
+        if parts is not None:
+            artifact, extra_sections = parts
+            break
     _check_save_arguments(artifact, bytecode, guards)
     variants = artifact.variants or (artifact,)
     sections: dict[str, bytes] = {

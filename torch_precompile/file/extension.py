@@ -1,0 +1,47 @@
+"""What a kind of file adds to a plain artifact's save and load: a plug-in.
+
+``Precompile.save`` and ``Precompile.load`` handle one compiled function, its
+bound weights and its kernels. A generator file (its step, with the generator's
+records) and a distributed job's file (each rank's shard, its live mesh) extend
+that; each is a :class:`FileExtension` listed in ``serialization/extensions.py``,
+asked at the same points of every save and load, and nowhere special-cased.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .opened import OpenedFile
+
+
+class FileExtension:
+    """One kind of file. The defaults add nothing; an extension overrides the points it
+    needs. One instance per file being loaded (:meth:`for_file`)."""
+
+    @classmethod
+    def parts_to_save(cls, obj: Any) -> tuple[Any, dict[str, bytes]] | None:
+        """``(artifact, sections)`` when ``obj`` is of this kind: the artifact saved as
+        usual, and the sections this kind adds. None for another object."""
+        return None
+
+    @classmethod
+    def for_file(cls, file: OpenedFile, model: Any) -> FileExtension | None:
+        """This kind's part of loading ``file`` (its checks done), or None when the file
+        is not of this kind."""
+        return None
+
+    def weights(self, skeleton: dict[str, Any], tensors: dict[str, Any]) -> Any:
+        """The module to run on the saved weights, or None to build the plain stand-in."""
+        return None
+
+    @contextlib.contextmanager
+    def deserializing(self) -> Iterator[None]:
+        """Around the rebuilding of the compiled functions."""
+        yield
+
+    def loaded(self, artifact: Any) -> Any:
+        """What ``load`` returns for the loaded ``artifact``."""
+        return artifact

@@ -1,4 +1,4 @@
-"""A file names the package's code by stable name (``torch_precompile._names``), so
+"""A file names the package's code by stable name (``torch_precompile._stable``), so
 moving a module never breaks a file; module paths that files already hold (older
 files, PyTorch's record of traced code) are read through the one table of moves."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import script_json
 
-from torch_precompile import _names
+from torch_precompile import _stable
 from torch_precompile.lean import pickling
 
 
@@ -26,10 +26,10 @@ def _package_paths(data: bytes) -> set[str]:
 def test_a_saved_file_pickles_the_package_only_by_stable_name(staged) -> None:
     data = staged.path.read_bytes()
     # The lean section's code objects and the guard state go by stable name ...
-    assert "torch_precompile._names" in _package_paths(data)
+    assert "torch_precompile._stable" in _package_paths(data)
     # ... and no pickle in the file names a module of the package (the functions
     # that rebuild code objects and closures were named by module path before).
-    assert _package_paths(data) == {"torch_precompile._names"}
+    assert _package_paths(data) == {"torch_precompile._stable"}
     out = script_json(
         """
         import json, sys, torch
@@ -63,7 +63,7 @@ def _closure_function() -> types.FunctionType:
 def test_the_lean_pickler_names_its_helpers_by_stable_name() -> None:
     fn = _closure_function()
     data = pickling.dumps_lean(fn)
-    assert _package_paths(data) == {"torch_precompile._names"}
+    assert _package_paths(data) == {"torch_precompile._stable"}
     rebuilt = pickle.loads(data)
     assert rebuilt(5) == 15 and rebuilt.__qualname__ == fn.__qualname__
 
@@ -87,25 +87,25 @@ def test_module_paths_of_older_files_read_through_the_table_only_while_loading()
     assert b"torch_precompile._compat.pickling" in old
     with pytest.raises(ModuleNotFoundError, match=r"_compat\.pickling"):
         pickle.loads(old)  # outside a load, the old path is not importable
-    with _names.moved_modules_answered():
+    with _stable.moved_modules_answered():
         helper, _ = pickle.loads(old)
         assert helper is pickling._code
         assert helper(__import__("marshal").dumps(stripped), code.co_consts) == code
-    assert not any(isinstance(f, type(_names._FINDER)) for f in sys.meta_path)
+    assert not any(isinstance(f, type(_stable._FINDER)) for f in sys.meta_path)
     assert "torch_precompile._compat.pickling" in sys.modules  # the alias read stays
-    assert _names.today("torch_precompile.file.load") == "torch_precompile.serialization.load"
-    assert _names.today("torch_precompile.generation.generator") == (
+    assert _stable.today("torch_precompile.file.load") == "torch_precompile.serialization.load"
+    assert _stable.today("torch_precompile.generation.generator") == (
         "torch_precompile.generation.compile"
     )
-    assert _names.today("torch_precompile.generation.slots") == "torch_precompile.generation.slots"
-    assert _names.today("transformers.generation") == "transformers.generation"
+    assert _stable.today("torch_precompile.generation.slots") == "torch_precompile.generation.slots"
+    assert _stable.today("transformers.generation") == "transformers.generation"
 
 
 def test_every_stable_name_resolves_and_every_move_lands_on_a_module() -> None:
-    for name, path in _names.OBJECTS.items():
+    for name, path in _stable.OBJECTS.items():
         module, qualname = path.split(":")
-        assert _names.named(name) is getattr(importlib.import_module(module), qualname), name
-    for new in _names.MOVED.values():
+        assert _stable.named(name) is getattr(importlib.import_module(module), qualname), name
+    for new in _stable.MOVED.values():
         importlib.import_module(f"torch_precompile.{new}")
     with pytest.raises(LookupError, match="written by a newer one; upgrade torch_precompile"):
-        _names.named("no-such-name")
+        _stable.named("no-such-name")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._names import stable_reduction, today
+from .._stable import stable_reduction, today
 from ..lean import LeanCompiledFunction, hook_guards_enabled
 from ..lean.pickling import (
     findable_by_name,

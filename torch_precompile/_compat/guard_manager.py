@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .._names import stable_reduction
+from .._stable import stable_reduction
 from ..lean import hook_guards_enabled
 from ..lean.pickling import findable_by_name, function_by_value, reducer_override_patched
 from ..standin.config import dict_base, is_config, reduce_dict_config

@@ -10,7 +10,7 @@ import torch
 
 from .._compat import distributed as _cdist
 from .._errors import ArtifactCorruptedError, DistributedLayoutError
-from .._names import dumps as stable_dumps
+from .._stable import dumps as stable_dumps
 from ..file import read_artifact, write_artifact
 from ..file import sections as names
 from ..standin import module as _standin

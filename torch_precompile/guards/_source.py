@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .._compat.contract_probes import register_probe
-from .._names import today
+from .._stable import today
 
 _ROOT = re.compile(r"([LG])\['([^']+)'\]")
 _STEP = re.compile(r"\.(\w+)|\['([^']*)'\]|\[(-?\d+)\]")

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _profiler_state
 
-from .._names import today
+from .._stable import today
 from ..standin.config import find
 from .pickling import loads_code
 

@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._names import stable_reduction, today
+from .._stable import stable_reduction, today
 from ..standin.config import find
 
 

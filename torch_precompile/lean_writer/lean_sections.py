@@ -36,7 +36,7 @@ from .._compat.codecache import (
     kernel_file_without_compiling,
 )
 from .._compat.joint import compiled_function_uses_cudagraphs
-from .._names import dumps as stable_dumps
+from .._stable import dumps as stable_dumps
 from ..lean import (
     AUTOGRAD_SPEC_VERSION,
     LEAN_SECTION_VERSION,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._names import dumps as stable_dumps
+from .._stable import dumps as stable_dumps
 from ..lean.autograd import RNG_IN_WRAPPER, AutogradSpec
 from ..lean.cudagraphs import CUDAGraphSpec
 from ..lean.guard_types import named_class

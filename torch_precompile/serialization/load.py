@@ -24,7 +24,7 @@ import torch
 
 from .. import _compat, _trace, lean
 from .._errors import ArtifactCorruptedError, GuardError, KernelDirectoryError
-from .._names import moved_modules_answered, today
+from .._stable import moved_modules_answered, today
 from ..file import sections as names
 from ..file.extension import FileExtension
 from ..file.header import Header

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .. import _compat, lean_writer
-from .._names import dumps as stable_dumps
+from .._stable import dumps as stable_dumps
 from ..distributed.placement import describe as describe_layout
 from ..distributed.shards import code_file_parts, save_shard
 from ..file import sections as names

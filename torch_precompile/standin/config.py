@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from .._names import today
+from .._stable import today
 
 
 def is_config(value: Any) -> bool:

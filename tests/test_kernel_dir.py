@@ -420,20 +420,15 @@ def test_shipped_kernels_off_skips_the_fast_path(
 ) -> None:
     """TORCH_PRECOMPILE_SHIPPED_KERNELS=0 (the way to ask for compiling) skips the fast
     path, which could only use the shipped kernels."""
-    from torch_precompile.file import open_artifact
+    from torch_precompile.file.layout import open_regular
+    from torch_precompile.file.opened import OpenedFile
     from torch_precompile.serialization import load as file_load
 
-    with open_artifact(saved["artifact"]) as reader:
-        sections = file_load._Sections(reader)
-        kernels = file_load._kernels(reader.info.format_version, sections)
-        assert (
-            file_load._load_lean(sections, kernels, str(saved["artifact"]), None, 0, "lean")
-            is not None
-        )
+    path = str(saved["artifact"])
+    with OpenedFile.open(path, open_regular(path), None) as file:
+        assert file_load._load_lean(file, None, 0) is not None
         monkeypatch.setenv("TORCH_PRECOMPILE_SHIPPED_KERNELS", "0")
-        assert (
-            file_load._load_lean(sections, kernels, str(saved["artifact"]), None, 0, "lean") is None
-        )
+        assert file_load._load_lean(file, None, 0) is None
 
 
 def test_prune_touches_only_kernel_directories(

@@ -102,7 +102,7 @@ class _LazyModule(types.ModuleType):
     def __getattr__(self, attr: str) -> Any:
         home = self.__homes.get(attr)
         if home is not None and self.__name__ not in sys.modules:
-            return find(home[0], home[1])
+            return find(today(home[0]), home[1])
         return getattr(importlib.import_module(today(self.__name__)), attr)
 
 

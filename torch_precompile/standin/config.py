@@ -40,8 +40,6 @@ from typing import Any
 
 import torch
 
-from .._stable import today
-
 
 def is_config(value: Any) -> bool:
     """A configuration object (HF's ``self.config``): an instance of an importable,
@@ -58,7 +56,6 @@ def is_config(value: Any) -> bool:
 
 def find(module: str, qualname: str, import_missing: bool = True) -> Any:
     """The object ``module.qualname`` (importing the module if asked), or None."""
-    module = today(module)
     obj: Any = sys.modules.get(module)
     if obj is None and import_missing:
         obj = importlib.import_module(module)

@@ -251,7 +251,7 @@ CONTRACT: tuple[PrivateName, ...] = (
         "serializable",
     ),
     _n(f"{_FT}.aot_autograd:preserve_rng_state"),
-    # lean/runtime.py marks inputs as AOTAutograd's runtime wrapper does.
+    # lean/inference.py marks inputs as AOTAutograd's runtime wrapper does.
     _n(
         f"{_FT}._aot_autograd.runtime_wrappers",
         probe="t._dynamo_propagated_dynamic_indices",

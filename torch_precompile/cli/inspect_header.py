@@ -15,7 +15,7 @@ from typing import Any
 from .._errors import PrecompileError
 from ..file.header import Header
 from ..file.layout import looks_like_artifact, looks_like_torch_compiled_file
-from ..file.read import read_info, read_prefix
+from ..file.read_whole import read_info, read_prefix
 from ..file.reader import open_artifact
 from .text import LINE_LIMIT, printable, printable_tree
 

@@ -1,7 +1,7 @@
 """The artifact file: its container and typed header; no torch import.
 
 - :mod:`.layout`: the byte layout (magic, fixed fields, flags), regular-file checks;
-- :mod:`.write`, :mod:`.read`, :mod:`.reader`: the checksummed, optionally signed
+- :mod:`.write`, :mod:`.read_whole`, :mod:`.reader`: the checksummed, optionally signed
   container of named byte sections (atomic write; whole-file or header-first reads,
   sections on demand);
 - :mod:`.header`: the typed header ``Precompile.save`` writes, read back once;
@@ -16,7 +16,7 @@ with it and :mod:`.header`, without torch's compiler.
 from __future__ import annotations
 
 from .layout import FORMAT_VERSION, MAGIC, ArtifactInfo, looks_like_artifact
-from .read import (
+from .read_whole import (
     read_artifact,
     read_file,
     read_info,

@@ -31,7 +31,7 @@ from .layout import (
     open_regular,
     trailer_size,
 )
-from .read import (
+from .read_whole import (
     _check_signature,
     _hash_matches,
     _info,

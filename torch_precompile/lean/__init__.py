@@ -39,8 +39,8 @@ from .compiled_function import (
 )
 from .dynamo_fallback import hook_guards_enabled
 from .guard_types import LEAN_TYPES, frame_local, named_class, shape_expr_ok
+from .inference import RUNTIME_SPEC_VERSION, InferenceSpec
 from .kernels import KernelLoader, kernel_dir, kernel_key
-from .runtime import RUNTIME_SPEC_VERSION, InferenceSpec
 from .subclasses import (
     SUBCLASS_SPEC_VERSION,
     SubclassSpec,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import runtime as lean_runtime
+from . import inference
 
 AUTOGRAD_SPEC_VERSION = 1
 
@@ -147,7 +147,7 @@ def make_autograd_call(
 
     def call(*args: Any) -> Any:
         if bumped:
-            lean_runtime.bump_versions(args, bumped)
+            inference.bump_versions(args, bumped)
         with torch.enable_grad():
             return CompiledFunction.apply(*args)
 

@@ -35,9 +35,8 @@ import torch
 from .. import _trace
 from . import autograd as lean_autograd
 from . import cudagraphs as lean_cudagraphs
-from . import runtime as lean_runtime
+from . import inference, wrapper
 from . import subclasses as lean_subclasses
-from . import wrapper
 from .bytecode_globals import bytecode_function
 from .dynamo_fallback import LeanGuardManager, load_dynamo_guard_manager
 from .guards import LeanGuards
@@ -181,7 +180,7 @@ def _graph_call(
             )
         if subclasses is not None:  # DTensor inputs fed as their local shards
             call_list = lean_subclasses.flattening(subclasses, call_list)
-        graph_call = lean_runtime.make_inference_call(_inference_spec(spec), call_list)
+        graph_call = inference.make_inference_call(_inference_spec(spec), call_list)
     return graph_call
 
 
@@ -228,9 +227,9 @@ def _subclass_spec(spec: dict[str, Any]) -> lean_subclasses.SubclassSpec | None:
     return lean_subclasses.SubclassSpec(**found)  # pickled as dataclasses.asdict wrote it
 
 
-def _inference_spec(spec: dict[str, Any]) -> lean_runtime.InferenceSpec:
+def _inference_spec(spec: dict[str, Any]) -> inference.InferenceSpec:
     """The inference runtime spec of a lean section (absent: a file that had none)."""
-    found = dict(spec.get("inference") or {"version": lean_runtime.RUNTIME_SPEC_VERSION})
-    if found.pop("version") != lean_runtime.RUNTIME_SPEC_VERSION:
+    found = dict(spec.get("inference") or {"version": inference.RUNTIME_SPEC_VERSION})
+    if found.pop("version") != inference.RUNTIME_SPEC_VERSION:
         raise ValueError("the lean runtime spec was written by another version")
-    return lean_runtime.InferenceSpec(**found)  # pickled as dataclasses.asdict wrote it
+    return inference.InferenceSpec(**found)  # pickled as dataclasses.asdict wrote it

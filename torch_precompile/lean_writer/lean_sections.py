@@ -204,7 +204,7 @@ def lean_sections(
             return None, 'mode="reduce-overhead" training (CUDA graphs of forward and backward)'
         # Outputs aliasing inputs (a static cache written in place and returned)
         # are views of the caller's tensors, placed from the inputs the recording
-        # received (its copies, or the static inputs themselves): lean.runtime.
+        # received (its copies, or the static inputs themselves): lean.inference.
         recording, skipped = cudagraph_spec(graphs[0])
         if recording is None:
             log.info("no CUDA graphs for this artifact: %s", skipped)

@@ -18,7 +18,7 @@ from .._stable import dumps as stable_dumps
 from ..lean.autograd import RNG_IN_WRAPPER, AutogradSpec
 from ..lean.cudagraphs import CUDAGraphSpec
 from ..lean.guard_types import named_class
-from ..lean.runtime import InferenceSpec
+from ..lean.inference import InferenceSpec
 from ..lean.subclasses import SubclassSpec
 from ..lean.wrapper import (
     main_code,

@@ -27,6 +27,7 @@ import torch
 
 from ..runtime.generator import Generator
 from ..runtime.sampling import Sampler
+from .detokenizer import IncrementalText
 from .protocol import ApiError, Job
 
 log = logging.getLogger("torch_precompile")
@@ -40,16 +41,16 @@ class NotServable(ValueError):
 
 
 class _Run:
-    """A request in the engine: its job, sampler, tokens so far and detokenized text."""
+    """A request in the engine: its job, sampler, tokens so far and their text."""
 
-    def __init__(self, job: Job, sink: Sink, device: torch.device) -> None:
+    def __init__(self, job: Job, sink: Sink, device: torch.device, tokenizer: Any) -> None:
         self.job, self.sink = job, sink
         sample = job.temperature > 0
         self.sampler = Sampler(
             sample, job.temperature or 1.0, job.top_k, job.top_p, job.seed, device
         )
         self.tokens: list[int] = []
-        self.text = ""  # detokenized new tokens, up to what was sent
+        self.text = IncrementalText(tokenizer, job.stop) if tokenizer is not None else None
         self.cancelled = False
 
 
@@ -111,7 +112,7 @@ class Engine:
             raise ApiError(
                 400, f"token id {bad[0]} is past the vocabulary of {self.vocab}", "prompt"
             )
-        run = _Run(job, sink, self.device)
+        run = _Run(job, sink, self.device, self.tokenizer)
         with self.cv:
             free = sum(r is None for r in self.active)
             if len(self.pending) >= self.max_queue + free:
@@ -231,13 +232,15 @@ class Engine:
             token = int(logits.argmax()) if greedy is None else greedy
         run.tokens.append(token)
         self.last[slot] = token
+        if run.text is not None and token not in self.eos:
+            run.text.add(token)
         entries = [self._entry(logits, token, job.logprobs)] if job.logprobs is not None else []
         finish = None
         if token in self.eos and not job.ignore_eos:
             finish = "stop"
         elif len(run.tokens) >= job.max_tokens:
             finish = "length"
-        text, stopped = self._text(run, finish is not None)
+        text, stopped = run.text.take(finish is not None) if run.text else ("", False)
         event = {"text": text, "entries": entries, "finish": finish, "tokens": len(run.tokens)}
         if job.return_token_ids or self.tokenizer is None:
             event["ids"] = [token]
@@ -247,25 +250,6 @@ class Engine:
             self._free(slot, event)
         else:
             run.sink(event)
-
-    def _text(self, run: _Run, final: bool) -> tuple[str, bool]:
-        """The new text to send (held back while it may be a cut character or the
-        start of a stop string), and whether a stop string ended the run."""
-        if self.tokenizer is None:
-            return "", False
-        ids = [t for t in run.tokens if t not in self.eos]
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        stops = [text.find(s) for s in run.job.stop if s in text]
-        if stops:
-            text, final = text[: min(stops)], True
-        elif not final:
-            if text.endswith("\ufffd"):
-                text = text[: len(run.text)]
-            hold = max((len(s) - 1 for s in run.job.stop), default=0)
-            text = text[: max(len(run.text), len(text) - hold)]
-        new = text[len(run.text) :]
-        run.text = text
-        return new, bool(stops)
 
     def _entry(self, logits: torch.Tensor, token: int, top: int) -> dict[str, Any]:
         logprobs = logits.log_softmax(-1)

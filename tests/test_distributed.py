@@ -185,7 +185,7 @@ def test_dtensor_training_artifacts_load_lean(jobs: dict[str, Any], world: int) 
 
 def test_any_order_of_steps(jobs: dict[str, Any]) -> None:
     # The job parallelises its own models on its own mesh around
-    # standalone loads; no use_device_mesh.
+    # standalone loads, each building its own mesh; no mesh=.
     for res in jobs["orders"]:
         # Built after a load, the model's weights got the load's (equal) mesh
         # from DTensor's sharding cache, its hooks the job's: the case to serve.

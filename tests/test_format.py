@@ -43,7 +43,7 @@ from torch_precompile.file import (
     read_meta,
     write_artifact,
 )
-from torch_precompile.file import read as file_read
+from torch_precompile.file import read_whole as file_read
 from torch_precompile.runtime import machine as _system
 
 PKG_DIR = str(Path(container.__file__).resolve().parent.parent)

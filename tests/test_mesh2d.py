@@ -129,4 +129,4 @@ def test_other_mesh_shape_is_a_typed_error(job: dict[str, Any]) -> None:
         flat = res["mesh_flat_error"]
         assert flat is not None, "a flat 4-rank mesh must be refused"
         assert "saved for mesh cpu [2, 2], dims ['dp', 'tp']" in flat
-        assert "this job has mesh cpu [4], dims ['tp'] (use_device_mesh)" in flat
+        assert "this job has mesh cpu [4], dims ['tp'] (mesh=)" in flat

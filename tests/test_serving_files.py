@@ -34,7 +34,7 @@ from torch_precompile import (
 from torch_precompile import file as container
 from torch_precompile.cli.main import main as cli_main
 from torch_precompile.cli.text import printable
-from torch_precompile.file import read as file_read
+from torch_precompile.file import read_whole as file_read
 from torch_precompile.file.header import Header, VariantRecord
 
 REPO = Path(__file__).resolve().parents[1]

@@ -31,7 +31,6 @@ from ._errors import (
     PrecompileError,
     UntrustedArtifactError,
 )
-from .distributed.binding import use_device_mesh
 from .distributed.data_parallel import replicate_parameters, shard_parameters
 from .distributed.shards import save_shard
 from .guards import Guard, Guards
@@ -66,7 +65,6 @@ __all__ = [
     "replicate_parameters",
     "save_shard",
     "shard_parameters",
-    "use_device_mesh",
 ]
 
 torch.Precompile = Precompile  # type: ignore[attr-defined]

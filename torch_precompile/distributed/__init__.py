@@ -5,7 +5,9 @@ each rank its own shard. The compiled code is the same on every rank: the
 stages trace such a model under ``compile_on_one_rank`` (:func:`one_rank_tracing`),
 so a rank's mesh coordinate is computed at run time and the process groups
 are reached through the DeviceMesh, which the loader binds to the rank's
-live mesh (:func:`deserializing`). It is saved once; the shards are
+live mesh (``DistributedFile.deserializing``): the mesh passed to
+``Precompile.load(path, mesh=...)``, the one of a model bound with ``model=``,
+or one the load builds. It is saved once; the shards are
 rank-specific, so each rank's shard goes to its own file:
 
 - ``PATH``: the code file, an ordinary artifact whose header carries the

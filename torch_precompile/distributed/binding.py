@@ -29,26 +29,6 @@ from .shards import _local_device, read_shard
 if TYPE_CHECKING:
     from ..file.opened import OpenedFile, Sections
 
-_MESHES: dict[tuple[Any, ...], Any] = {}
-# The meshes the job handed over (use_device_mesh): an artifact saved for another
-# mesh shape is refused rather than run on a mesh the load would make.
-_DECLARED: dict[tuple[Any, ...], Any] = {}
-
-
-def use_device_mesh(mesh: Any) -> None:
-    """Make distributed artifacts loaded without ``model=`` use ``mesh``.
-
-    By default the first such load builds the mesh it was saved for
-    (``init_device_mesh``) and later loads reuse it (or the mesh of a model
-    bound with ``model=`` before). Optional: a process that also builds its
-    own mesh is served either way (the stand-in's DTensors and hooks are made
-    to hold one mesh object, see ``rebind_meshes``); handing the mesh over
-    keeps one mesh, and one set of process groups, in the process.
-    """
-    info = _mesh_info(mesh)
-    _MESHES[_mesh_key(info)] = mesh
-    _DECLARED[_mesh_key(info)] = info
-
 
 def check_job(body: dict[str, Any] | None, path: str, model: Any) -> Layout | None:
     """The saved layout, after checking it against this job (and ``model=`` when given).
@@ -79,9 +59,8 @@ def check_job(body: dict[str, Any] | None, path: str, model: Any) -> Layout | No
     if model is not None:
         _check_model(layout, model, path)
         mesh = _model_mesh(model)
-        if mesh is not None:  # one mesh object; later loads without model= reuse it
+        if mesh is not None:  # one mesh object in the model
             _cdist.rebind_meshes(model, mesh)
-            _MESHES.setdefault(_mesh_key(_mesh_info(mesh)), mesh)
     return layout
 
 
@@ -148,39 +127,29 @@ def _check_model(layout: Layout, model: Any, path: str) -> None:
             )
 
 
-@contextlib.contextmanager
-def deserializing(layout: Layout | None, model: Any, path: str) -> Iterator[None]:
-    """While the compiled function of a ``compile_on_one_rank`` artifact is
-    deserialized, bind the DeviceMesh its graph holds to this rank's mesh."""
-    if layout is None or not layout.one_rank:
-        yield
-        return
-    with _cdist.opaque_meshes_bound(_mesh_for(layout, model, path)):
-        yield
-
-
-def _mesh_for(layout: Layout, model: Any, path: str) -> Any:
-    """The mesh this rank runs the artifact on: the live model's, or the one of
-    this process (made on first use, see use_device_mesh)."""
+def mesh_for(layout: Layout, model: Any, mesh: Any, path: str) -> Any:
+    """The mesh this rank runs the artifact on: the live model's (``model=``), else the
+    one passed (``mesh=``, checked against the saved one), else a new one of the
+    saved shape (``init_device_mesh``; a 1-D mesh over the world reuses the world's
+    process group, a mesh of more dimensions makes its groups anew)."""
     live = _model_mesh(model)
     if live is not None:
         return live
-    from torch.distributed.device_mesh import init_device_mesh
+    if mesh is not None:
+        given = _mesh_info(mesh)
+        if _mesh_key(given) != _mesh_key(layout.mesh):
+            raise DistributedLayoutError(
+                f"{path}",
+                layout.mesh.describe(),
+                f"{given.describe()} (mesh=)",
+                "pass a mesh of the saved shape and dimension names (init_device_mesh("
+                f"{layout.mesh.device_type!r}, {layout.mesh.shape}, mesh_dim_names="
+                f"{layout.mesh.dim_names})), or compile and save again on this job's mesh",
+            )
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
 
-    key = _mesh_key(layout.mesh)
-    mesh = _MESHES.get(key)
-    declared = [i for k, i in _DECLARED.items() if k[0] == key[0]]
-    if declared and key not in _DECLARED:
-        raise DistributedLayoutError(
-            f"{path}",
-            layout.mesh.describe(),
-            f"{declared[-1].describe()} (use_device_mesh)",
-            "hand over a mesh of the saved shape and dimension names (init_device_mesh("
-            f"{layout.mesh.device_type!r}, {layout.mesh.shape}, mesh_dim_names="
-            f"{layout.mesh.dim_names})), or compile and save again on this job's mesh",
-        )
-    if mesh is None:
-        mesh = _MESHES[key] = init_device_mesh(
+        mesh = init_device_mesh(
             layout.mesh.device_type, layout.mesh.shape, mesh_dim_names=layout.mesh.dim_names
         )
     current = _mesh_info(mesh)
@@ -189,9 +158,9 @@ def _mesh_for(layout: Layout, model: Any, path: str) -> Any:
             f"{path}: the mesh's process groups",
             f"groups named {list(layout.mesh.group_names)}",
             f"groups named {list(current.group_names)}",
-            "the compiled collectives address their process group by name: load before "
-            "creating other process groups, or load with model= bound to a mesh built as in "
-            "the compiling job",
+            "the compiled collectives address their process group by name: pass mesh= a "
+            "mesh built as in the compiling job (init_device_mesh over the whole world, "
+            "before any other new_group), or load with model= bound to one",
         )
     return mesh
 
@@ -199,16 +168,16 @@ def _mesh_for(layout: Layout, model: Any, path: str) -> Any:
 def build_standin(
     path: str,
     layout: Layout,
+    mesh: Any,
     skeleton: dict[str, Any],
     tensors: dict[str, torch.Tensor],
     sections: Sections,
 ) -> torch.nn.Module:
     """The stand-in model of this rank: plain tensors from the code file, DTensors
-    from the rank's own shard file on a new mesh, the parallelisation hooks again."""
+    from the rank's own shard file on ``mesh``, the parallelisation hooks again."""
     from torch.distributed.tensor import DTensor
 
     rank = torch.distributed.get_rank()
-    mesh = _mesh_for(layout, None, path)  # one mesh per process (see use_device_mesh)
     local = read_shard(path, layout, rank)
     device = _local_device(layout.mesh.device_type)
     for name, spec in layout.tensors.items():
@@ -230,18 +199,34 @@ def build_standin(
 class DistributedFile(FileExtension):
     """A distributed job's code file: checked against this job (world size, mesh, and
     ``model=``'s placements) before anything is read; the weights are this rank's
-    shard on this rank's mesh; a ``compile_on_one_rank`` graph's mesh is bound to it."""
+    shard on this rank's mesh (:func:`mesh_for`: ``model=``'s, ``mesh=``, or a new
+    one); a ``compile_on_one_rank`` graph's mesh is bound to the same mesh."""
 
-    def __init__(self, file: OpenedFile, layout: Layout, model: Any) -> None:
-        self.file, self.layout, self.model = file, layout, model
+    def __init__(self, file: OpenedFile, layout: Layout, model: Any, mesh: Any) -> None:
+        self.file, self.layout, self.model, self._given = file, layout, model, mesh
+        self._mesh: Any = None
 
     @classmethod
-    def for_file(cls, file: OpenedFile, model: Any) -> DistributedFile | None:
+    def for_file(cls, file: OpenedFile, model: Any, mesh: Any) -> DistributedFile | None:
         layout = check_job(file.header.distributed, file.path, model)
-        return None if layout is None else cls(file, layout, model)
+        return None if layout is None else cls(file, layout, model, mesh)
+
+    @property
+    def mesh(self) -> Any:
+        """This load's mesh, made or checked once."""
+        if self._mesh is None:
+            self._mesh = mesh_for(self.layout, self.model, self._given, self.file.path)
+        return self._mesh
 
     def weights(self, skeleton: dict[str, Any], tensors: dict[str, Any]) -> Any:
-        return build_standin(self.file.path, self.layout, skeleton, tensors, self.file.sections)
+        path, sections = self.file.path, self.file.sections
+        return build_standin(path, self.layout, self.mesh, skeleton, tensors, sections)
 
-    def deserializing(self) -> contextlib.AbstractContextManager[None]:
-        return deserializing(self.layout, self.model, self.file.path)
+    @contextlib.contextmanager
+    def deserializing(self) -> Iterator[None]:
+        """A ``compile_on_one_rank`` graph holds a DeviceMesh: bound to this load's."""
+        if not self.layout.one_rank:
+            yield
+            return
+        with _cdist.opaque_meshes_bound(self.mesh):
+            yield

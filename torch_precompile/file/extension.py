@@ -28,9 +28,9 @@ class FileExtension:
         return None
 
     @classmethod
-    def for_file(cls, file: OpenedFile, model: Any) -> FileExtension | None:
+    def for_file(cls, file: OpenedFile, model: Any, mesh: Any) -> FileExtension | None:
         """This kind's part of loading ``file`` (its checks done), or None when the file
-        is not of this kind."""
+        is not of this kind; ``model`` and ``mesh`` are what the caller passed to load."""
         return None
 
     def weights(self, skeleton: dict[str, Any], tensors: dict[str, Any]) -> Any:

@@ -402,7 +402,7 @@ class GeneratorFile(FileExtension):
         return obj.step, sections
 
     @classmethod
-    def for_file(cls, file: OpenedFile, model: Any) -> GeneratorFile | None:
+    def for_file(cls, file: OpenedFile, model: Any, mesh: Any) -> GeneratorFile | None:
         sections = file.sections
         if GENERATOR not in sections:
             return None

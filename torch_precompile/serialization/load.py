@@ -49,14 +49,20 @@ def load(
     path: str | os.PathLike[str],
     *,
     model: Any = None,
+    mesh: Any = None,
     verify_key: bytes | str | None = None,
 ) -> PrecompiledArtifact:
-    """Load an artifact; ``model=`` binds it to a live module instead of the saved weights."""
+    """Load an artifact; ``model=`` binds it to a live module instead of the saved weights.
+
+    ``mesh=``: the DeviceMesh a distributed artifact runs on when loaded without
+    ``model=`` (of the saved shape and dimension names); without it each such load
+    builds one. Pass the same mesh to every load to keep one mesh in the process.
+    """
     with moved_modules_answered():  # module paths the file holds that have moved since
-        return _load(os.fspath(path), model, verify_key)
+        return _load(os.fspath(path), model, mesh, verify_key)
 
 
-def _load(path: str, model: Any, verify_key: bytes | str | None) -> Any:
+def _load(path: str, model: Any, mesh: Any, verify_key: bytes | str | None) -> Any:
     """Read the header, check, bind the weights, rebuild each variant, then let the
     file's extensions (a generator, a distributed job) finish what load returns."""
     start = time.perf_counter()
@@ -73,7 +79,9 @@ def _load(path: str, model: Any, verify_key: bytes | str | None) -> Any:
     with OpenedFile.open(path, f, verify_key) as file:
         with _trace.phase("header"):
             _system.check_compatible(file.header.system, file.header.device_type, path=path)
-            extensions = [e for kind in EXTENSIONS if (e := kind.for_file(file, model))]
+            extensions = [e for kind in EXTENSIONS if (e := kind.for_file(file, model, mesh))]
+            if mesh is not None and file.header.distributed is None:
+                log.warning("%s: not a distributed artifact; mesh= is ignored", path)
         with _trace.phase("weights"):
             bound = _bind(file, model, extensions)
         with _trace.phase("guards"):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import package_warnings
 
 from tests.fixtures.models import build_transformer
 from torch_precompile import ArtifactCorruptedError, GuardError, Precompile, PrecompiledArtifact
@@ -63,6 +64,14 @@ def test_model_binding_uses_the_live_modules_current_weights(staged) -> None:
         bound = Precompile.load(staged.path, model=model)
         torch.testing.assert_close(bound(ids), model(ids))
         assert bound.module is model
+
+
+def test_a_mesh_for_a_file_that_is_not_distributed_is_ignored_with_a_warning(staged) -> None:
+    with package_warnings() as messages:
+        loaded = Precompile.load(staged.path, mesh=object())
+    assert any("not a distributed artifact; mesh= is ignored" in m for m in messages), messages
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(staged.example), staged.expected)
 
 
 def test_model_binding_with_an_incompatible_module_is_a_guard_error(staged) -> None:

@@ -10,6 +10,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from .._stable import moved_modules_answered
 from .guards import LeanGuards
 
 
@@ -80,5 +81,6 @@ def load_dynamo_guard_manager(
         compile_context(CompileContext(convert_frame.get_compile_id({}))),
         get_metrics_context(),
         hook_guards_enabled() if hook_guards else contextlib.nullcontext(),
+        moved_modules_answered(),  # built at a call, after the load: the file's old paths
     ):
         return load_guard_manager(load_guards_state(guards_state), original_code, f_globals)

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import REPO, child_env, run_child, spread
 
 CHILD = r"""
 import sys, time, torch
@@ -41,7 +38,7 @@ print("DONE", time.time())
 
 
 def _build(path: str) -> None:
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(REPO))
     import torch
 
     from tests.fixtures.models import build_transformer
@@ -56,16 +53,8 @@ def _build(path: str) -> None:
 
 
 def _run(case: str, path: str) -> float:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.time()
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, case, path],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    ).stdout
+    out = run_child(CHILD, case, path, env=child_env())
     done = float(next(ln for ln in out.splitlines() if ln.startswith("DONE")).split()[1])
     return done - start
 
@@ -81,7 +70,7 @@ def main() -> None:
         medians = {}
         for case in ("eager", "ours"):
             times = [_run(case, path) for _ in range(args.runs)]
-            medians[case] = statistics.median(times)
+            medians[case] = spread(times)["median"]
             print(f"{case}: median {medians[case]:.3f} s  ({', '.join(f'{t:.3f}' for t in times)})")
         print(f"ours / eager: {medians['ours'] / medians['eager']:.2f}x")
 

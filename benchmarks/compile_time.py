@@ -10,19 +10,13 @@ tools, and the medians are compared. Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness import empty_caches, run_child, spread, write_result
 
 CASE = """
 import sys, time, torch
-sys.path.insert(0, {root!r})
 from tests.fixtures.models import BUILDERS
 model, args, kwargs = BUILDERS[{model!r}]()
 tool = {tool!r}
@@ -42,13 +36,9 @@ print(elapsed)
 
 
 def measure(tool: str, model: str) -> float:
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=cache)
-        src = CASE.format(root=str(ROOT), model=model, tool=tool)
-        proc = subprocess.run([sys.executable, "-c", src], env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{tool} failed:\n{proc.stderr[-3000:]}")
-        return float(proc.stdout.strip().splitlines()[-1])
+    with empty_caches() as env:
+        out = run_child(CASE.format(model=model, tool=tool), env=env)
+    return float(out.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -62,7 +52,8 @@ def main() -> int:
     for _ in range(opts.runs):
         for tool in tools:  # alternate, so machine noise hits both alike
             times[tool].append(measure(tool, opts.model))
-    med = {t: statistics.median(v) for t, v in times.items()}
+    figures = {t: spread(v) for t, v in times.items()}
+    med = {t: f["median"] for t, f in figures.items()}
     ratio = med["torch_precompile"] / med["torch_aot_compile"]
     print(
         f"compile time, {opts.model}, empty Inductor cache, median of {opts.runs} fresh processes"
@@ -72,9 +63,7 @@ def main() -> int:
         print(f"| {t} | {med[t]:.2f} | {', '.join(f'{x:.2f}' for x in times[t])} |")
     print(f"Precompile.compile / aot_compile = {ratio:.3f}")
     if opts.json:
-        opts.json.write_text(
-            json.dumps({"model": opts.model, "times": times, "median": med, "ratio": ratio})
-        )
+        write_result(opts.json, {"model": opts.model, "seconds": figures, "ratio": ratio})
     return 0
 
 

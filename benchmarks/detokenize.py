@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from harness import write_result
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from torch_precompile.serve.detokenizer import IncrementalText
@@ -55,6 +56,7 @@ def incremental(tok: Tokenizer, ids: list[int]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="128,512,2048")
+    parser.add_argument("--out", default=None, help="write the result (JSON) here")
     args = parser.parse_args()
     tok, ids = tokenizer_and_ids()
     rows = []
@@ -70,6 +72,8 @@ def main() -> None:
             f"incremental {best['incremental'] * 1e6:6.1f} us/token"
         )
     print(json.dumps({"torch": torch.__version__, "us_per_token": rows}))
+    if args.out:
+        write_result(args.out, {"us_per_token": rows})
 
 
 if __name__ == "__main__":

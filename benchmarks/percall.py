@@ -27,24 +27,21 @@ It prints a markdown table and writes ``benchmarks/results/percall_cpu.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from harness import REPO, child_env, last_json, run_child, write_result
+
 METHODS = ("eager", "torch.compile", "ours")
 
 CHILD = textwrap.dedent(
     """
     import json, sys, time
     import torch
-    sys.path.insert(0, {repo!r})
     from tests.fixtures.models import BUILDERS
     from torch_precompile import Precompile
 
@@ -109,17 +106,18 @@ CHILD = textwrap.dedent(
 
 def run_model(name: str, rounds: int, work: Path, device: str = "cpu") -> dict[str, Any]:
     script = work / "child.py"
-    script.write_text(CHILD.format(repo=str(REPO)))
+    script.write_text(CHILD.format())  # the doubled braces of the template
     for mode in ("build", "measure"):
-        proc = subprocess.run(
-            [sys.executable, str(script), mode, name, str(work), str(rounds), device],
-            capture_output=True,
-            text=True,
-            check=False,
+        out = run_child(
+            [sys.executable, str(script)],
+            mode,
+            name,
+            str(work),
+            str(rounds),
+            device,
+            env=child_env(),
         )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{name} {mode} failed:\n{proc.stderr[-3000:]}")
-    raw = json.loads(proc.stdout.strip().splitlines()[-1])
+    raw = last_json(out)
     result: dict[str, Any] = {
         "per_batch": raw["per_batch"],
         "threads": raw["threads"],
@@ -174,19 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ns.models:
             print(f"[percall] {name}", file=sys.stderr, flush=True)
             results[name] = run_model(name, ns.rounds, Path(tmp), ns.device)
-    import torch
-
-    report = {
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-        },
-        "rounds": ns.rounds,
-        "results": results,
-    }
-    Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(ns.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_result(ns.out, {"rounds": ns.rounds, "results": results})
     print(table(results))
     return 0
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -54,7 +53,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from harness import REPO, child_env, machine, run_child
+
 MODELS = ("transformer", "tiny_mlp")
 CASES = ("eager", "ours", "jit", "aot_compile", "precompile", "aoti", "mega_cache")
 LABELS = {
@@ -209,20 +209,8 @@ print(json.dumps({"first_done": first_done, "first_call_s": first_call, "max_dif
 
 def _env(caches: Path, repo: Path) -> dict[str, str]:
     """Environment whose compiler caches and temporary directory live under ``caches``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
-    for sub in ("inductor", "triton", "tmp", "xdg"):
-        (caches / sub).mkdir(parents=True, exist_ok=True)
-    env.update(
-        TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
-        TRITON_CACHE_DIR=str(caches / "triton"),
-        TMPDIR=str(caches / "tmp"),
-        XDG_CACHE_HOME=str(caches / "xdg"),
-        PYTHONPATH=str(repo),
-    )
-    # Bytecode caches of the repository's own modules are allowed, as a pip install
-    # leaves them (torch's are already there): they are not compiler caches.
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
+    assert repo == REPO
+    return child_env(caches)
 
 
 def _child(
@@ -230,18 +218,8 @@ def _child(
 ) -> tuple[dict[str, Any], float]:
     """Run the child; returns its JSON line and the wall time at which it was started."""
     start = time.time()
-    proc = subprocess.run(
-        [sys.executable, str(script), *argv],
-        env=env,
-        cwd=str(REPO),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout)[-3000:]
-        raise RuntimeError(f"{' '.join(argv[:3])} failed (exit {proc.returncode}):\n{tail}")
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
+    out = run_child([sys.executable, str(script)], *argv, env=env, timeout=timeout)
+    line = [ln for ln in out.splitlines() if ln.startswith("{")][-1]
     return json.loads(line), start
 
 
@@ -327,9 +305,7 @@ def import_overhead(runs: int, work_root: Path) -> dict[str, float]:
     )
     torch_s, added_s = [], []
     for _ in range(runs):
-        out = subprocess.run(
-            [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
-        ).stdout.split()
+        out = run_child(code, env=env).split()
         torch_s.append(float(out[0]))
         added_s.append(float(out[1]))
     return {"import_torch_s": statistics.median(torch_s), "overhead_s": statistics.median(added_s)}
@@ -442,12 +418,13 @@ def render(report: dict[str, Any]) -> str:
     """Markdown: one table per model, then the import overhead and the machine."""
     parts = [table(model, res) for model, res in report["results"].items()]
     overhead = report["import_overhead"]
-    machine = report["machine"]
-    load = machine.get("load_average")
+    host = report["machine"]
+    load = host.get("load_average")
+    cpus = host.get("cpus", host.get("cpu_count"))  # earlier results: cpu_count
     parts.append(
         f"`import torch`: {overhead['import_torch_s']:.2f} s; `import torch_precompile` adds "
         f"{overhead['overhead_s']:.3f} s. Medians of {report['runs']} runs, "
-        f"{machine['cpu_count']} CPUs, torch {machine['torch']}, Python {machine['python']}"
+        f"{cpus} CPUs, torch {host['torch']}, Python {host['python']}"
         + (f", load average {load[0]:.1f} at the end" if load else "")
         + f" ({report['created']})."
     )
@@ -469,15 +446,11 @@ def update_readme(text: str, torch_version: str) -> None:
 
 
 def _write_report(out: str, runs: int, overhead: dict[str, float], results: dict[str, Any]) -> None:
-    import torch
 
     report = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cpu_count": os.cpu_count(),
+            **machine(),
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         },
         "runs": runs,

@@ -28,12 +28,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def child_env(cache: str | os.PathLike[str] | None = None, **extra: str) -> dict[str, str]:
-    """This process's environment, the repository first on the path, and the compiler
-    caches in ``cache`` when given."""
+    """This process's environment with the repository first on the path.
+
+    With ``cache``: every compiler cache and temporary directory under it
+    (``inductor/``, ``triton/``, ``tmp/``, ``xdg/``), and no inherited
+    ``TORCHINDUCTOR_*`` or ``TRITON_*`` setting. Python's bytecode caches stay
+    allowed, as a pip install leaves them: they are not compiler caches.
+    """
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=path, **extra)
+    env = dict(os.environ, PYTHONPATH=path)
     if cache is not None:
-        env["TORCHINDUCTOR_CACHE_DIR"] = env["TRITON_CACHE_DIR"] = os.fspath(cache)
+        env = {k: v for k, v in env.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
+        root = Path(cache)
+        for sub in ("inductor", "triton", "tmp", "xdg"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        env.update(
+            TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"),
+            TRITON_CACHE_DIR=str(root / "triton"),
+            TMPDIR=str(root / "tmp"),
+            XDG_CACHE_HOME=str(root / "xdg"),
+        )
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.update(extra)
     return env
 
 

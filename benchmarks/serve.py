@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -38,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import child_env, run_child, write_result
 
 SHAPES = {
     "tiny": dict(
@@ -96,13 +95,11 @@ def floor(device: str) -> float:
         code += "; torch.ones(1, device='cuda').add_(1); torch.cuda.synchronize()"
     code += "; print(time.time())"
     t = time.time()
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return float(out.stdout.split()[-1]) - t
+    return float(run_child(code).split()[-1]) - t
 
 
 def start(path: Path, port: int, log: Path) -> tuple[subprocess.Popen[bytes], float]:
-    path_before = os.environ.get("PYTHONPATH")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), path_before])))
+    env = child_env()
     command = [sys.executable, "-c", _SERVER, "serve", str(path), "--port", str(port)]
     command += ["--model-name", "model"]
     t = time.perf_counter()
@@ -228,10 +225,9 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
-    text = json.dumps(result, indent=1)
-    print(text)
+    print(json.dumps(result, indent=1))
     if args.out:
-        args.out.write_text(text + "\n")
+        write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -39,18 +39,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from harness import REPO, child_env, write_result
+
 BAD_IDS = {"id_eq_vocab": 1000, "id_negative": -1, "id_huge": 10**6}
 
 # The server: a fresh process that loads the artifact and serves the requests.
@@ -199,17 +197,13 @@ def build_artifact(path: Path) -> None:
     Precompile.save(path, artifact)
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
 def _run_server(
     script: Path, artifact: Path, requests: Path, threads: int, calls: int, seed: int, kinds: list
 ) -> tuple[int, dict[str, Any] | None, str]:
     argv = [str(artifact), str(requests), str(threads), str(calls), str(seed), json.dumps(kinds)]
     proc = subprocess.run(
         [sys.executable, str(script), *argv],
-        env=_env(),
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=3600,
@@ -286,8 +280,6 @@ def main(argv: list[str] | None = None) -> int:
         report = {}
     outcomes = report.get("outcomes", {})
     result = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}",
         "model": "tests.fixtures.models.build_transformer (2 blocks, d=256, ids (2, 32))",
         "threads": args.threads,
         "calls_per_thread": args.calls,
@@ -344,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['rss_growth_second_half_kib']} KiB)"
     )
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.json, result)
     shutil.rmtree(work, ignore_errors=True)
     ok = (
         not result["wrong_answers"]

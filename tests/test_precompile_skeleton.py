@@ -48,8 +48,10 @@ def test_stage_signatures_match_the_spec() -> None:
     save = inspect.signature(Precompile.save).parameters
     assert list(save) == ["path", "artifact", "bytecode", "guards", "sign_key"]
     load = inspect.signature(Precompile.load).parameters
-    assert list(load) == ["path", "model", "verify_key"]
+    assert [name for name in load if name != "mesh"] == ["path", "model", "verify_key"]
     assert load["model"].kind is inspect.Parameter.KEYWORD_ONLY
+    # The extension (a distributed artifact's mesh) is keyword-only with a default.
+    assert load["mesh"].kind is inspect.Parameter.KEYWORD_ONLY and load["mesh"].default is None
 
 
 def test_public_names_are_exported() -> None:

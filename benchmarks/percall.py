@@ -55,27 +55,27 @@ CHILD = textwrap.dedent(
     if mode == "build":
         with torch.no_grad():
             art = Precompile.compile(model, args, kwargs)
-            Precompile.save(f"{{work}}/{{name}}.pt", art)
+            Precompile.save(f"{work}/{name}.pt", art)
             if cuda:
                 art = Precompile.compile(model, args, kwargs, mode="reduce-overhead")
-                Precompile.save(f"{{work}}/{{name}}.ro.pt", art)
-        torch.save(model.state_dict(), f"{{work}}/{{name}}.weights.pt")
+                Precompile.save(f"{work}/{name}.ro.pt", art)
+        torch.save(model.state_dict(), f"{work}/{name}.weights.pt")
         sys.exit(0)
 
-    model.load_state_dict(torch.load(f"{{work}}/{{name}}.weights.pt", weights_only=True))
-    fns = {{
+    model.load_state_dict(torch.load(f"{work}/{name}.weights.pt", weights_only=True))
+    fns = {
         "eager": model,
         "torch.compile": torch.compile(model),
-        "ours": Precompile.load(f"{{work}}/{{name}}.pt"),
-    }}
+        "ours": Precompile.load(f"{work}/{name}.pt"),
+    }
     if cuda:  # mode="reduce-overhead": CUDA graphs (ours: recorded after a lean load)
         fns["torch.compile reduce-overhead"] = torch.compile(model, mode="reduce-overhead")
-        fns["ours reduce-overhead"] = Precompile.load(f"{{work}}/{{name}}.ro.pt")
-    lean = {{k: type(getattr(f, "compiled_function", None)).__name__ == "LeanCompiledFunction"
-             for k, f in fns.items()}}
+        fns["ours reduce-overhead"] = Precompile.load(f"{work}/{name}.ro.pt")
+    lean = {k: type(getattr(f, "compiled_function", None)).__name__ == "LeanCompiledFunction"
+             for k, f in fns.items()}
     with torch.no_grad():
         ref = model(*args, **kwargs)
-        diffs = {{}}
+        diffs = {}
         for key, fn in fns.items():
             for _ in range(10):
                 out = fn(*args, **kwargs)
@@ -87,7 +87,7 @@ CHILD = textwrap.dedent(
         sync()
         per_batch = max(1, int(0.05 / ((time.perf_counter() - t) / 10)))
         keys = list(fns)
-        times = {{key: [] for key in keys}}
+        times = {key: [] for key in keys}
         for r in range(rounds):
             for key in keys[r % len(keys):] + keys[: r % len(keys)]:
                 fn = fns[key]
@@ -97,16 +97,16 @@ CHILD = textwrap.dedent(
                     fn(*args, **kwargs)
                 sync()
                 times[key].append((time.perf_counter() - t) / per_batch)
-    print(json.dumps({{"times": times, "max_diff": diffs, "per_batch": per_batch,
+    print(json.dumps({"times": times, "max_diff": diffs, "per_batch": per_batch,
                       "threads": torch.get_num_threads(), "lean": lean,
-                      "device": torch.cuda.get_device_name(0) if cuda else "cpu"}}))
+                      "device": torch.cuda.get_device_name(0) if cuda else "cpu"}))
     """
 )
 
 
 def run_model(name: str, rounds: int, work: Path, device: str = "cpu") -> dict[str, Any]:
     script = work / "child.py"
-    script.write_text(CHILD.format())  # the doubled braces of the template
+    script.write_text(CHILD)
     for mode in ("build", "measure"):
         out = run_child(
             [sys.executable, str(script)],

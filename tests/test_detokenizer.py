@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tests.fixtures.bpe import byte_level_bpe
 from torch_precompile.serve.detokenizer import IncrementalText
 
 CORPUS = [
@@ -20,16 +21,7 @@ CORPUS = [
 
 
 def _byte_level() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    return tok
+    return byte_level_bpe(CORPUS, 400, ["<eos>"])
 
 
 def _metaspace() -> Tokenizer:

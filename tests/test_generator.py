@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import run_script  # noqa: E402
 
+from tests.fixtures.bpe import byte_level_bpe  # noqa: E402
 from tests.fixtures.hf_models import assert_same_logits, generator_families  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
 from torch_precompile._errors import CaptureError, GenerationLimitError  # noqa: E402
@@ -71,18 +72,8 @@ FAMILIES = {
 
 def _tokenizer() -> Any:
     """A byte-level BPE trained here (no download), as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<pad>", "<bos>", "<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
     corpus = ["the cat sat on the mat", "a generator serves itself", "héllo wörld"] * 20
-    tok.train_from_iterator(corpus, trainer)
+    tok = byte_level_bpe(corpus, 320, ["<pad>", "<bos>", "<eos>"])
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>"
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._stable import stable_reduction, today
+from .._stable import today
 from ..lean import LeanCompiledFunction, hook_guards_enabled
 from ..lean.pickling import (
     findable_by_name,
@@ -331,9 +331,6 @@ def functions_pickled_by_value() -> Iterator[None]:
     original = AOTCompilePickler.reducer_override
 
     def reducer_override(self: Any, obj: Any) -> Any:
-        stable = stable_reduction(obj)
-        if stable is not None:
-            return stable
         by_value = inspect.isfunction(obj) and "<locals>" not in obj.__qualname__
         if by_value and not findable_by_name(obj):
             return function_by_value(obj)

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from .._stable import stable_reduction
 from ..lean import hook_guards_enabled
 from ..lean.pickling import findable_by_name, function_by_value, reducer_override_patched
 from ..standin.config import dict_base, is_config, reduce_dict_config
@@ -43,9 +42,6 @@ def _guard_state_pickled_portably() -> Iterator[None]:
     original = GuardsStatePickler.reducer_override
 
     def reducer_override(self: Any, obj: Any) -> Any:
-        stable = stable_reduction(obj)
-        if stable is not None:
-            return stable
         if (
             isinstance(obj, torch.nn.Module)
             and type(obj) is not torch.nn.Module

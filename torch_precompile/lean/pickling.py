@@ -20,9 +20,14 @@ from ..standin.config import find
 
 @contextlib.contextmanager
 def reducer_override_patched(pickler: type, override: Callable[..., Any]) -> Iterator[None]:
-    """Swap a PyTorch pickler's reducer_override for the duration of one save."""
+    """Swap a PyTorch pickler's reducer_override for the duration of one save; the
+    package's own functions go by stable name first, as in every pickle it writes."""
     original = pickler.reducer_override
-    pickler.reducer_override = override  # type: ignore[method-assign]
+
+    def stable_first(self: Any, obj: Any) -> Any:
+        return stable_reduction(obj) or override(self, obj)
+
+    pickler.reducer_override = stable_first  # type: ignore[method-assign]
     try:
         yield
     finally:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -143,6 +143,19 @@ def kept_kernels(sources: Iterable[str]) -> dict[str, bytes]:
     over them.
     """
     binaries: dict[str, bytes] = {}
+    for key, argtypes, kernel_source in _wrapper_kernels(sources):
+        if key in binaries:
+            continue
+        try:
+            binaries[key] = built_kernel_binary(argtypes, kernel_source)
+        except Exception as exc:
+            log.debug("kernel %s not kept: %s", key[:12], exc)
+    return binaries
+
+
+def _wrapper_kernels(sources: Iterable[str]) -> Iterator[tuple[str, Any, str]]:
+    """``(key, argtypes, source)`` of each C++ kernel call of Inductor's wrappers
+    ``sources``; a wrapper whose calls cannot be listed is skipped (nothing shipped)."""
     for source in sources:
         try:
             calls = recorded_kernels(source)
@@ -150,14 +163,7 @@ def kept_kernels(sources: Iterable[str]) -> dict[str, bytes]:
             log.debug("cannot list the kernels of a wrapper: %s", exc)
             continue
         for argtypes, kernel_source in calls:
-            key = kernel_key(argtypes, kernel_source)
-            if key in binaries:
-                continue
-            try:
-                binaries[key] = built_kernel_binary(argtypes, kernel_source)
-            except Exception as exc:
-                log.debug("kernel %s not kept: %s", key[:12], exc)
-    return binaries
+            yield kernel_key(argtypes, kernel_source), argtypes, kernel_source
 
 
 def _kernel_binary(owned: Kernels, argtypes: list[str], source: str) -> bytes:
@@ -331,28 +337,21 @@ def cpp_kernels(fns: Sequence[tuple[Any, Kernels]]) -> dict[str, bytes]:
         except Exception as exc:  # an unexpected PyTorch structure: ship nothing for it
             log.debug("no shipped kernels for a compiled function: %s", exc)
             continue
-        for source in sources:
-            try:
-                calls = recorded_kernels(source)
-            except Exception as exc:
-                log.debug("cannot list the kernels of a wrapper: %s", exc)
+        for key, argtypes, kernel_source in _wrapper_kernels(sources):
+            if key in binaries:
                 continue
-            for argtypes, kernel_source in calls:
-                key = kernel_key(argtypes, kernel_source)
-                if key in binaries:
+            if key in owned:
+                binaries[key] = bytes(owned[key])
+                continue
+            try:
+                path = kernel_file_without_compiling(argtypes, kernel_source)
+                if path is not None:
+                    with open(path, "rb") as f:
+                        binaries[key] = f.read()
                     continue
-                if key in owned:
-                    binaries[key] = bytes(owned[key])
-                    continue
-                try:
-                    path = kernel_file_without_compiling(argtypes, kernel_source)
-                    if path is not None:
-                        with open(path, "rb") as f:
-                            binaries[key] = f.read()
-                        continue
-                except Exception as exc:
-                    log.debug("kernel %s not found: %s", key[:12], exc)
-                missing += 1
+            except Exception as exc:
+                log.debug("kernel %s not found: %s", key[:12], exc)
+            missing += 1
     if missing:
         log.debug("%d kernels not shipped: loading will compile them", missing)
     return binaries

@@ -240,7 +240,7 @@ class Engine:
             finish = "stop"
         elif len(run.tokens) >= job.max_tokens:
             finish = "length"
-        text, stopped = run.text.take(finish is not None) if run.text else ("", False)
+        text, stopped = run.text.take(finish is not None) if run.text is not None else ("", False)
         event = {"text": text, "entries": entries, "finish": finish, "tokens": len(run.tokens)}
         if job.return_token_ids or self.tokenizer is None:
             event["ids"] = [token]

@@ -132,6 +132,30 @@ def test_identity_guard_names_both_sides() -> None:
     assert _run_python_form(g, other) == message
 
 
+def test_identity_guard_holds_for_the_same_code_installed_elsewhere() -> None:
+    """The serving machine's copy of a function (another virtual environment's path)
+    passes; other code under the same name does not."""
+    import types
+
+    def f(x: int) -> int:
+        return x + 1
+
+    def g(x: int) -> int:
+        return x + 2
+
+    ident = identity_of(f)
+    assert ident is not None
+    guard = IdentityGuard("dynamo", f"input 'fn' is {ident}", "L['fn']", ident, None)
+    moved_code = f.__code__.replace(co_filename="/srv/venv/lib/site-packages/elsewhere.py")
+    moved = types.FunctionType(moved_code, f.__globals__, "f")
+    moved.__qualname__, moved.__module__ = f.__qualname__, f.__module__
+    assert guard.error(Call({"fn": moved}, False)) is None
+    assert _run_python_form(guard, moved) is None
+    changed = types.FunctionType(g.__code__.replace(co_name="f"), f.__globals__, "f")
+    changed.__qualname__, changed.__module__ = f.__qualname__, f.__module__
+    assert "changed, capture again" in str(guard.error(Call({"fn": changed}, False)))
+
+
 def test_value_guard_compares_as_recorded() -> None:
     g = ValueGuard.of("L['dims']", [1, 2])
     assert g.error(Call({"dims": (1, 2)}, False)) is None

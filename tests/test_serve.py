@@ -65,13 +65,13 @@ sys.exit(code)
 class Server:
     """A ``serve`` process on a free port, and raw HTTP to it."""
 
-    def __init__(self, path: Path, *args: str, module: bool = False) -> None:
+    def __init__(self, path: Path, *args: str, module: bool = False, root: Path = ROOT) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         head = ["-m", "torch_precompile"] if module else ["-c", _SERVER]
         command = [sys.executable, *head, "serve", str(path), "--port", str(self.port), *args]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=str(root))
         self.log = path.with_name(f"{path.stem}-{self.port}.log")
         with self.log.open("w") as log:  # a file, not a pipe: a full pipe would block it
             self.proc = subprocess.Popen(command, env=env, stderr=log)
@@ -335,6 +335,25 @@ def test_two_hundred_requests_no_memory_growth_no_lost_slot(server: Server) -> N
         "queued": 0,
         "cancelled": 0,
     }
+
+
+def test_the_package_installed_elsewhere_serves_the_same_file(
+    built: dict[str, Any], tmp_path: Path
+) -> None:
+    """A file built here, served by the package at another path (another machine's
+    virtual environment): the code the step traced is the same code, so it runs, and
+    the answer is the one served from here."""
+    import shutil
+
+    shutil.copytree(ROOT / "torch_precompile", tmp_path / "torch_precompile")
+    elsewhere = Server(built["path"], root=tmp_path)
+    try:
+        body = {"model": "tiny", "prompt": PROMPTS[5], "max_tokens": 8, "temperature": 0}
+        status, answer = elsewhere.request("POST", "/v1/completions", body)
+        assert status == 200, answer
+        assert answer["choices"][0]["text"] == _greedy(built, PROMPTS[5], 8)
+    finally:
+        elsewhere.stop()
 
 
 def test_a_full_queue_is_503_a_chat_without_template_400(built: dict[str, Any]) -> None:

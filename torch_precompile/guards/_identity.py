@@ -35,12 +35,16 @@ def code_hash(code: types.CodeType) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Identity:
-    """``what`` is function, code, module, class or builtin; unused fields are empty."""
+    """``what`` is function, code, module, class or builtin; unused fields are empty.
+
+    ``file`` is shown, not compared: the same code installed at another path (the
+    serving machine's virtual environment) is the same code.
+    """
 
     what: str
     module: str | None = None
     qualname: str | None = None
-    file: str | None = None
+    file: str | None = dataclasses.field(default=None, compare=False)
     code_hash: str | None = None
     name: str | None = None
 

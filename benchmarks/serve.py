@@ -14,7 +14,11 @@
    different lengths, ``8 + 11 * (i mod 8)`` tokens, ``--new-tokens`` each with
    ``ignore_eos``, greedy), raw HTTP. ``tokens_per_s`` is every new token
    over the wall time from the first request to the last answer; ``ttft`` is
-   each request's time from sending to its first token's event (p50, p99).
+   each request's time from sending to its first token's event (p50, p99);
+5. ``direct``: the same file in a fresh process, ``Generator.generate`` at batch
+   1 (the prompt of the first client's first request, ``--new-tokens`` tokens,
+   no end token), timed after one untimed call: what one client could get with
+   no server in between.
 
 Usage (repository root)::
 
@@ -116,6 +120,28 @@ def start(path: Path, port: int, log: Path) -> tuple[subprocess.Popen[bytes], fl
         except OSError:
             pass
         time.sleep(0.01)
+
+
+_DIRECT = """
+import json, sys, time, torch
+from torch_precompile import Precompile
+path, n, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+gen = Precompile.load(path)
+ids = torch.tensor([[(3 * k) % 900 + 50 for k in range(n)]], device=gen.spec.device)
+for _ in range(2):
+    if gen.spec.device != "cpu":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = gen.generate(ids, max_new_tokens=new, eos_token_id=None)
+    out.tolist()
+    wall = time.perf_counter() - t
+print(json.dumps({"tokens": out.shape[1] - n, "tokens_per_s": round((out.shape[1] - n) / wall, 1)}))
+"""
+
+
+def direct(path: Path, new: int) -> dict[str, Any]:
+    """``Generator.generate`` at batch 1 on the same file, in a fresh process."""
+    return json.loads(run_child(_DIRECT, str(path), "8", str(new)).splitlines()[-1])
 
 
 def stream(port: int, prompt: list[int], new: int) -> tuple[float, int]:
@@ -225,6 +251,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+    result["direct"] = direct(path, args.new_tokens)
     print(json.dumps(result, indent=1))
     if args.out:
         write_result(args.out, result)

@@ -9,6 +9,7 @@ rest needs a CUDA GPU and is skipped without one. On the GPU machine::
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 import types
 from pathlib import Path
@@ -343,3 +344,75 @@ def test_a_kernel_tuned_two_ways_in_two_variants_launches_its_own_cubin(tmp_path
     torch.save({"ids": ids, "new": 16}, tmp_path / "io.pt")
     result = script_json(_FRESH_GENERATOR, path, tmp_path / "io.pt")
     assert result["tokens"] == eager[:, 40:].tolist(), result
+
+
+# ------------------------------------------- the server's engine on the GPU (GPU only)
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
+    tmp_path: Path, mode: str | None
+) -> None:
+    """Six requests in four slots (two queue), each equal to ``generate`` alone (fp32):
+    the engine launches step N + 1 before it reads step N, so this checks that a
+    token chosen on the device reaches the right slot, and that a run which ends
+    (or a slot refilled) never takes a neighbour's row."""
+    transformers = pytest.importorskip("transformers")
+    import threading
+
+    from torch_precompile.generation import compile_generator
+    from torch_precompile.serve.engine import Engine
+    from torch_precompile.serve.protocol import Job
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=320,
+        max_position_embeddings=128,
+    )
+    model = transformers.LlamaForCausalLM(config).cuda().eval()
+    Precompile.save(
+        tmp_path / "g.pt", compile_generator(model, max_batch=4, max_length=64, mode=mode)
+    )
+    gen = Precompile.load(tmp_path / "g.pt")
+    prompts = [[(5 * i + 3 * k) % 300 + 10 for k in range(3 + 4 * i)] for i in range(6)]
+    lengths = [12, 3, 20, 1, 9, 16]  # runs end at different steps, freeing slots for the queue
+    expected = [
+        gen.generate(torch.tensor([p], device="cuda"), max_new_tokens=n, eos_token_id=None)[
+            0, len(p) :
+        ].tolist()
+        for p, n in zip(prompts, lengths)
+    ]
+    engine = Engine(gen, max_queue=8)
+    engine.start()
+    got: list[list[int]] = [[] for _ in prompts]
+    logprobs: list[list[float]] = [[] for _ in prompts]
+    done = [threading.Event() for _ in prompts]
+
+    def sink(i: int) -> Any:
+        def put(event: dict[str, Any]) -> None:
+            assert "error" not in event, event
+            got[i] += event["ids"]
+            logprobs[i] += [e["logprob"] for e in event["entries"]]
+            if event["finish"] is not None:
+                done[i].set()
+
+        return put
+
+    try:
+        for i, (p, n) in enumerate(zip(prompts, lengths)):
+            job = Job(False, "m", p, n, temperature=0, logprobs=2 if i % 2 else None)
+            engine.submit(dataclasses.replace(job, ignore_eos=True), sink(i))
+        assert all(d.wait(120) for d in done), engine.load()
+    finally:
+        engine.stop()
+    assert got == expected
+    for i, n in enumerate(lengths):  # the chosen (greedy) token's log-probability, each step
+        assert len(logprobs[i]) == (n if i % 2 else 0)
+        assert all(x <= 0 for x in logprobs[i])
+    assert engine.load()["busy"] == 0 and not engine.reading

@@ -75,8 +75,12 @@ class Engine:
             for h, d in spec.kv_shapes
         ]
         self.full = torch.ones((slots, length), dtype=torch.long, device=self.device)
-        self.starts = [0] * slots  # the cache index each slot's next token goes to
-        self.last = [0] * slots  # each slot's last token
+        # Per slot, on the device: its next input token, the cache index it goes to, and
+        # 1 while a run holds the slot (a free slot decodes token 0 at index 0).
+        self.ids = torch.zeros((slots, 1), dtype=torch.long, device=self.device)
+        self.index = torch.zeros((slots,), dtype=torch.long, device=self.device)
+        self.member = torch.zeros((slots,), dtype=torch.long, device=self.device)
+        self.reading: collections.deque[_Reading] = collections.deque()  # launched, unread
         self.active: list[_Run | None] = [None] * slots
         self.pending: collections.deque[_Run] = collections.deque()
         self.cv = threading.Condition()
@@ -97,7 +101,6 @@ class Engine:
                 logits = self._prefill_logits(0, [0] * n)
             self.vocab = int(logits.shape[-1])
             self._decode_logits()
-        self.starts = [0] * self.spec.max_batch
         self._thread.start()
 
     def stop(self) -> None:
@@ -139,11 +142,17 @@ class Engine:
             return {"slots": len(self.active), "busy": busy, "queued": queued, "cancelled": left}
 
     # -- the scheduler thread -------------------------------------------------------
+    #
+    # Each pass launches the next decode step before it reads the one before (as vLLM's
+    # asynchronous scheduling): the tokens a step chooses stay on the device as the next
+    # step's input, and reach the host through a non-blocking copy, so the host's work on
+    # step N (text, events, admissions) overlaps the device's work on step N + 1. A run
+    # that ends at step N has one more row computed at N + 1, which is dropped.
 
     def _loop(self) -> None:
         while True:
             with self.cv:
-                while not self._stopped and not self.pending and not any(self.active):
+                while not (self._stopped or self.pending or any(self.active) or self.reading):
                     self.cv.wait()
                 if self._stopped:
                     return
@@ -153,10 +162,14 @@ class Engine:
                 with torch.no_grad():
                     for slot, run in joining:
                         self._join(slot, run)
-                    if any(self.active):
+                    launched = any(self.active)
+                    if launched:
                         self._decode()
+                    while len(self.reading) > launched:
+                        self._deliver(self.reading.popleft())
             except Exception as exc:  # never leave the server stalled: fail who was running
                 log.exception("serve: a step failed")
+                self.reading.clear()
                 for slot, run in enumerate(self.active):
                     if run is not None:
                         self._free(slot, {"error": f"the model's step failed: {exc}"})
@@ -179,14 +192,20 @@ class Engine:
         return joining
 
     def _free(self, slot: int, event: dict[str, Any] | None) -> None:
+        """Empty the slot: the device rows go back to token 0 at index 0, queued after
+        the steps already launched."""
         run = self.active[slot]
-        self.active[slot], self.starts[slot], self.last[slot] = None, 0, 0
+        self.active[slot] = None
+        self.ids[slot], self.index[slot], self.member[slot] = 0, 0, 0
         if run is not None and event is not None:
             run.sink(event)
 
     def _prefill_logits(self, slot: int, prompt: list[int]) -> torch.Tensor:
         n, length = len(prompt), self.spec.max_length
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        ids = torch.tensor([prompt], dtype=torch.long)
+        if self.device.type == "cuda":  # pinned, so the copy does not wait for the device
+            ids = ids.pin_memory()
+        ids = ids.to(self.device, non_blocking=True)
         mask = torch.zeros((1, length), dtype=torch.long, device=self.device)
         mask[:, :n] = 1
         positions = torch.arange(n, device=self.device)[None]
@@ -195,11 +214,8 @@ class Engine:
         return self.step(ids, mask, positions, start, *rows)[:, -1, :].float()
 
     def _decode_logits(self) -> torch.Tensor:
-        ids = torch.tensor(self.last, dtype=torch.long, device=self.device)[:, None]
-        start = torch.tensor(self.starts, dtype=torch.long, device=self.device)
-        return self.step(ids, self.full, start[:, None].clone(), start, *self.cache)[
-            :, -1, :
-        ].float()
+        out = self.step(self.ids, self.full, self.index[:, None].clone(), self.index, *self.cache)
+        return out[:, -1, :].float()
 
     def _join(self, slot: int, run: _Run) -> None:
         if run.cancelled:
@@ -208,33 +224,35 @@ class Engine:
             return
         try:
             logits = self._prefill_logits(slot, run.job.prompt)
+            reading = _Reading(logits, [(0, slot, run)], self._pieces)
         except Exception as exc:
             log.exception("serve: a prefill failed")
             self._free(slot, {"error": f"the model's prefill failed: {exc}"})
             return
-        self.starts[slot] = len(run.job.prompt)
-        self._next(slot, run, logits[0], None)
+        self.ids[slot, 0] = reading.tokens[0]
+        self.index[slot], self.member[slot] = len(run.job.prompt), 1
+        self.reading.append(reading)
 
     def _decode(self) -> None:
         logits = self._decode_logits()
-        greedy = logits.argmax(-1).tolist()
-        for slot, run in enumerate(self.active):
-            if run is not None:
-                self.starts[slot] += 1
-                self._next(slot, run, logits[slot], greedy[slot])
+        rows = [(slot, slot, run) for slot, run in enumerate(self.active) if run is not None]
+        reading = _Reading(logits, rows, self._pieces)
+        self.ids.copy_((reading.tokens * self.member)[:, None])
+        self.index.add_(self.member)
+        self.reading.append(reading)
 
-    def _next(self, slot: int, run: _Run, logits: torch.Tensor, greedy: int | None) -> None:
-        """Choose the slot's next token from its logits, send it, and end the run if done."""
+    def _deliver(self, reading: _Reading) -> None:
+        """Send each run of a launch its token; a run that ended since is skipped."""
+        for (_, slot, run), token, entries in reading.results():
+            if self.active[slot] is run:
+                self._next(slot, run, token, entries)
+
+    def _next(self, slot: int, run: _Run, token: int, entries: list[dict[str, Any]]) -> None:
+        """Send the slot's run its next token, and end the run if it is done."""
         job = run.job
-        if job.temperature > 0:
-            token = int(run.sampler.pick(run.sampler.process(logits[None]))[0])
-        else:
-            token = int(logits.argmax()) if greedy is None else greedy
         run.tokens.append(token)
-        self.last[slot] = token
         if run.text is not None and token not in self.eos:
             run.text.add(token)
-        entries = [self._entry(logits, token, job.logprobs)] if job.logprobs is not None else []
         finish = None
         if token in self.eos and not job.ignore_eos:
             finish = "stop"
@@ -251,15 +269,57 @@ class Engine:
         else:
             run.sink(event)
 
-    def _entry(self, logits: torch.Tensor, token: int, top: int) -> dict[str, Any]:
-        logprobs = logits.log_softmax(-1)
-        alternatives = []
-        if top:
-            values, ids = logprobs.topk(top)
-            alternatives = [(self._piece(i), v) for i, v in zip(ids.tolist(), values.tolist())]
-        return {"token": self._piece(token), "logprob": float(logprobs[token]), "top": alternatives}
-
-    def _piece(self, token: int) -> str:
+    def _pieces(self, tokens: list[int]) -> list[str]:
         if self.tokenizer is None:
-            return f"token_id:{token}"
-        return self.tokenizer.decode([token], skip_special_tokens=False)
+            return [f"token_id:{token}" for token in tokens]
+        return [self.tokenizer.decode([token], skip_special_tokens=False) for token in tokens]
+
+
+class _Reading:
+    """The tokens one launch chose, on the device, and on their way to the host.
+
+    Everything is derived from the step's logits before the next step is launched (a
+    CUDA-graph step's logits are overwritten by the next replay); the host copies are
+    non-blocking and one event marks their end, so :meth:`results` waits for this launch
+    only, not for the steps queued behind it.
+    """
+
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        rows: list[tuple[int, int, _Run]],
+        pieces: Callable[[list[int]], list[str]],
+    ) -> None:
+        self.rows, self.pieces = rows, pieces
+        self.tokens = logits.argmax(-1)
+        extra: list[torch.Tensor] = []
+        for row, _, run in rows:
+            job = run.job
+            if job.temperature > 0:
+                self.tokens[row] = run.sampler.pick(run.sampler.process(logits[row : row + 1]))[0]
+            if job.logprobs is not None:
+                logprobs = logits[row].log_softmax(-1)
+                top = logprobs.topk(job.logprobs)
+                extra += [logprobs[self.tokens[row]], top.values, top.indices]
+        self.host = [t.to("cpu", non_blocking=True) for t in (self.tokens, *extra)]
+        self.done = None
+        if logits.device.type == "cuda":
+            self.done = torch.cuda.Event()
+            self.done.record()
+
+    def results(self) -> list[tuple[tuple[int, int, _Run], int, list[dict[str, Any]]]]:
+        """Per row: the row, its token, and its log-probability entries (if asked)."""
+        if self.done is not None:
+            self.done.synchronize()
+        tokens, extra = self.host[0].tolist(), iter(self.host[1:])
+        out = []
+        for row in self.rows:
+            token, job = tokens[row[0]], row[2].job
+            entries = []
+            if job.logprobs is not None:
+                chosen, values, ids = next(extra), next(extra), next(extra)
+                top = list(zip(self.pieces(ids.tolist()), values.tolist()))
+                (piece,) = self.pieces([token])
+                entries = [{"token": piece, "logprob": float(chosen), "top": top}]
+            out.append((row, token, entries))
+        return out

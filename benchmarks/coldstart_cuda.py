@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from harness import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r"""
@@ -155,12 +157,7 @@ def build_artifacts(builder: str, tmp: str, methods: list[str]) -> dict[str, dic
 
 
 def run_child(method: str, path: str, builder: str, caches: str) -> dict:
-    env = dict(
-        os.environ,
-        PYTHONPATH=ROOT,
-        TRITON_CACHE_DIR=os.path.join(caches, "triton"),
-        TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
-    )
+    env = child_env(caches)
     t = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, method, path, builder],
@@ -372,12 +369,7 @@ print("RESULT " + json.dumps(res))
 
 
 def _suite_child(method: str, name: str, path: str, model_dir: str, caches: str) -> dict:
-    env = dict(
-        os.environ,
-        PYTHONPATH=ROOT,
-        TRITON_CACHE_DIR=os.path.join(caches, "triton"),
-        TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
-    )
+    env = child_env(caches)
     logits = os.path.join(caches, "logits.pt")
     t = time.perf_counter()
     proc = subprocess.run(

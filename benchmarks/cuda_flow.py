@@ -30,6 +30,8 @@ import tempfile
 import time
 import traceback
 
+from harness import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILE_DIR = os.environ.get("CUDA_FLOW_PROFILE_DIR")  # cProfile of the cold loads, if set
 
@@ -335,13 +337,7 @@ def run_case(name: str, builder: str, training: bool, mode: str | None, tmp: str
         }
 
     caches = tempfile.mkdtemp(dir=tmp)
-    env = dict(
-        os.environ,
-        PYTHONPATH=ROOT,
-        TRITON_CACHE_DIR=os.path.join(caches, "triton"),
-        TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
-        TORCHINDUCTOR_COMPILE_THREADS="1",
-    )
+    env = child_env(caches, TORCHINDUCTOR_COMPILE_THREADS="1")
     env["CUDA_FLOW_LEAN_FILE"] = "1" if rep["lean_file"] else "0"
     if mode == "reduce-overhead":
         env["TORCH_LOGS"] = "cudagraphs"

@@ -46,6 +46,8 @@ import tempfile
 import time
 import traceback
 
+from harness import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOISE_FACTOR = 2.0
 ACCURACY_FACTOR = 1.5
@@ -243,13 +245,7 @@ def run_model(name: str, tmp: str, device: str, small: bool) -> dict:
     # The model stays on the GPU while the child runs: at most 1 GiB here.
 
     caches = tempfile.mkdtemp(dir=tmp)
-    env = dict(
-        os.environ,
-        PYTHONPATH=ROOT,
-        TRITON_CACHE_DIR=os.path.join(caches, "triton"),
-        TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
-        TORCHINDUCTOR_COMPILE_THREADS="1",
-    )
+    env = child_env(caches, TORCHINDUCTOR_COMPILE_THREADS="1")
     t = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, path, inputs_path, ref_path, ref32_path, device],

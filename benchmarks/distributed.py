@@ -27,10 +27,8 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import child_env, write_result
+
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "tests" / "fixtures" / "dist_job.py"
 HOWS = ("eager", "jit", "ours")
@@ -46,11 +46,11 @@ FIRST = ("block", "llama")  # the models whose first output is timed
 COMPILED = ("mlp", "block", "llama")  # the compile columns
 
 
-def torchrun(world: int, *args: str, env: dict[str, str] | None = None) -> float:
-    """Run one job; its wall time in seconds."""
+def torchrun(world: int, *args: str, cache: Path, **extra: str) -> float:
+    """Run one job, its compiler caches empty under ``cache``; its wall time in seconds."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += [f"--nproc-per-node={world}", str(JOB), *args]
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = child_env(cache, **extra)
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - start
@@ -74,8 +74,7 @@ def measure(world: int, runs: int, tmp: Path, per_rank: bool = True) -> dict[str
     out.mkdir()
     row: dict[str, Any] = {"world": world}
     # Compiles start from an empty Inductor cache, as on a first deployment.
-    cold = {"TORCHINDUCTOR_CACHE_DIR": str(tmp / f"cache-{world}-build")}
-    wall = torchrun(world, "build", str(out), env=cold)
+    wall = torchrun(world, "build", str(out), cache=tmp / f"cache-{world}-build")
     build = ranks(out, "build", world)[0]
     row["compile_once"] = {
         "job_wall_s": wall,
@@ -83,8 +82,7 @@ def measure(world: int, runs: int, tmp: Path, per_rank: bool = True) -> dict[str
         "compiles": 1,
     }
     if world > 1 and per_rank:  # one rank: compiling once is compiling per rank
-        cold = {"TORCHINDUCTOR_CACHE_DIR": str(tmp / f"cache-{world}-compile-all")}
-        wall = torchrun(world, "compile_all", str(out), env=cold)
+        wall = torchrun(world, "compile_all", str(out), cache=tmp / f"cache-{world}-compile-all")
         per_rank = ranks(out, "compile_all", world)
         row["compile_per_rank"] = {
             "job_wall_s": wall,
@@ -117,11 +115,8 @@ def first_output(world: int, runs: int, tmp: Path, out: Path, model: str) -> dic
     for i in range(runs):
         for how in HOWS:
             cache = tmp / f"cache-{world}-{model}-{how}-{i}"
-            cache.mkdir()
-            env = {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
-            if how == "ours":
-                env["CXX"] = "/bin/false"  # nothing may compile
-            walls[how].append(torchrun(world, "first", str(out), how, model, env=env))
+            extra = {"CXX": "/bin/false"} if how == "ours" else {}  # nothing may compile
+            walls[how].append(torchrun(world, "first", str(out), how, model, cache=cache, **extra))
             results = ranks(out, f"first-{how}-{model}", world)
             firsts[how].append(max(r["first_output_s"] for r in results))
             for r in results:
@@ -212,10 +207,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row, indent=1), flush=True)
     result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, load average "
-        f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
-        "torch": torch.__version__,
+        "load_average": f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
         "backend": "NCCL, one GPU per rank"
         if os.environ.get("TP_DEVICE") == "cuda"
         else "gloo (CPU), 1 thread per rank",
@@ -230,7 +222,7 @@ def main() -> None:
             capture_output=True,
             text=True,
         ).stdout.split()[0]
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.out, result)
     print(f"wrote {args.out}")
     print(table(result))
 

@@ -64,7 +64,8 @@ import tempfile
 import time
 import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from harness import child_env, write_result
+
 SEED = 0
 MODES = (
     "floor",
@@ -610,10 +611,7 @@ def child_argv(a, role: str, model: str, workdir: str, mode: str, batch: int) ->
 def start(a, role: str, model: str, workdir: str, mode: str = "", batch: int = 1):
     """A child process with empty compiler caches, and what ``finish`` needs."""
     caches = tempfile.mkdtemp(prefix="caches-")
-    env = dict(os.environ)
-    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
-    env["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env(caches)
     t0 = time.time()
     argv = [*child_argv(a, role, model, workdir, mode, batch), "--t0", repr(t0)]
     proc = subprocess.Popen(
@@ -821,8 +819,7 @@ def write(a, results: dict, modes: list[str], batches: list[int]) -> None:
     out_dir = a.out or os.environ.get("OUT") or "."
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "generation.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
+    write_result(path, results)
     print(f"wrote {path}")
 
 

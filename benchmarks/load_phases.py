@@ -38,12 +38,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
+
+from harness import REPO, child_env, last_json, run_child, write_result
 
 CONFIG = dict(
     n_layer=2,
@@ -155,23 +155,14 @@ print(json.dumps(out))
 """
 
 
-REPO = str(Path(__file__).resolve().parents[1])
-
-
-def _run(source: str, *args: str, package: str = REPO) -> dict[str, Any]:
+def _run(source: str, *args: str, package: str = str(REPO)) -> dict[str, Any]:
     """Run ``source`` in a fresh process importing torch_precompile from ``package``."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(source), *args],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        cwd=tempfile.gettempdir(),  # `-c` puts the cwd first on sys.path
-        env=dict(os.environ, PYTHONPATH=package),
+    env = child_env() | {"PYTHONPATH": package}
+    # ``-c`` puts the cwd first on sys.path: run from elsewhere, so ``package`` is found.
+    stdout = run_child(
+        textwrap.dedent(source), *args, env=env, timeout=1200, cwd=tempfile.gettempdir()
     )
-    if proc.returncode != 0:
-        raise SystemExit(f"child failed:\n{proc.stderr[-4000:]}")
-    lines = proc.stdout.strip().splitlines()
-    return json.loads(lines[-1]) if lines else {}
+    return last_json(stdout) if stdout.strip() else {}
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -297,7 +288,7 @@ def main() -> None:
         diffs = {c: results[c][-1].get("max_abs_diff") for c in cases}
         print(f"\nlargest |logits - eager's| per case: {diffs}")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        write_result(args.json, {"runs": results})
 
 
 if __name__ == "__main__":

@@ -20,16 +20,14 @@ the end); exits 1 if any family fails or differs by more than 1e-4.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from harness import run_child, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -84,13 +82,10 @@ def survey_one(name: str, build, root: Path, new: int = 8) -> dict:
         )  # fmt: skip
     case, result = root / f"{name}.case", root / f"{name}.out"
     torch.save({"ids": ids, "mask": mask, "new": new}, case)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", _SERVE, str(path), str(case), str(result)],
-        capture_output=True, text=True, env=env, timeout=900,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+    try:
+        run_child(_SERVE, str(path), str(case), str(result), timeout=900)
+    except RuntimeError as exc:
+        last = (str(exc).strip().splitlines() or ["?"])[-1]
         row["note"] = f"serving failed: {last[:160]}"
         return row
     served = torch.load(result)
@@ -129,7 +124,7 @@ def main() -> int:
     for name in names:
         rows.append(survey_one(name, families[name], root))
         print(markdown(rows[-1]), flush=True)
-        (root / "results.json").write_text(json.dumps(rows, indent=1))
+        write_result(root / "results.json", {"rows": rows})
     print("\n" + HEADER + "\n|---|---|---|---|---|---|\n" + "\n".join(map(markdown, rows)))
     ok = all(r.get("tokens_equal") and r.get("max_abs_diff", 1) <= 1e-4 for r in rows)
     return 0 if ok else 1

@@ -41,6 +41,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+
 from tests.fixtures.hf_models import (  # noqa: E402
     assert_same_output,
     extra_models,
@@ -103,20 +104,12 @@ print("@@RESULTS@@" + json.dumps(results))
 
 
 def _no_compiler_env(root: str) -> dict[str, str]:
+    from harness import child_env  # here: the fresh child imports this file without it
+
     bin_dir = os.path.join(root, "bin")
     os.makedirs(bin_dir, exist_ok=True)
     os.symlink(sys.executable, os.path.join(bin_dir, "python"))
-    cache = os.path.join(root, "inductor-cache")
-    os.makedirs(cache)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
-    env.update(
-        PATH=bin_dir,
-        CC="/bin/false",
-        CXX="/bin/false",
-        TORCHINDUCTOR_CACHE_DIR=cache,
-        PYTHONPATH=ROOT,
-    )
-    return env
+    return child_env(os.path.join(root, "caches"), PATH=bin_dir, CC="/bin/false", CXX="/bin/false")
 
 
 def survey(
@@ -168,7 +161,10 @@ def survey(
         print(f"  {name}: {row.get('error', 'built')}", file=sys.stderr, flush=True)
     if cases:
         env = _no_compiler_env(tempfile.mkdtemp(dir=out_dir)) if not compiler else None
-        env = env or dict(os.environ, PYTHONPATH=ROOT)
+        if env is None:
+            from harness import child_env
+
+            env = child_env()
         proc = subprocess.run(
             [sys.executable, "-c", _FRESH, json.dumps(cases), os.path.abspath(__file__)],
             env=env,

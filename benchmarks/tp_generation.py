@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -232,19 +234,15 @@ def serve(a: argparse.Namespace, device: str) -> None:
 
 def start_serving_job(a: argparse.Namespace, workdir: Path, world: int, vocab: int) -> None:
     """Rank 0 starts a fresh ``torchrun`` job on the same GPUs and waits for it."""
-    env = {
+    env = {  # this job's torchrun variables are not the new job's
         k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TORCHELASTIC", "TORCHINDUCTOR", "MASTER_", "GROUP_", "ROLE_"))
+        for k, v in child_env(workdir / "caches").items()
+        if not k.startswith(("TORCHELASTIC", "MASTER_", "GROUP_", "ROLE_"))
         and k
         not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")
     }
     if VISIBLE:
         env["CUDA_VISIBLE_DEVICES"] = VISIBLE
-    cache = workdir / "inductor-cache"
-    cache.mkdir(exist_ok=True)
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += [f"--nproc-per-node={world}", str(Path(__file__).resolve()), "--serve", str(workdir)]
     cmd += ["--vocab", str(vocab), "--batch", str(a.batch), "--prompt", str(a.prompt)]

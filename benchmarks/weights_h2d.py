@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from harness import child_env
+
 WAYS = ("pageable", "pinned", "mapped", "staged")
 
 CHILD = r"""
@@ -104,6 +106,7 @@ def main() -> int:
             for _ in range(opts.repeats):
                 proc = subprocess.run(
                     [sys.executable, "-c", CHILD, way, path, str(n)],
+                    env=child_env(),
                     capture_output=True,
                     text=True,
                     timeout=300,

@@ -760,6 +760,14 @@ def parent(a) -> None:
         write(a, results, modes, batches)
 
 
+def _rate(value: float | None) -> str:
+    """A decode rate for the table; not positive when the two timings it is the
+    difference of are within noise (a few tokens on a busy machine): shown as such."""
+    if value is None:
+        return ""
+    return f"{value:.1f}" if value > 0 else "(noise)"
+
+
 def write(a, results: dict, modes: list[str], batches: list[int]) -> None:
     table = [
         f"Generation, prompt {a.prompt}, {a.new_tokens} new tokens, greedy, batches "
@@ -806,7 +814,7 @@ def write(a, results: dict, modes: list[str], batches: list[int]) -> None:
                         phases += f"; {e['decode_check']}"
                     table.append(
                         f"| {model} | {batch} | {mode} | {e['first_token_s']:.2f} | "
-                        f"{e['tokens_per_s']:.1f} | {run.get('decode_tokens_per_s', 0):.1f} | "
+                        f"{e['tokens_per_s']:.1f} | {_rate(run.get('decode_tokens_per_s'))} | "
                         f"{'' if share is None else f'{share:.0%}'} | "
                         f"{'' if gbs is None else f'{gbs:.1f}'} | {same} | {phases} |"
                     )

@@ -361,20 +361,14 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
     transformers = pytest.importorskip("transformers")
     import threading
 
+    from test_generator import SMALL  # logits far from flat (initializer_range 0.5)
+
     from torch_precompile.generation import compile_generator
     from torch_precompile.serve.engine import Engine
     from torch_precompile.serve.protocol import Job
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=320,
-        max_position_embeddings=128,
-    )
+    config = transformers.LlamaConfig(num_key_value_heads=2, **{**SMALL, "vocab_size": 320})
     model = transformers.LlamaForCausalLM(config).cuda().eval()
     Precompile.save(
         tmp_path / "g.pt", compile_generator(model, max_batch=4, max_length=64, mode=mode)
@@ -382,12 +376,17 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
     gen = Precompile.load(tmp_path / "g.pt")
     prompts = [[(5 * i + 3 * k) % 300 + 10 for k in range(3 + 4 * i)] for i in range(6)]
     lengths = [12, 3, 20, 1, 9, 16]  # runs end at different steps, freeing slots for the queue
-    expected = [
-        gen.generate(torch.tensor([p], device="cuda"), max_new_tokens=n, eos_token_id=None)[
-            0, len(p) :
-        ].tolist()
-        for p, n in zip(prompts, lengths)
-    ]
+    expected, distributions = [], []
+    for p, n in zip(prompts, lengths):
+        ran = gen.generate(
+            torch.tensor([p], device="cuda"),
+            max_new_tokens=n,
+            eos_token_id=None,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        expected.append(ran.sequences[0, len(p) :].tolist())
+        distributions.append([step[0].float().log_softmax(-1) for step in ran.logits])
     engine = Engine(gen, max_queue=8)
     engine.start()
     got: list[list[int]] = [[] for _ in prompts]
@@ -412,7 +411,8 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
     finally:
         engine.stop()
     assert got == expected
-    for i, n in enumerate(lengths):  # the chosen (greedy) token's log-probability, each step
-        assert len(logprobs[i]) == (n if i % 2 else 0)
-        assert all(x <= 0 for x in logprobs[i])
+    for i in range(1, len(prompts), 2):  # each step's log-probability is generate's
+        want = [float(d[t]) for d, t in zip(distributions[i], expected[i])]
+        assert logprobs[i] == pytest.approx(want, abs=1e-4)
+    assert not any(logprobs[i] for i in range(0, len(prompts), 2))
     assert engine.load()["busy"] == 0 and not engine.reading

@@ -175,6 +175,13 @@ def test_completion_and_chat_with_the_openai_client(server: Server, built: dict[
     # (OpenAI's dict of alternatives: two tokens that decode alike are one entry)
     assert len(lp.token_logprobs) == 12 and all(1 <= len(t) <= 3 for t in lp.top_logprobs)
     assert all(abs(max(t.values()) - x) < 1e-5 for t, x in zip(lp.top_logprobs, lp.token_logprobs))
+    # ... and each is the model's own: generate's logits of that step, log-softmaxed.
+    ran = Precompile.load(built["path"]).generate(
+        torch.tensor([ids]), max_new_tokens=12, return_dict_in_generate=True, output_logits=True
+    )
+    new = ran.sequences[0, len(ids) :].tolist()
+    want = [float(step[0].log_softmax(-1)[t]) for step, t in zip(ran.logits, new)]
+    assert lp.token_logprobs == pytest.approx(want, abs=1e-4)
     # Chat: the saved template rendered by the server, as transformers renders it.
     messages = [{"role": "user", "content": "the cat"}]
     chat = client.chat.completions.create(
@@ -341,8 +348,9 @@ def test_the_package_installed_elsewhere_serves_the_same_file(
     built: dict[str, Any], tmp_path: Path
 ) -> None:
     """A file built here, served by the package at another path (another machine's
-    virtual environment): the code the step traced is the same code, so it runs, and
-    the answer is the one served from here."""
+    virtual environment): nothing in the file may name this checkout's paths. (The
+    identity guards that compared a function's file path were checked on the H100's
+    full guard path, not this CPU's lean one: test_guards tests them directly.)"""
     import shutil
 
     shutil.copytree(ROOT / "torch_precompile", tmp_path / "torch_precompile")

@@ -63,7 +63,7 @@ from .specs import (
     subclass_refusal,
     wrapper_refusal,
 )
-from .triton_cubins import triton_sections
+from .triton_cubins import kept_cubins, triton_sections
 
 log = logging.getLogger("torch_precompile")
 
@@ -133,16 +133,25 @@ Kernels = Mapping[str, bytes | memoryview]  # kernel key -> shared object (or cu
 
 
 def kept_kernels(sources: Iterable[str]) -> dict[str, bytes]:
-    """The shared object of each C++ kernel of Inductor's wrappers ``sources``, by key,
-    read as Inductor's compile returns: the artifact owns them from then on, so a
-    save never looks in Inductor's cache directory, which may be gone by then.
+    """The shared object of each C++ kernel and the cubin of each Triton kernel of
+    Inductor's wrappers ``sources``, by key, read as Inductor's compile returns: the
+    artifact owns them from then on, so a save never looks in Inductor's or Triton's
+    cache directory, which may be gone by then.
 
-    Each is a hit in Inductor's code cache right after the compile (one that is
-    not is built now, while the compiler is known to be there). A kernel that
-    cannot be read is left out (loading then compiles it): a compile never fails
-    over them.
+    Each C++ kernel is a hit in Inductor's code cache right after the compile (one
+    that is not is built now, while the compiler is known to be there); the Triton
+    kernels are tuned now where they still are (:func:`.triton_cubins.kept_cubins`).
+    A kernel that cannot be read is left out (loading then compiles it): a compile
+    never fails over them.
     """
+    sources = list(sources)
     binaries: dict[str, bytes] = {}
+    wrappers = [(source, _triton_calls(source)) for source in sources]
+    if any(calls for _, calls in wrappers):
+        try:
+            binaries.update(kept_cubins(wrappers))
+        except Exception as exc:  # an unexpected wrapper: the save reads them, as before
+            log.debug("Triton cubins not kept: %s", exc)
     for key, argtypes, kernel_source in _wrapper_kernels(sources):
         if key in binaries:
             continue
@@ -151,6 +160,14 @@ def kept_kernels(sources: Iterable[str]) -> dict[str, bytes]:
         except Exception as exc:
             log.debug("kernel %s not kept: %s", key[:12], exc)
     return binaries
+
+
+def _triton_calls(source: str) -> list[tuple[str, str, str]]:
+    try:
+        return recorded_calls(source)[1]
+    except Exception as exc:  # an unexpected wrapper: keep no cubins of it
+        log.debug("cannot list the Triton kernels of a wrapper: %s", exc)
+        return []
 
 
 def _wrapper_kernels(sources: Iterable[str]) -> Iterator[tuple[str, Any, str]]:
@@ -236,7 +253,7 @@ def lean_sections(
         triton_calls.append((source, triton_found))
     triton_specs: dict[str, dict[str, Any]] = {}
     if any(calls for _, calls in triton_calls):
-        found = triton_sections(triton_calls)
+        found = triton_sections(triton_calls, owned)
         if isinstance(found, str):
             return None, found
         triton_specs, cubins = found

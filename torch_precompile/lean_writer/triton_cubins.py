@@ -1,11 +1,14 @@
-"""Inductor's Triton kernels for the lean runtime, at save: the autotuned launch
-parameters and the cubins, read from one run of the wrapper module."""
+"""Inductor's Triton kernels for the lean runtime: the autotuned launch parameters
+and the cubins, read from one run of the wrapper module. The cubins are read as
+Inductor's compile returns (:func:`kept_cubins`), while Triton's cache surely holds
+them; a save takes them from the artifact."""
 
 from __future__ import annotations
 
+import logging
 import marshal
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -13,6 +16,8 @@ import torch
 from .._compat.local_collectives import UnknownCollectiveError, local_collectives
 from ..lean.kernels import kernel_key
 from ..lean.triton_kernels import BUILTIN_NAMES, triton_key
+
+log = logging.getLogger(__name__)
 
 
 def _wrapper_module(source: str) -> Any:
@@ -65,10 +70,12 @@ def _cubin(kernel: Any, device: int) -> bytes:
 
 def triton_sections(
     wrappers: Sequence[tuple[str, Sequence[tuple[str, str, str]]]],
+    owned: Mapping[str, bytes | memoryview] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]] | str:
     """Launch specs and cubins of the Triton kernels of each wrapper: ``(wrapper
     source, its calls (name, kernel source, device))``; or why they cannot be
-    launched statically."""
+    launched statically. A cubin in ``owned`` (the artifact's, by key) is taken from
+    there; any other is read from the kernel or from Triton's cache."""
     specs: dict[str, dict[str, Any]] = {}
     binaries: dict[str, bytes] = {}
     for wrapper_source, calls in wrappers:
@@ -81,10 +88,23 @@ def triton_sections(
                 _warm(module)
             except UnknownCollectiveError as exc:
                 return f"Triton kernels to autotune in a graph with a collective: {exc}"
-        reason = _add_specs(calls, tuners, specs, binaries)
+        reason = _add_specs(calls, tuners, specs, binaries, owned or {})
         if reason is not None:
             return reason
     return specs, binaries
+
+
+def kept_cubins(wrappers: Sequence[tuple[str, Sequence[tuple[str, str, str]]]]) -> dict[str, bytes]:
+    """The cubin of each Triton kernel of the wrappers (as :func:`triton_sections`
+    takes them), by key, read as Inductor's compile returns: the artifact owns them
+    from then on. Kernels still to tune are tuned now, by one run of their graph on
+    Inductor's random inputs (a save did so before). None are kept where the kernels
+    cannot be launched statically (the load then compiles them)."""
+    found = triton_sections(wrappers)
+    if isinstance(found, str):
+        log.debug("no Triton cubins kept: %s", found)
+        return {}
+    return found[1]
 
 
 def _add_specs(
@@ -92,6 +112,7 @@ def _add_specs(
     tuners: dict[str, Any],
     specs: dict[str, dict[str, Any]],
     binaries: dict[str, bytes],
+    owned: Mapping[str, bytes | memoryview],
 ) -> str | None:
     for name, source, device_str in calls:
         key = triton_key(device_str, source)
@@ -120,7 +141,7 @@ def _add_specs(
         # and a spec names its own (a spec's warps launching another's cubin fail).
         cubin = kernel_key(["triton", device_str, str(kernel.hash)], source)
         try:
-            binaries[cubin] = _cubin(kernel, device)
+            binaries[cubin] = bytes(owned[cubin]) if cubin in owned else _cubin(kernel, device)
         except OSError as exc:
             return f"Triton kernel {name}: its cubin is not found ({exc})"
         specs[key] = {

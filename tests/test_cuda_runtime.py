@@ -410,9 +410,14 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
         assert all(d.wait(120) for d in done), engine.load()
     finally:
         engine.stop()
-    assert got == expected
-    for i in range(1, len(prompts), 2):  # each step's log-probability is generate's
+    differ = [(i, g, e) for i, (g, e) in enumerate(zip(got, expected)) if g != e]
+    assert not differ, f"requests whose tokens differ from generate's: {differ}"
+    # Each step's log-probability is generate's. fp32 on a GPU: the engine's steps run
+    # four rows (a GEMM) where generate runs one (a GEMV), summing in another order, so
+    # logits of up to ~16 here differ in the fifth digit; a wrong row or step, by units.
+    for i in range(1, len(prompts), 2):
         want = [float(d[t]) for d, t in zip(distributions[i], expected[i])]
-        assert logprobs[i] == pytest.approx(want, abs=1e-4)
+        worst = max(abs(a - b) for a, b in zip(logprobs[i], want))
+        assert logprobs[i] == pytest.approx(want, abs=1e-3), f"request {i}: off by {worst}"
     assert not any(logprobs[i] for i in range(0, len(prompts), 2))
     assert engine.load()["busy"] == 0 and not engine.reading

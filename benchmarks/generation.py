@@ -56,6 +56,7 @@ import io
 import json
 import os
 import pstats
+import resource
 import shutil
 import statistics
 import subprocess
@@ -242,13 +243,16 @@ def child_build(a) -> dict:
     from torch_precompile import Precompile
     from torch_precompile.generation import compile_for_generation
 
+    began = time.perf_counter()
     model = build_model(a, None)
     meta = model_meta(model)
     with open(os.path.join(a.dir, "meta.json"), "w") as f:
         json.dump(meta, f)
+    out: dict = {"model_s": time.perf_counter() - began}
+    began = time.perf_counter()
     torch.save(model.state_dict(), os.path.join(a.dir, "state.pt"))
+    out["state_save_s"] = time.perf_counter() - began
     modes = a.modes.split(",")
-    out: dict = {}
     if any(m.startswith("precompile") for m in modes):
         a.batch = 1
         ids, _ = make_inputs(meta, a)
@@ -273,7 +277,13 @@ def child_build(a) -> dict:
         )
         out["generator_compile_s"] = time.perf_counter() - t
         path = os.path.join(a.dir, "generator.pt")
+        t = time.perf_counter()
         Precompile.save(path, generator)
+        out["generator_save_s"] = time.perf_counter() - t
+    # A build that dies (a kill for memory shows as "exit -9") is judged against these.
+    out["peak_host_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    if a.device == "cuda":
+        out["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1e9
         out["generator_bytes"] = os.path.getsize(path)
     return out
 
@@ -585,11 +595,35 @@ def child(a) -> None:
     faulthandler.dump_traceback_later(
         max(5.0, a.timeout - 15), exit=False
     )  # a hang explains itself
+    if a.stacks_every:  # where a long build spends its time, into its folder
+        _sample_stacks(os.path.join(a.dir, f"stacks-{a.child}.txt"), a.stacks_every)
     try:
         result = child_build(a) if a.child == "build" else child_measure(a)
     except Exception as e:
         result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def _sample_stacks(path: str, every: float) -> None:
+    """Append the main thread's Python stack to ``path`` every ``every`` seconds, from a
+    daemon thread holding the GIL (faulthandler's repeated dumps read the frames
+    without it, and crashed the builds they were to explain)."""
+    import threading
+
+    main = threading.main_thread().ident
+
+    def sample() -> None:
+        began = time.perf_counter()
+        while True:
+            time.sleep(every)
+            frame = sys._current_frames().get(main)
+            if frame is None:
+                return
+            with open(path, "a") as f:
+                f.write(f"--- {time.perf_counter() - began:.0f} s\n")
+                f.writelines(traceback.format_stack(frame))
+
+    threading.Thread(target=sample, daemon=True).start()
 
 
 def child_argv(a, role: str, model: str, workdir: str, mode: str, batch: int) -> list[str]:
@@ -605,6 +639,7 @@ def child_argv(a, role: str, model: str, workdir: str, mode: str, batch: int) ->
         + (["--ours-options", a.ours_options] if a.ours_options else [])
         + (["--profile-load"] if a.profile_load else [])
         + (["--profile-decode"] if a.profile_decode else [])
+        + (["--stacks-every", str(a.stacks_every)] if a.stacks_every else [])
     )
 
 
@@ -704,16 +739,17 @@ def parent(a) -> None:
             print(f"[{model}] build ...", flush=True)
             builds[model] = spawn(a, "build", model, workdir)
         entry["build"] = builds[model]
-        if a.workdir and "error" not in builds[model]:
-            with open(os.path.join(workdir, "build.json"), "w") as f:
+        if a.workdir:  # a failed build is kept apart, and built again by the next run
+            name = "build-error.json" if "error" in builds[model] else "build.json"
+            with open(os.path.join(workdir, name), "w") as f:
                 json.dump(builds[model], f)
-        if a.build_only:
-            continue
         print(
             f"[{model}] build: "
-            + json.dumps({k: v for k, v in entry["build"].items() if k != "traceback"})[:500],
+            + json.dumps({k: v for k, v in entry["build"].items() if k != "traceback"})[:1500],
             flush=True,
         )
+        if a.build_only:
+            continue
         results["models"][model] = entry
         only = dict(item.split(":", 1) for item in a.model_modes.split(";") if item)
         model_modes = only[model].split(",") if model in only else modes
@@ -756,7 +792,8 @@ def parent(a) -> None:
             if gen_entry is not None:
                 gen_entry["decode_check"] = r.get("check", r.get("error"))
         results["models"][model] = entry
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not a.workdir:  # a --workdir build stays for the next run
+            shutil.rmtree(workdir, ignore_errors=True)
         write(a, results, modes, batches)
 
 
@@ -863,6 +900,12 @@ def main() -> None:
         help="generator: cProfile 64 decode tokens on the host (into the JSON)",
     )
     p.add_argument("--build-only", action="store_true", help="build, measure nothing")
+    p.add_argument(
+        "--stacks-every",
+        type=float,
+        default=0.0,
+        help="each child writes its Python stacks every S seconds to its model's folder",
+    )
     p.add_argument(
         "--workdir", default=None, help="keep each model's build in DIR/MODEL, reused if there"
     )

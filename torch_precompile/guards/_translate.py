@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +17,9 @@ from ._objects import DroppedGuard, HooksGuard, IdentityGuard
 from ._shapes import RangeGuard, ShapeGuard
 from ._source import MISSING, Source, describe_source, split_size
 from ._values import GlobalStateGuard, TensorGuard, ValueGuard
+
+if TYPE_CHECKING:
+    from ._collection import Guards
 
 log = logging.getLogger("torch_precompile")
 
@@ -107,9 +110,11 @@ def readable_shape_expr(expr: str, shape_symbols: Mapping[str, str]) -> str:
     return re.sub(r"\bs\d+\b", name, expr)
 
 
-def shape_guards(phase: str, exprs: Sequence[str]) -> list[Guard]:
-    """Symbolic-shape relations a later stage added (as Dynamo wrote them)."""
-    return [ShapeGuard(phase, expr, expr) for expr in exprs]
+def shape_guards(phase: str, exprs: Sequence[str], known: Guards | None = None) -> list[Guard]:
+    """Symbolic-shape relations a later stage added (as Dynamo wrote them): those of
+    ``exprs`` that ``known`` (the stage's input guards) does not hold yet."""
+    held = {g.expression for g in known.of_kind(ShapeGuard)} if known is not None else set()
+    return [ShapeGuard(phase, expr, expr) for expr in exprs if expr not in held]
 
 
 def range_guards(

@@ -9,7 +9,7 @@ import re
 import time
 import types
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,35 +19,10 @@ from .._compat.pytree import tree_leaves
 from .._errors import CaptureError
 from ..distributed.tracing import one_rank_tracing
 from ..guards import Guards, capture_guards, describe_source
-from ..runtime.signature import CallSignature, describe_inputs
-from .handoff import Handoff, hand_out
+from ..runtime.signature import describe_inputs
+from .handoff import CaptureState, Handoff, count_outputs, hand_out, stage_timings
 
 log = logging.getLogger("torch_precompile")
-
-
-@dataclasses.dataclass(frozen=True)
-class CaptureState:
-    """What later stages need from the capture; private, shared by reference.
-
-    Built once by the Dynamo stage and only read afterwards: what a later stage
-    learns (its timing, training or inference, its guards) lives in that
-    stage's output. (Later stages trace with the capture's shape environment,
-    which records their symbolic-shape guards; each stage reports as its own
-    the ones not already in its input's guards.)
-    """
-
-    capture: _compat.Capture
-    model: Any
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    training: bool
-    input_signature: CallSignature  # the example call (precompile adds the graph's side)
-    capture_id: str  # names this capture: guards of another one are refused at save
-
-    @property
-    def grad_enabled(self) -> bool:
-        """Grad mode at capture: later stages run under it (it decides training vs inference)."""
-        return self.capture.grad_enabled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +221,7 @@ def dynamo(
         Guards(entries, capture_id=capture_id),
         stage_timings({}, "dynamo", elapsed),
         state.training,
+        convention=(len(capture.fake_inputs), count_outputs(capture.graph_module)),
     )
     return DynamoOutput(
         capture.graph_module,
@@ -253,8 +229,3 @@ def dynamo(
         hand_out(handoff, capture.graph_module),
         handoff,
     )
-
-
-def stage_timings(earlier: Mapping[str, float], stage: str, seconds: float) -> Mapping[str, float]:
-    """An earlier output's timings plus this stage's, as a new read-only mapping."""
-    return types.MappingProxyType({**earlier, stage: seconds})

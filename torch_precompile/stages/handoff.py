@@ -17,22 +17,49 @@ stage hands out carries the way back to its handoff itself; no table does:
 - The compiled code (:class:`CompiledGraphs`) is this package's own value: it
   holds its handoff.
 
-:func:`take_over` is the one place a stage finds its predecessor's handoff.
+:func:`take_over` is the one place a stage finds its predecessor's handoff, and checks
+that a graph passed in its place keeps the calling convention the handoff declares.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from .. import _compat
+from .._compat.pytree import tree_leaves
 from ..guards import Guards
+from ..runtime.signature import CallSignature
 
-if TYPE_CHECKING:
-    from .dynamo import CaptureState
+
+@dataclasses.dataclass(frozen=True)
+class CaptureState:
+    """What later stages need from the capture; private, shared by reference.
+
+    Built once by the Dynamo stage and only read afterwards: what a later stage
+    learns (its timing, training or inference, its guards) lives in that
+    stage's output. (Later stages trace with the capture's shape environment,
+    which records their symbolic-shape guards; each stage reports as its own
+    the ones not already in its input's guards.)
+    """
+
+    capture: _compat.Capture
+    model: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    training: bool
+    input_signature: CallSignature  # the example call (precompile adds the graph's side)
+    capture_id: str  # names this capture: guards of another one are refused at save
+
+    @property
+    def grad_enabled(self) -> bool:
+        """Grad mode at capture: later stages run under it (it decides training vs inference)."""
+        return self.capture.grad_enabled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +74,36 @@ class Handoff:
     training: bool
     joint: Any = None  # aot_autograd: AOTAutograd's traced joint (its descriptors)
     dynamo_graph: torch.fx.GraphModule | None = None  # aot_autograd: the graph it traced
+    # The inputs (and outputs, None: any) a graph passed in place of the stage's own
+    # must keep: the runtime passes and reads exactly these.
+    convention: tuple[int, int | None] | None = None
+
+
+def stage_timings(earlier: Mapping[str, float], stage: str, seconds: float) -> Mapping[str, float]:
+    """An earlier output's timings plus this stage's, as a new read-only mapping."""
+    return types.MappingProxyType({**earlier, stage: seconds})
+
+
+def count_outputs(gm: torch.fx.GraphModule) -> int:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return len(tree_leaves(out.args[0]))
+
+
+def _check_calling_convention(
+    gm: torch.fx.GraphModule, n_inputs: int, n_outputs: int | None, stage: str
+) -> None:
+    """A pass may rewrite a graph's body, not the inputs or outputs the runtime passes."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != n_inputs:
+        raise ValueError(
+            f"the graph given to {stage} takes {len(placeholders)} inputs, but the capture passes "
+            f"{n_inputs}: a graph pass must not add or remove placeholders"
+        )
+    if n_outputs is not None and count_outputs(gm) != n_outputs:
+        raise ValueError(
+            f"the graph given to {stage} returns {count_outputs(gm)} values, but the capture "
+            f"expects {n_outputs}: a graph pass must not add or remove outputs"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +169,8 @@ def take_over(
     """``(handoff, piece, guards)`` from ``producer``'s output or the piece it unpacked to.
 
     ``piece`` is what the output unpacks to first (the graph, or the compiled
-    code); ``guards`` defaults to the ones the producer handed out.
+    code); ``guards`` defaults to the ones the producer handed out. A graph must
+    keep the handoff's calling convention (a pass may have replaced it).
     """
     if isinstance(value, output_type):
         handoff: Handoff | None = value._handoff
@@ -132,4 +190,6 @@ def take_over(
             "the guards it was handed out with; pass that stage's output, or the pieces it "
             "unpacked to"
         )
+    if isinstance(piece, torch.fx.GraphModule) and handoff.convention is not None:
+        _check_calling_convention(piece, *handoff.convention, stage)
     return handoff, piece, guards if guards is not None else handoff.guards

@@ -11,11 +11,10 @@ from typing import Any
 import torch
 
 from .. import _compat, lean_writer
-from ..guards import Guard, Guards, SystemGuard
+from ..guards import Guard, Guards, SystemGuard, shape_guards
 from ..runtime import machine as _system
-from .aot_autograd import AOTAutogradOutput, check_calling_convention, new_shape_guards
-from .dynamo import stage_timings
-from .handoff import CompiledGraphs, Handoff, hand_out, take_over
+from .aot_autograd import AOTAutogradOutput
+from .handoff import CompiledGraphs, Handoff, hand_out, stage_timings, take_over
 from .index_bounds import index_guards
 
 log = logging.getLogger("torch_precompile")
@@ -55,8 +54,6 @@ def inductor(
     )
     state = aot.state
     jd = aot.joint
-    if joint_gm is not _compat.joint_graph_module(jd):
-        check_calling_convention(joint_gm, _compat.joint_placeholder_count(jd), None, "inductor")
     capture = state.capture
     log.info("inductor: compiling %s", "forward and backward" if aot.training else "forward")
     start = time.perf_counter()
@@ -69,7 +66,7 @@ def inductor(
         kernels = lean_writer.kept_kernels(sources.values())
     elapsed = time.perf_counter() - start
     log.info("inductor: done in %.2f s", elapsed)
-    added = new_shape_guards(capture, guards, "inductor")
+    added = shape_guards("inductor", _compat.shape_env_guard_exprs(capture), guards)
     added.extend(index_guards(joint_gm, capture.input_sources))
     added.extend(system_guards(capture.device_type))
     handoff = Handoff(

@@ -19,12 +19,17 @@ def _holds_dtensors(model: Any) -> bool:
     return dtensor is not None and any(isinstance(p, dtensor) for p in owner.parameters())
 
 
+def traced_on_one_rank(model: Any) -> bool:
+    """Whether ``model`` is traced under ``compile_on_one_rank``: it holds DTensors, and
+    this torch has it (so that the compiled code is the same for every rank). The
+    capture decides it once; every later stage traces the same way."""
+    return _holds_dtensors(model) and _cdist.compile_on_one_rank_available()
+
+
 @contextlib.contextmanager
-def one_rank_tracing(model: Any) -> Iterator[None]:
-    """Trace a model holding DTensors under ``compile_on_one_rank`` (where this
-    torch has it), so that the compiled code is the same for every rank; any
-    other model is traced as it is."""
-    if _holds_dtensors(model) and _cdist.compile_on_one_rank_available():
+def one_rank_tracing(enabled: bool) -> Iterator[None]:
+    """Trace under ``compile_on_one_rank`` where ``enabled`` (:func:`traced_on_one_rank`)."""
+    if enabled:
         with _cdist.compile_on_one_rank():
             yield
     else:

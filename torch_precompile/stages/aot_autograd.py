@@ -56,7 +56,7 @@ def aot_autograd(
     log.info("aot_autograd: tracing the ATen graph")
     start = time.perf_counter()
     # Later stages run under the capture's grad mode: it decides training vs inference.
-    with torch.set_grad_enabled(state.grad_enabled), one_rank_tracing(state.model):
+    with torch.set_grad_enabled(state.grad_enabled), one_rank_tracing(state.one_rank):
         jd = _compat.export_joint(capture, gm, decompositions)
     elapsed = time.perf_counter() - start
     training = _compat.joint_needs_autograd(jd)

@@ -17,7 +17,7 @@ import torch
 from .. import _compat
 from .._compat.pytree import tree_leaves
 from .._errors import CaptureError
-from ..distributed.tracing import one_rank_tracing
+from ..distributed.tracing import one_rank_tracing, traced_on_one_rank
 from ..guards import Guards, capture_guards, describe_source
 from ..runtime.signature import describe_inputs
 from .handoff import CaptureState, Handoff, count_outputs, hand_out, stage_timings
@@ -172,13 +172,15 @@ def dynamo(
     kwargs = dict(example_kwargs or {})
     refuse_nested_fast_path(model)
     log.info("dynamo: capturing %s", _callable_name(model))
+    traceable, training = _traceable(model), _wants_grad(model, args, kwargs)
+    one_rank = traced_on_one_rank(model)
     start = time.perf_counter()
     try:
         if size_oblivious is None:
             size_oblivious = _compat.wants_size_oblivious(args, kwargs)
-        with one_rank_tracing(model):  # DTensor models: rank-free code
+        with one_rank_tracing(one_rank):  # DTensor models: rank-free code
             capture = _compat.fullgraph_capture(
-                _traceable(model), args, kwargs, dynamic, bool(size_oblivious)
+                traceable, args, kwargs, dynamic, bool(size_oblivious)
             )
     except Exception as exc:
         if _compat.is_capture_error(exc):
@@ -202,7 +204,8 @@ def dynamo(
         model=model,
         args=args,
         kwargs=kwargs,
-        training=_wants_grad(model, args, kwargs),
+        training=training,
+        one_rank=one_rank,
         input_signature=describe_inputs(capture.signature, capture.bound_self, args, kwargs),
         capture_id=capture_id,
     )

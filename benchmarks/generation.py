@@ -64,6 +64,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Any
 
 from harness import child_env, write_result
 
@@ -232,6 +233,37 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def timed_generate(run, a, meta: dict) -> tuple[dict, Any]:
+    """``run(n)`` generates n tokens: the first token from spawn, a warm-up (CUDA graphs
+    are recorded there), then a timed run; decode is that run less a one-token run
+    (the prefill and first token). Returns the figures and the timed run's output."""
+    run(1)
+    sync(a.device)
+    first_token_s = time.time() - a.t0
+    t = time.perf_counter()
+    run(a.new_tokens)
+    sync(a.device)
+    warmup_s = time.perf_counter() - t
+    t = time.perf_counter()
+    out = run(a.new_tokens)
+    sync(a.device)
+    dt = time.perf_counter() - t
+    t = time.perf_counter()
+    run(1)
+    sync(a.device)
+    decode_s = (dt - (time.perf_counter() - t)) / max(1, a.new_tokens - 1)
+    figures = {
+        "first_token_s": first_token_s,
+        "decode_ms_per_token": decode_s * 1e3,
+        "decode_tokens_per_s": a.batch / decode_s,
+        "hbm_share": hbm_share(meta, 1 / decode_s),
+        "warmup_generate_s": warmup_s,
+        "generate_s": dt,
+        "tokens_per_s": a.new_tokens * a.batch / dt,
+    }
+    return figures, out
+
+
 def ours_generate_kwargs(a) -> dict:
     """What ``generate`` is given in the precompile modes (and told at build)."""
     return {"cache_implementation": "static"} if a.ours_static else {}
@@ -280,11 +312,11 @@ def child_build(a) -> dict:
         t = time.perf_counter()
         Precompile.save(path, generator)
         out["generator_save_s"] = time.perf_counter() - t
+        out["generator_bytes"] = os.path.getsize(path)
     # A build that dies (a kill for memory shows as "exit -9") is judged against these.
     out["peak_host_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     if a.device == "cuda":
         out["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1e9
-        out["generator_bytes"] = os.path.getsize(path)
     return out
 
 
@@ -334,21 +366,7 @@ def child_generator(a) -> dict:
         )
 
     with torch.no_grad():
-        run(1)
-        sync(a.device)
-        first_token_s = time.time() - a.t0
-        t = time.perf_counter()
-        run(a.new_tokens)  # warm-up (CUDA graphs are recorded here)
-        sync(a.device)
-        warmup_s = time.perf_counter() - t
-        t = time.perf_counter()
-        out = run(a.new_tokens)
-        sync(a.device)
-        dt = time.perf_counter() - t
-        t = time.perf_counter()
-        run(1)  # the prefill and first token alone: decode = the rest
-        sync(a.device)
-        decode_s = (dt - (time.perf_counter() - t)) / max(1, a.new_tokens - 1)
+        figures, out = timed_generate(run, a, meta)
         heavy = ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
         imported = [m for m in heavy if m in sys.modules]  # the profiler imports Dynamo
         profile = decode_profile(run, a) if a.device == "cuda" else {}
@@ -362,20 +380,14 @@ def child_generator(a) -> dict:
     with open(os.path.join(a.dir, f"generator_tokens_b{a.batch}.json"), "w") as f:
         json.dump(out[:, a.prompt :].tolist(), f)
     return {
-        "first_token_s": first_token_s,
+        **figures,
         "phases_from_spawn_s": phases,
         "load_s": load_s,
         "load_gb_per_s": os.path.getsize(path) / load_s / 1e9,
         "file_bytes": os.path.getsize(path),
         "load_trace": load_trace,
-        "decode_ms_per_token": decode_s * 1e3,
-        "decode_tokens_per_s": a.batch / decode_s,
-        "hbm_share": hbm_share(meta, 1 / decode_s),
         **profile,
         **extra,
-        "warmup_generate_s": warmup_s,
-        "generate_s": dt,
-        "tokens_per_s": a.new_tokens * a.batch / dt,
         "tokens": out[:, a.prompt :].tolist(),
         "imported": imported,
     }
@@ -496,7 +508,8 @@ def child_measure(a) -> dict:
     shell = a.mode == "precompile_shell"
     model = build_model(a, os.path.join(a.dir, "state.pt"), shell=shell)
     with open(os.path.join(a.dir, "meta.json")) as f:
-        ids, mask = make_inputs(json.load(f), a)
+        meta = json.load(f)
+    ids, mask = make_inputs(meta, a)
     phases["model"] = time.time() - a.t0
     extra: dict = {}
     extra_result: dict = {}
@@ -555,35 +568,13 @@ def child_measure(a) -> dict:
         ctx.__enter__()
     try:
         with torch.no_grad():
-            gen(1)
-            sync(a.device)
-            first_token_s = time.time() - a.t0
-            t = time.perf_counter()
-            gen(a.new_tokens)  # warm-up
-            sync(a.device)
-            warmup_s = time.perf_counter() - t
-            t = time.perf_counter()
-            out = gen(a.new_tokens)
-            sync(a.device)
-            dt = time.perf_counter() - t
-            t = time.perf_counter()
-            gen(1)  # the prefill and first token alone: decode = the rest
-            sync(a.device)
-            decode_s = (dt - (time.perf_counter() - t)) / max(1, a.new_tokens - 1)
+            figures, out = timed_generate(gen, a, meta)
     finally:
         if ctx is not None:
             ctx.__exit__(None, None, None)
-    with open(os.path.join(a.dir, "meta.json")) as f:
-        meta = json.load(f)
     return {
-        "first_token_s": first_token_s,
+        **figures,
         "phases_from_spawn_s": phases,
-        "decode_ms_per_token": decode_s * 1e3,
-        "decode_tokens_per_s": a.batch / decode_s,
-        "hbm_share": hbm_share(meta, 1 / decode_s),
-        "warmup_generate_s": warmup_s,
-        "generate_s": dt,
-        "tokens_per_s": a.new_tokens * a.batch / dt,
         "tokens": out[:, ids.shape[1] :].tolist(),
         **extra_result,
     }

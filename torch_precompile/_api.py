@@ -10,12 +10,14 @@ from typing import Any
 
 from .distributed.shards import save_shard
 from .runtime.artifact import PrecompiledArtifact
+from .runtime.bundle import bundle_variants
 from .serialization.load import load
 from .serialization.save import save
 from .stages.aot_autograd import aot_autograd
 from .stages.dynamo import dynamo, normalize_inputs
 from .stages.first_call import settled
 from .stages.inductor import inductor
+from .stages.pipeline import run_stages
 from .stages.precompile import precompile
 from .stages.size_one import with_size_one
 
@@ -66,9 +68,16 @@ class Precompile:
         def build(
             args: tuple[Any, ...], kwargs: dict[str, Any], settle: bool = True
         ) -> PrecompiledArtifact:
-            captured = dynamo(model, args, kwargs, dynamic=dynamic, size_oblivious=size_oblivious)
-            joint = aot_autograd(captured, decompositions=decompositions)
-            artifact = precompile(inductor(joint, mode=mode, options=options))
+            artifact = run_stages(
+                model,
+                args,
+                kwargs,
+                dynamic=dynamic,
+                size_oblivious=size_oblivious,
+                decompositions=decompositions,
+                mode=mode,
+                options=options,
+            )
             if not settle:
                 return artifact
             return settled(artifact, args, kwargs, lambda: build(args, kwargs, settle=False))
@@ -81,7 +90,7 @@ class Precompile:
             variants = with_size_one(artifact, args, kwargs, build)
             if len(variants) == 1:
                 return artifact
-            return precompile(variants)
+            return bundle_variants(variants)
 
 
 @contextlib.contextmanager

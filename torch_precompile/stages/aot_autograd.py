@@ -51,6 +51,17 @@ def aot_autograd(
     dynamo, gm, guards = take_over(
         gm_or_dynamo_output, guards, DynamoOutput, "dynamo", "aot_autograd"
     )
+    return trace_joint(dynamo, gm, guards, decompositions)
+
+
+def trace_joint(
+    dynamo: Handoff,
+    gm: torch.fx.GraphModule,
+    guards: Guards,
+    decompositions: dict[Any, Callable[..., Any]] | None = None,
+) -> AOTAutogradOutput:
+    """The stage's work on Dynamo's handoff, its graph (or one that keeps its calling
+    convention) and guards: what :func:`aot_autograd` runs once it has taken over."""
     state = dynamo.state
     capture = state.capture
     log.info("aot_autograd: tracing the ATen graph")

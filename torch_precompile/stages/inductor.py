@@ -52,6 +52,18 @@ def inductor(
     aot, joint_gm, guards = take_over(
         joint_or_aot_output, guards, AOTAutogradOutput, "aot_autograd", "inductor"
     )
+    return compile_graphs(aot, joint_gm, guards, mode, options)
+
+
+def compile_graphs(
+    aot: Handoff,
+    joint_gm: torch.fx.GraphModule,
+    guards: Guards,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> InductorOutput:
+    """The stage's work on AOTAutograd's handoff, its graph and guards: what
+    :func:`inductor` runs once it has taken over."""
     state = aot.state
     jd = aot.joint
     capture = state.capture

@@ -29,6 +29,7 @@ import torch
 from .. import _compat
 from .._compat.pytree import tree_leaves
 from ..guards import Source
+from ..runtime.output_layout import stride_orders
 from .snapshot import Snapshot, Write
 
 _MAX_DEPTH = 16
@@ -40,6 +41,8 @@ class Recording:
     the artifact) and the Python state the forward writes (put back at once)."""
 
     structure: dict[str, Any]
+    # Eager's layout of each graph output (:func:`.output_layout.stride_orders`).
+    layouts: list[list[int] | None]
     writes: tuple[Write, ...] = ()
     # The stub's output i (identity) -> graph output i's example value, for the writes.
     placeholders: tuple[tuple[Any, Any], ...] = ()
@@ -56,6 +59,7 @@ def record(
 ) -> Recording:
     """Run the bytecode once with a stub graph; the caller's objects are left as they were."""
     examples = graph_output_values(graph_module)
+    layouts = stride_orders(examples)
     outputs = [_placeholder(v) for v in examples]
     _, fn, signature = _compat.compiled_function_parts(compiled_function)
     full = (bound_self, *args) if bound_self is not None else args
@@ -71,13 +75,13 @@ def record(
     except Exception as exc:  # a recording must never fail a compile
         snapshot.restore()
         why = f"{type(exc).__name__} while recording: {exc}"[:300]
-        return Recording({"value": {"opaque": why}})
+        return Recording({"value": {"opaque": why}}, layouts)
     writes = tuple(snapshot.writes())
     snapshot.restore()
     placeholders = tuple(zip(outputs, examples))
     if len(calls) != 1:
         why = f"the compiled graph ran {len(calls)} times in one call"
-        return Recording({"value": {"opaque": why}}, writes, placeholders)
+        return Recording({"value": {"opaque": why}}, layouts, writes, placeholders)
     flat_in = list(calls[0])
     tree = _encode(result, outputs, flat_in, 0)
     try:
@@ -90,7 +94,7 @@ def record(
         "value": tree,
         "inputs_checked": _sources_match({**closure, **f_locals}, input_sources, flat_in),
     }
-    return Recording(structure, writes, placeholders)
+    return Recording(structure, layouts, writes, placeholders)
 
 
 def graph_output_values(gm: torch.fx.GraphModule) -> list[Any]:

@@ -19,10 +19,9 @@ from ..runtime import machine as _system
 from ..runtime.artifact import PrecompiledArtifact
 from ..runtime.bundle import bundle_variants
 from ..runtime.call import Runtime
-from ..runtime.output_layout import stride_orders
 from ..runtime.signature import describe_graph_outputs
 from . import output_structure as _output_structure
-from .handoff import take_over
+from .handoff import CompiledGraphs, Handoff, take_over
 from .inductor import InductorOutput
 
 log = logging.getLogger("torch_precompile")
@@ -44,6 +43,12 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
     handoff, compiled, _ = take_over(
         compiled_or_inductor_output, None, InductorOutput, "inductor", "precompile"
     )
+    return make_artifact(handoff, compiled)
+
+
+def make_artifact(handoff: Handoff, compiled: CompiledGraphs) -> PrecompiledArtifact:
+    """The stage's work on Inductor's handoff and compiled code: what :func:`precompile`
+    runs once it has taken over."""
     state = handoff.state
     capture = state.capture
     log.info("precompile: building guards and the compiled function")
@@ -87,7 +92,7 @@ def precompile(compiled_or_inductor_output: Any) -> PrecompiledArtifact:
         symbol_sources=_compat.shape_env_symbol_all_sources(capture),
         output_structure=recording.structure,
         # Eager's layout of each output, so that state returned by one call fits the next.
-        output_layouts=stride_orders(_output_structure.graph_output_values(capture.graph_module)),
+        output_layouts=recording.layouts,
     )
     runtime = Runtime(
         compiled_function,

@@ -62,6 +62,16 @@ def test_unsigned_or_wrongly_signed_files_are_refused(staged, signed, tmp_path) 
         Precompile.load(signed, verify_key=b"another key")
 
 
+@pytest.mark.parametrize(("key", "error"), [(123, TypeError), (b"", ValueError), ("", ValueError)])
+def test_a_bad_verify_key_is_refused_before_the_file_is_opened(
+    tmp_path, key: object, error: type[Exception]
+) -> None:
+    fifo = tmp_path / "pipe.pt"
+    os.mkfifo(fifo)  # opening it would wait for a writer: the key must be refused first
+    with pytest.raises(error, match="verify_key"):
+        Precompile.load(fifo, verify_key=key)
+
+
 def test_tampered_payload_is_never_unpickled(staged, tmp_path) -> None:
     marker = tmp_path / "executed"
     evil = pickle.dumps(_Marker(str(marker)))

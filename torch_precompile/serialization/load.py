@@ -28,7 +28,12 @@ from .._stable import moved_modules_answered, today
 from ..file import sections as names
 from ..file.extension import FileExtension
 from ..file.header import Header
-from ..file.layout import looks_like_artifact, looks_like_torch_compiled_file, open_regular
+from ..file.layout import (
+    as_key,
+    looks_like_artifact,
+    looks_like_torch_compiled_file,
+    open_regular,
+)
 from ..file.opened import OpenedFile
 from ..file.sections import section_name
 from ..guards import Guards, Source, TensorGuard, hooks_entry, unmet_by
@@ -66,6 +71,7 @@ def _load(path: str, model: Any, mesh: Any, verify_key: bytes | str | None) -> A
     """Read the header, check, bind the weights, rebuild each variant, then let the
     file's extensions (a generator, a distributed job) finish what load returns."""
     start = time.perf_counter()
+    as_key(verify_key, "verify_key")  # a key of the wrong type is refused before any I/O
     f = open_regular(path)  # a pipe or device is refused, never waited on; opened once
     try:
         prefix = os.pread(f.fileno(), 16, 0)

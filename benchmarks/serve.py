@@ -18,7 +18,10 @@
 5. ``direct``: the same file in a fresh process, ``Generator.generate`` at batch
    1 (the prompt of the first client's first request, ``--new-tokens`` tokens,
    no end token), timed after one untimed call: what one client could get with
-   no server in between.
+   no server in between;
+6. ``engine``: the same file and request in a fresh process, through the server's
+   engine alone (no HTTP, no event loop), timed after one untimed request: of the
+   gap between one client and ``direct``, what the engine's loop costs.
 
 Usage (repository root)::
 
@@ -144,6 +147,39 @@ def direct(path: Path, new: int) -> dict[str, Any]:
     return json.loads(run_child(_DIRECT, str(path), "8", str(new)).splitlines()[-1])
 
 
+_ENGINE = """
+import dataclasses, json, sys, threading, time
+from torch_precompile import Precompile
+from torch_precompile.serve.engine import Engine
+from torch_precompile.serve.protocol import Job
+path, n, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+engine = Engine(Precompile.load(path), max_queue=1)
+engine.start()
+job = dataclasses.replace(
+    Job(False, "m", [(3 * k) % 900 + 50 for k in range(n)], new, temperature=0), ignore_eos=True
+)
+try:
+    for _ in range(2):
+        done, tokens = threading.Event(), []
+        def sink(event):
+            tokens.extend(event.get("ids", []))
+            if event.get("error") or event["finish"] is not None:
+                done.set()
+        t = time.perf_counter()
+        engine.submit(job, sink)
+        done.wait(600)
+        wall = time.perf_counter() - t
+finally:
+    engine.stop()
+print(json.dumps({"tokens": len(tokens), "tokens_per_s": round(len(tokens) / wall, 1)}))
+"""
+
+
+def engine(path: Path, new: int) -> dict[str, Any]:
+    """The server's engine alone, one request as ``direct``'s, in a fresh process."""
+    return json.loads(run_child(_ENGINE, str(path), "8", str(new)).splitlines()[-1])
+
+
 def stream(port: int, prompt: list[int], new: int) -> tuple[float, int]:
     """One streaming completion: (seconds to the first token, tokens received)."""
     body = {"model": "model", "prompt": prompt, "max_tokens": new, "temperature": 0}
@@ -252,6 +288,7 @@ def main() -> None:
         proc.terminate()
         proc.wait(30)
     result["direct"] = direct(path, args.new_tokens)
+    result["engine"] = engine(path, args.new_tokens)
     print(json.dumps(result, indent=1))
     if args.out:
         write_result(args.out, result)

@@ -144,30 +144,29 @@ def kept_kernels(sources: Iterable[str]) -> dict[str, bytes]:
     A kernel that cannot be read is left out (loading then compiles it): a compile
     never fails over them.
     """
-    sources = list(sources)
     binaries: dict[str, bytes] = {}
-    wrappers = [(source, _triton_calls(source)) for source in sources]
+    wrappers: list[tuple[str, list[tuple[str, str, str]]]] = []
+    for source in sources:
+        try:
+            cpp_calls, triton_calls = recorded_calls(source)  # runs the wrapper's body once
+        except Exception as exc:  # an unexpected wrapper: keep nothing of it
+            log.debug("cannot list the kernels of a wrapper: %s", exc)
+            continue
+        wrappers.append((source, triton_calls))
+        for argtypes, kernel_source in cpp_calls:
+            key = kernel_key(argtypes, kernel_source)
+            if key in binaries:
+                continue
+            try:
+                binaries[key] = built_kernel_binary(argtypes, kernel_source)
+            except Exception as exc:
+                log.debug("kernel %s not kept: %s", key[:12], exc)
     if any(calls for _, calls in wrappers):
         try:
             binaries.update(kept_cubins(wrappers))
         except Exception as exc:  # an unexpected wrapper: the save reads them, as before
             log.debug("Triton cubins not kept: %s", exc)
-    for key, argtypes, kernel_source in _wrapper_kernels(sources):
-        if key in binaries:
-            continue
-        try:
-            binaries[key] = built_kernel_binary(argtypes, kernel_source)
-        except Exception as exc:
-            log.debug("kernel %s not kept: %s", key[:12], exc)
     return binaries
-
-
-def _triton_calls(source: str) -> list[tuple[str, str, str]]:
-    try:
-        return recorded_calls(source)[1]
-    except Exception as exc:  # an unexpected wrapper: keep no cubins of it
-        log.debug("cannot list the Triton kernels of a wrapper: %s", exc)
-        return []
 
 
 def _wrapper_kernels(sources: Iterable[str]) -> Iterator[tuple[str, Any, str]]:

@@ -109,6 +109,11 @@ for kind in eager:
         results[kind] = {"ok": True}
     except Exception as exc:
         results[kind] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+# Each loaded the lean way: the file's own kernels (and, on CUDA, its cubins), with no
+# compiler or Dynamo in the process; a file that lacked them loads through PyTorch's.
+results["compiler"] = [
+    m for m in ("torch._dynamo", "torch._inductor.compile_fx") if sys.modules.get(m) is not None
+]
 # Through PyTorch's full path, the loaded artifact holds the file's kernels: saved
 # again here (no compiler, nothing in the cache), the new file loads too.
 # On CUDA, PyTorch's path needs a C compiler (Triton builds its launcher): the lean one.
@@ -164,6 +169,10 @@ def test_save_after_the_cache_is_gone_warns_of_nothing(loaded: dict[str, Any]) -
 def test_loads_without_compiler_equal_to_eager(loaded: dict[str, Any], kind: str) -> None:
     result = loaded["results"][kind]
     assert result["ok"], f"{kind}: {result.get('error')}"
+
+
+def test_every_kind_loads_without_dynamo_or_the_compiler(loaded: dict[str, Any]) -> None:
+    assert loaded["results"]["compiler"] == [], loaded["results"]["compiler"]
 
 
 def test_a_loaded_artifact_saves_the_kernels_it_was_loaded_with(loaded: dict[str, Any]) -> None:

@@ -71,7 +71,7 @@ def _load(path: str, model: Any, mesh: Any, verify_key: bytes | str | None) -> A
     """Read the header, check, bind the weights, rebuild each variant, then let the
     file's extensions (a generator, a distributed job) finish what load returns."""
     start = time.perf_counter()
-    as_key(verify_key, "verify_key")  # a key of the wrong type is refused before any I/O
+    key = as_key(verify_key, "verify_key")  # a key of the wrong type: refused before any I/O
     f = open_regular(path)  # a pipe or device is refused, never waited on; opened once
     try:
         prefix = os.pread(f.fileno(), 16, 0)
@@ -79,10 +79,10 @@ def _load(path: str, model: Any, mesh: Any, verify_key: bytes | str | None) -> A
         f.close()
         raise
     torch_file = not looks_like_artifact(prefix) and looks_like_torch_compiled_file(prefix)
-    if torch_file and verify_key is None:
+    if torch_file and key is None:
         with f:
             return _load_torch_file(path, f.read(), model)
-    with OpenedFile.open(path, f, verify_key) as file:
+    with OpenedFile.open(path, f, key) as file:
         with _trace.phase("header"):
             _system.check_compatible(file.header.system, file.header.device_type, path=path)
             extensions = [e for kind in EXTENSIONS if (e := kind.for_file(file, model, mesh))]

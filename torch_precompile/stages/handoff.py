@@ -55,7 +55,7 @@ class CaptureState:
     training: bool
     input_signature: CallSignature  # the example call (precompile adds the graph's side)
     capture_id: str  # names this capture: guards of another one are refused at save
-    one_rank: bool = False  # traced under compile_on_one_rank (a DTensor model): every stage
+    one_rank: bool  # traced under compile_on_one_rank (a DTensor model): every stage
 
     @property
     def grad_enabled(self) -> bool:

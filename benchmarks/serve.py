@@ -127,6 +127,7 @@ def start(path: Path, port: int, log: Path) -> tuple[subprocess.Popen[bytes], fl
 
 _DIRECT = """
 import json, sys, time, torch
+sys.modules["transformers"] = None  # as in the server: torch and the file only
 from torch_precompile import Precompile
 path, n, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 gen = Precompile.load(path)
@@ -149,6 +150,7 @@ def direct(path: Path, new: int) -> dict[str, Any]:
 
 _ENGINE = """
 import dataclasses, json, sys, threading, time
+sys.modules["transformers"] = None  # as in the server: torch and the file only
 from torch_precompile import Precompile
 from torch_precompile.serve.engine import Engine
 from torch_precompile.serve.protocol import Job

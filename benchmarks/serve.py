@@ -20,7 +20,8 @@
    no end token), timed after one untimed call: what one client could get with
    no server in between;
 6. ``engine``: the same file and request in a fresh process, through the server's
-   engine alone (no HTTP, no event loop), timed after one untimed request: of the
+   engine alone (no HTTP, no event loop; stepping on the main thread, a client
+   thread submitting, as in the server), timed after one untimed request: of the
    gap between one client and ``direct``, what the engine's loop costs.
 
 Usage (repository root)::
@@ -156,24 +157,29 @@ from torch_precompile.serve.engine import Engine
 from torch_precompile.serve.protocol import Job
 path, n, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 engine = Engine(Precompile.load(path), max_queue=1)
-engine.start()
+engine.warm()
 job = dataclasses.replace(
     Job(False, "m", [(3 * k) % 900 + 50 for k in range(n)], new, temperature=0), ignore_eos=True
 )
-try:
-    for _ in range(2):
-        done, tokens = threading.Event(), []
-        def sink(event):
-            tokens.extend(event.get("ids", []))
-            if event.get("error") or event["finish"] is not None:
-                done.set()
-        t = time.perf_counter()
-        engine.submit(job, sink)
-        done.wait(600)
-        wall = time.perf_counter() - t
-finally:
-    engine.stop()
-print(json.dumps({"tokens": len(tokens), "tokens_per_s": round(len(tokens) / wall, 1)}))
+result = {}
+def client():  # as an HTTP thread of the server: it submits; the main thread steps
+    try:
+        for _ in range(2):
+            done, tokens = threading.Event(), []
+            def sink(event):
+                tokens.extend(event.get("ids", []))
+                if event.get("error") or event["finish"] is not None:
+                    done.set()
+            t = time.perf_counter()
+            engine.submit(job, sink)
+            done.wait(600)
+            wall = time.perf_counter() - t
+        result.update(tokens=len(tokens), tokens_per_s=round(len(tokens) / wall, 1))
+    finally:
+        engine.stop()
+threading.Thread(target=client).start()
+engine.run()
+print(json.dumps(result))
 """
 
 
@@ -214,16 +220,21 @@ def stream(port: int, prompt: list[int], new: int) -> tuple[float, int]:
 def load(port: int, clients: int, rounds: int, new: int) -> dict[str, Any]:
     ttfts: list[float] = []
     total = [0]
+    failed: list[str] = []
     lock = threading.Lock()
 
     def client(i: int) -> None:
-        for r in range(rounds):
-            n = 8 + 11 * ((i + r) % 8)
-            prompt = [(7 * i + 3 * k + r) % 900 + 50 for k in range(n)]
-            ttft, tokens = stream(port, prompt, new)
+        try:
+            for r in range(rounds):
+                n = 8 + 11 * ((i + r) % 8)
+                prompt = [(7 * i + 3 * k + r) % 900 + 50 for k in range(n)]
+                ttft, tokens = stream(port, prompt, new)
+                with lock:
+                    ttfts.append(ttft)
+                    total[0] += tokens
+        except Exception as e:  # a figure over fewer requests than sent would mislead
             with lock:
-                ttfts.append(ttft)
-                total[0] += tokens
+                failed.append(f"client {i}: {type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     t = time.perf_counter()
@@ -232,6 +243,8 @@ def load(port: int, clients: int, rounds: int, new: int) -> dict[str, Any]:
     for th in threads:
         th.join()
     wall = time.perf_counter() - t
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {clients} clients failed; the first: {failed[0]}")
     ttfts.sort()
     return {
         "clients": clients,

@@ -390,6 +390,26 @@ def test_a_full_queue_is_503_a_chat_without_template_400(built: dict[str, Any]) 
         small.stop()
 
 
+def test_sigterm_ends_it_with_status_0_and_a_taken_port_with_1(built: dict[str, Any]) -> None:
+    """SIGTERM (a container's stop) ends the server cleanly; a second server on the same
+    port says it cannot listen and exits 1, rather than loading and serving nothing."""
+    first = Server(built["small"], module=True)
+    try:
+        command = [sys.executable, "-m", "torch_precompile", "serve", str(built["small"])]
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        second = subprocess.run(
+            [*command, "--port", str(first.port)], env=env, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert second.returncode == 1, second.stderr
+        assert f"could not listen on 127.0.0.1:{first.port}" in second.stderr, second.stderr
+        assert first.health()["status"] == "ok"
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.proc.wait(timeout=30) == 0, first.log.read_text()
+    finally:
+        first.stop()
+
+
 def test_the_server_imported_neither_transformers_nor_the_compiler(server: Server) -> None:
     assert server.request("GET", "/health")[0] == 200
     err = server.stop()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,7 +52,7 @@ def serve(args: argparse.Namespace) -> int:
         )
     tokenizer = generator.tokenizer() if generator.tokenizer_json is not None else None
     engine = Engine(generator, max_queue=args.max_queue, tokenizer=tokenizer)
-    engine.start()
+    engine.warm()
     warm = time.perf_counter()
     name = args.model_name or Path(args.path).stem
     app = _app(engine, name, tokenizer)
@@ -69,13 +71,31 @@ def serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    server = uvicorn.Server(config)
+
+    def interrupted(signum: int, frame: Any) -> None:
+        server.force_exit = server.should_exit  # a second Ctrl-C: do not wait for streams
+        server.should_exit = True
+        engine.stop()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, interrupted)
+    http = threading.Thread(target=_listen, args=(server, engine), name="torch-precompile-http")
+    http.start()
+    engine.run()  # this thread steps (Engine.run says why) until a signal or HTTP's end
+    http.join()
+    if not server.started:
+        print(f"serve: could not listen on {args.host}:{args.port} (above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _listen(server: Any, engine: Any) -> None:
+    """HTTP on this thread; its end (a signal, or a port it cannot bind) ends the engine."""
     try:
-        uvicorn.Server(config).run()
-    except KeyboardInterrupt:  # uvicorn shut down, then raises the Ctrl-C it caught
-        pass
+        server.run()
     finally:
         engine.stop()
-    return 0
 
 
 def _app(engine: Any, name: str, tokenizer: Any) -> Any:

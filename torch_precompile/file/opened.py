@@ -137,7 +137,7 @@ class OpenedFile:
             self.kernels = {}
 
     @classmethod
-    def open(cls, path: str, f: io.FileIO, verify_key: bytes | str | None) -> OpenedFile:
+    def open(cls, path: str, f: io.FileIO, verify_key: bytes | None) -> OpenedFile:
         """The file opened as ``f`` (owned from here; closed if this raises), its header
         checked and typed. Use it in a ``with`` block (see :meth:`__exit__`)."""
         with _trace.phase("header"):

@@ -25,7 +25,6 @@ from .layout import (
     FORMAT_VERSION,
     KNOWN_FLAGS,
     ArtifactInfo,
-    as_key,
     corrupted,
     fixed_size,
     open_regular,
@@ -211,7 +210,7 @@ class ArtifactReader:
 def open_artifact(
     path: str | os.PathLike[str],
     *,
-    verify_key: bytes | str | None = None,
+    verify_key: bytes | None = None,
     opened: io.FileIO | None = None,
 ) -> ArtifactReader:
     """Open the artifact at ``path`` and check its header; read sections later.
@@ -222,8 +221,11 @@ def open_artifact(
     A file of another version is checked whole first, as :func:`read_info` does.
     The same errors as :func:`read_artifact`, in the same cases. ``opened``: the
     file, already opened by :func:`open_regular` (the reader owns it from here).
+    ``verify_key`` is bytes: a text key is encoded once, by ``Precompile.load``.
     """
-    key = as_key(verify_key, "verify_key")
+    if verify_key is not None and not isinstance(verify_key, bytes):
+        raise TypeError(f"verify_key must be bytes here, got {type(verify_key).__name__}")
+    key = verify_key
     name = os.fspath(path)
     began = time.perf_counter()
     f = opened if opened is not None else open_regular(name)

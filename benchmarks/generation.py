@@ -341,7 +341,7 @@ def child_generator(a) -> dict:
     ids, mask = make_inputs(meta, a)
     phases["inputs"] = time.time() - a.t0
     path = os.path.join(a.dir, "generator.pt")
-    from torch_precompile._trace import recording
+    from torch_precompile.file.trace import recording
 
     profiler = cProfile.Profile() if a.profile_load else None
     began = time.perf_counter()
@@ -528,7 +528,7 @@ def child_measure(a) -> dict:
 
         path = os.path.join(a.dir, "artifact.pt")
         # standalone: the artifact computes with the file's weights (the model only drives generate)
-        from torch_precompile._trace import recording
+        from torch_precompile.file.trace import recording
 
         profile = cProfile.Profile() if a.profile_load else None
         if profile is not None:

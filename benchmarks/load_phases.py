@@ -6,7 +6,7 @@ times, each in a fresh Python process:
 
 - ``ours``: ``import torch``, ``import torch_precompile``, ``Precompile.load``
   and a first call. Inside the load, from the reader's trace
-  (``torch_precompile._trace.recording``): the header read, each section's
+  (``torch_precompile.file.trace.recording``): the header read, each section's
   read and SHA-256 (bytes, seconds, how many times), and the load's phases
   (header, weights, guards, unpickling, kernel loading, PyTorch's full path if
   taken). The bytes hashed are also counted independently, by wrapping
@@ -116,7 +116,7 @@ if case == "ours":
             importlib.import_module(name)
         out["preimport_s"] = time.perf_counter() - t1
     try:
-        from torch_precompile._trace import recording
+        from torch_precompile.file.trace import recording
     except ImportError:  # a version without the trace: totals only
         import contextlib
         recording = contextlib.nullcontext

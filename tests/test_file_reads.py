@@ -1,7 +1,7 @@
 """One pass over the file: what a load reads and checksums, counted by the reader's trace.
 
 The session's transformer artifact (``staged`` in conftest, a lean one) is
-loaded in fresh processes inside ``torch_precompile._trace.recording()``: each
+loaded in fresh processes inside ``torch_precompile.file.trace.recording()``: each
 section is read and hashed at most once, ``compiled`` never (it is read only to
 save the artifact again), and a kernel already in the kernel directory is not
 read at all. ``inspect`` reads the header only unless ``--verify``. A flipped
@@ -22,13 +22,13 @@ from conftest import script_json
 
 from torch_precompile import ArtifactCorruptedError, Precompile
 from torch_precompile import file as container
-from torch_precompile._trace import recording
 from torch_precompile.cli.main import main as cli_main
+from torch_precompile.file.trace import recording
 
 LOAD = """
     import json, os, sys, torch
     from torch_precompile import Precompile
-    from torch_precompile._trace import recording
+    from torch_precompile.file.trace import recording
     path, io_path, resave = sys.argv[1], sys.argv[2], sys.argv[3]
     io = torch.load(io_path)
     with recording() as trace:

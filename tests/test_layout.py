@@ -19,7 +19,7 @@ MAX_LINES = 520
 
 # Bottom to top: a unit may import units of lower layers (and itself) only.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_errors", "_trace", "_stable"),
+    ("_errors", "_stable"),
     ("file",),  # the container: bytes, header JSON, checksums; no torch
     ("standin",),  # a model's config, weights and attributes without its class
     ("lean",),  # the runtime without the compiler

@@ -262,7 +262,7 @@ def test_load_with_model_reads_no_weights(staged) -> None:
     """Decide from the header, read only what is needed: bound to a live model, the
     file's weights are never read (its module skeleton is, to check the model), nor is
     PyTorch's serialization (the lean path runs without it)."""
-    from torch_precompile._trace import recording
+    from torch_precompile.file.trace import recording
 
     with recording() as trace:
         bound = Precompile.load(staged.path, model=staged.model)

@@ -157,10 +157,10 @@ def _generate(args: argparse.Namespace) -> int:
     text (prompt included) with its tokenizer, else the token ids."""
     import torch
 
+    from .._api import Precompile
     from ..runtime.generator import Generator
-    from ..serialization.load import load
 
-    generator = load(args.path)
+    generator = Precompile.load(args.path)
     if not isinstance(generator, Generator):
         raise ValueError(
             f"{args.path} is not a generator: build one with "
@@ -228,12 +228,12 @@ def _generate(args: argparse.Namespace) -> int:
 def _bench(path: str, *, iters: int, warmup: int, seed: int, as_json: bool) -> int:
     import torch
 
+    from .._api import Precompile
     from ..runtime.signature import example_call
-    from ..serialization.load import load
 
     header(path)  # a non-artifact fails here (header only), before anything is unpickled
     start = time.perf_counter()
-    artifact = load(path)
+    artifact = Precompile.load(path)
     load_s = time.perf_counter() - start
     runtime = artifact.runtime
     args, kwargs = example_call(

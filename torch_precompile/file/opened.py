@@ -12,9 +12,9 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .. import _trace
 from .._errors import ArtifactCorruptedError
 from . import sections as names
+from . import trace as _trace
 from .header import Header
 from .reader import ArtifactReader, open_artifact
 

@@ -15,8 +15,8 @@ import os
 import time
 from typing import Any
 
-from .. import _trace
 from .._errors import ArtifactCorruptedError, ArtifactVersionError, UntrustedArtifactError
+from . import trace as _trace
 from .layout import (
     DIGEST_SIZE,
     FIXED,

@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import Any
 
-from .. import _trace
+from . import trace as _trace
 from .layout import (
     FIXED,
     FLAG_SIGNED,

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .. import _trace
+from ..file import trace as _trace
 from . import autograd as lean_autograd
 from . import cudagraphs as lean_cudagraphs
 from . import inference, wrapper

@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
-from .. import _compat, _trace, lean
+from .. import _compat, lean
 from .._errors import ArtifactCorruptedError, GuardError, KernelDirectoryError
 from .._stable import moved_modules_answered, today
 from ..file import sections as names
+from ..file import trace as _trace
 from ..file.extension import FileExtension
 from ..file.header import Header
 from ..file.layout import (

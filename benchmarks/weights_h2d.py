@@ -12,7 +12,7 @@ synchronised copy, with the host memory each way allocates.
 - ``staged``: two page-locked 64 MiB buffers; reading one chunk overlaps the
   copy of the previous one;
 - ``package``: what ``Precompile.load`` does with a file's weights: the file
-  mapped, ``standin/h2d.copy_to_device`` (page-locked buffers filled from the
+  mapped, ``lean/standin/h2d.copy_to_device`` (page-locked buffers filled from the
   mapping in turn);
 - ``tree``: the SHA-256 tree of the mapping alone (``file/treehash``, every core);
 - ``package+tree``: both at once, as a load runs them (the check on a thread);
@@ -109,7 +109,7 @@ elif way in ("package", "tree", "package+tree", "populate+tree", "package+tree/8
     import mmap, threading, warnings
     from torch_precompile.file import treehash
     from torch_precompile.file.treehash import tree_sha256
-    from torch_precompile.standin.h2d import copy_to_device
+    from torch_precompile.lean.standin.h2d import copy_to_device
     if way.endswith("/8"):
         torch.set_num_threads(8)
         treehash._workers = lambda: 8

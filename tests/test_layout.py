@@ -21,7 +21,6 @@ MAX_LINES = 520
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("_errors", "_stable"),
     ("file",),  # the container: bytes, header JSON, checksums; no torch
-    ("standin",),  # a model's config, weights and attributes without its class
     ("lean",),  # the runtime without the compiler
     ("_compat",),  # adapters over PyTorch's private APIs
     ("lean_writer",),  # the lean format's writer: reads what the compiler built

@@ -198,8 +198,8 @@ def _method_self_guards() -> Any:
 
 
 def test_a_method_bound_to_a_config_is_checked_lean() -> None:
-    from torch_precompile.standin import module as _standin
-    from torch_precompile.standin.config import ConfigStandIn
+    from torch_precompile.lean.standin import module as _standin
+    from torch_precompile.lean.standin.config import ConfigStandIn
 
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB)
     holder = torch.nn.Linear(2, 2)

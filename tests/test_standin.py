@@ -10,8 +10,8 @@ import threading
 import pytest
 import torch
 
-from torch_precompile.standin import module as _standin
-from torch_precompile.standin.config import ConfigStandIn
+from torch_precompile.lean.standin import module as _standin
+from torch_precompile.lean.standin.config import ConfigStandIn
 
 
 class Mode(enum.Enum):

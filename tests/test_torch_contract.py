@@ -237,11 +237,11 @@ def test_no_entry_is_listed_twice() -> None:
 
 # ------------------------------------------------- members and private attributes
 
-# Private attributes torch reads off objects, also read in standin/module.py.
+# Private attributes torch reads off objects, also read in lean/standin/module.py.
 _MEMBER_FILES = (
     *sorted(COMPAT.rglob("*.py")),
     *sorted((COMPAT.parent / "lean_writer").rglob("*.py")),
-    COMPAT.parent / "standin" / "module.py",
+    COMPAT.parent / "lean" / "standin" / "module.py",
 )
 
 
@@ -265,7 +265,7 @@ def _own_names() -> set[str]:
 
 
 def _member_reads() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """Members read off objects in ``_compat/`` and standin/module.py: those of a
+    """Members read off objects in ``_compat/`` and lean/standin/module.py: those of a
     :data:`contract.RECEIVERS` variable (variable -> members), and every private one
     (``x._name``, ``getattr(x, "_name")``) not the package's own (name -> files)."""
     own = _own_names()
@@ -314,7 +314,7 @@ def test_the_member_scan_finds_what_it_must() -> None:
     assert "_aot_graph_capture" in received["jd"]
     for name in ("_tracer_cls", "_dynamo_dynamic_indices", "_global_forward_hooks", "_is_static"):
         assert name in private, name
-    assert "standin/module.py" in private["_non_persistent_buffers_set"]
+    assert "lean/standin/module.py" in private["_non_persistent_buffers_set"]
     assert "_fail_unless" not in private  # the package's own
     assert "_ShapeEnv_nothing" not in _uses_of("torch.fx.experimental.symbolic_shapes:ShapeEnv")
 

@@ -35,7 +35,7 @@ OBJECTS: dict[str, str] = {
     "cell": f"{PACKAGE}.lean.pickling:_cell",
     "function": f"{PACKAGE}.lean.pickling:_rebuild_function",
     "function-lazy-globals": f"{PACKAGE}.lean.pickling:_function_with_module_globals",
-    "dict-config": f"{PACKAGE}.standin.config:rebuild_dict_config",
+    "dict-config": f"{PACKAGE}.lean.standin.config:rebuild_dict_config",
 }
 
 # a module path a file may hold (under the package) -> today's; a moved package
@@ -49,7 +49,7 @@ MOVED: dict[str, str] = {
     "_compat.bytecode_globals": "lean.bytecode_globals",
     "_compat.lean": "lean",
     "_compat.pickling": "lean.pickling",
-    "_config_standin": "standin.config",
+    "_config_standin": "lean.standin.config",
     "_dynamo_stage": "stages.dynamo",
     "_handoff": "stages.handoff",
     "_index_bounds": "stages.index_bounds",
@@ -66,10 +66,12 @@ MOVED: dict[str, str] = {
     "data_parallel": "distributed.data_parallel",
     "file.load": "serialization.load",
     "file.save": "serialization.save",
-    "file.standin": "standin.module",
+    "file.standin": "lean.standin.module",
     "pythonify": "runtime.pythonify",
     # one name per module (2026-11-27): the generator's traced step
     "generation.generator": "generation.compile",
+    # the stand-ins are the lean runtime's (2026-11-28)
+    "standin": "lean.standin",
 }
 
 

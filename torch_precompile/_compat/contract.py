@@ -104,7 +104,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n("torch:Tensor", "_is_view"),
     _n("torch:UntypedStorage", "_cdata"),
     _n("torch._C:_FunctionBase", "_materialize_non_diff_grads"),  # lean/autograd.py
-    # nn.Module internals: the hooks check (hooks.py), the stand-in (standin/module.py).
+    # nn.Module internals: the hooks check (hooks.py), the stand-in (lean/standin/module.py).
     _n(
         "torch.nn:Module",
         "_parameters",

@@ -21,7 +21,7 @@ def _tensor_guards_probe(tensor_guards: type) -> None:
 
 
 def _module_internals_probe(module_cls: type) -> None:
-    """The dicts standin/module.py and hooks.py read off a module hold what they say."""
+    """The dicts lean/standin/module.py and hooks.py read off a module hold what they say."""
     import torch
 
     lin = torch.nn.Linear(2, 2)

@@ -12,7 +12,7 @@ import torch
 
 from ..lean import hook_guards_enabled
 from ..lean.pickling import findable_by_name, function_by_value, reducer_override_patched
-from ..standin.config import dict_base, is_config, reduce_dict_config
+from ..lean.standin.config import dict_base, is_config, reduce_dict_config
 from .capture import Capture
 
 
@@ -31,7 +31,7 @@ def _guard_state_pickled_portably() -> Iterator[None]:
       ``weight_norm``, refuses to be pickled at all).
     - A config that is a dict (diffusers' ``FrozenDict``) rebuilds as its real
       class, or as its stand-in when loaded for saved weights (see
-      :mod:`torch_precompile.standin.config`): Dynamo checks a dict's exact type.
+      :mod:`torch_precompile.lean.standin.config`): Dynamo checks a dict's exact type.
     - A function pickle cannot find by qualified name (the undecorated
       function a ``functools.wraps`` decorator keeps in its closure) is saved
       by value. PyTorch would save a ``_Missing`` placeholder, and the guards

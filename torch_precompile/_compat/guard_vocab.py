@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..standin.config import is_config
+from ..lean.standin.config import is_config
 from .capture import UNSERIALIZABLE_GUARD_KINDS
 from .guard_manager import (
     guard_filter_entry_derived_kinds,

@@ -14,7 +14,7 @@ from .._compat import distributed as _cdist
 from .._errors import DistributedLayoutError
 from ..file.extension import FileExtension
 from ..file.sections import DISTRIBUTED_HOOKS
-from ..standin import module as _standin
+from ..lean.standin import module as _standin
 from .placement import (
     Layout,
     _dist,

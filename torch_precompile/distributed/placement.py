@@ -13,7 +13,7 @@ import torch
 
 from .._compat import distributed as _cdist
 from .._errors import ArtifactCorruptedError, DistributedLayoutError
-from ..standin import module as _standin
+from ..lean.standin import module as _standin
 
 LAYOUT_VERSION = 1
 

@@ -13,7 +13,7 @@ from .._errors import ArtifactCorruptedError, DistributedLayoutError
 from .._stable import dumps as stable_dumps
 from ..file import read_artifact, write_artifact
 from ..file import sections as names
-from ..standin import module as _standin
+from ..lean.standin import module as _standin
 from .placement import Layout, _sharded, describe
 
 log = logging.getLogger("torch_precompile")

@@ -12,7 +12,7 @@ for DTensor inputs), CUDA graph recording for ``mode="reduce-overhead"``
 (``compiled_function``).
 
 The rule of this folder, kept by ``tests/test_layout.py``: it imports nothing
-of the package above ``standin/`` (no stage, no save-time adapter of
+of the package above ``file/`` (no stage, no save-time adapter of
 ``_compat/``), and no compiler: not ``torch._inductor`` (its ``runtime``
 subpackage aside, which generated code imports too), not AOTAutograd, not
 sympy. The one exception is Dynamo's own guard manager, rebuilt from its

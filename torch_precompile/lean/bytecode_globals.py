@@ -21,8 +21,8 @@ import torch
 from torch.autograd import profiler as _profiler_state
 
 from .._stable import today
-from ..standin.config import find
 from .pickling import loads_code
+from .standin.config import find
 
 
 class _DynamoUtils:

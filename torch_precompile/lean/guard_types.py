@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..standin.config import find
+from .standin.config import find
 
 LEAN_TYPES: dict[str, type] = {
     "dict": dict,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._stable import stable_reduction, today
-from ..standin.config import find
+from .standin.config import find
 
 
 @contextlib.contextmanager

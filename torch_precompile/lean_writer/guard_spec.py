@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..lean import shape_expr_ok
-from ..standin.config import is_config
+from ..lean.standin.config import is_config
 from . import dtensor_guards  # noqa: F401  (registers tensor parallelism's readers)
 from .guard_leaves import (
     LEAF_READERS,

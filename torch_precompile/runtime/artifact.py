@@ -14,7 +14,7 @@ import torch
 from .. import _compat
 from ..file import sections as names
 from ..guards import Guards, RangeGuard, describe_source
-from ..standin.module import module_tensors
+from ..lean.standin.module import module_tensors
 from .call import Runtime
 from .pythonify import write_module
 from .signature import CallSignature

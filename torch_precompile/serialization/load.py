@@ -39,13 +39,13 @@ from ..file.opened import OpenedFile
 from ..file.sections import section_name
 from ..guards import Guards, Source, TensorGuard, hooks_entry, unmet_by
 from ..guards._python import dtype_name
+from ..lean.standin import module as standin
+from ..lean.standin.config import standins_in_guards
 from ..runtime import machine as _system
 from ..runtime.artifact import PrecompiledArtifact
 from ..runtime.bundle import bundle_variants
 from ..runtime.call import Runtime
 from ..runtime.signature import CallSignature
-from ..standin import module as standin
-from ..standin.config import standins_in_guards
 from .extensions import EXTENSIONS
 
 log = logging.getLogger("torch_precompile")

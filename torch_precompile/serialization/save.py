@@ -28,8 +28,8 @@ from ..file.header import Header, VariantRecord
 from ..file.sections import KERNEL_PREFIX, section_name
 from ..file.write import write_artifact
 from ..guards import Guards, unmet_by
+from ..lean.standin import module as standin
 from ..runtime.artifact import PrecompiledArtifact
-from ..standin import module as standin
 from .extensions import EXTENSIONS
 
 log = logging.getLogger("torch_precompile")

@@ -94,7 +94,7 @@ def _encode_object(value: Any, memo: dict[int, int], depth: int) -> list[Any]:
             },
         ]
     if is_config(value):
-        # A stand-in without the config's class (see torch_precompile.standin.config).
+        # A stand-in without the config's class (see torch_precompile.lean.standin.config).
         state = {k: encode_value(v, memo, depth + 1) for k, v in vars(value).items()}
         values, methods = class_level_values(value)
         encoded_values = {}

@@ -17,7 +17,19 @@ except ImportError as exc:  # a clear word on what to install, not a bare traceb
         "`pip install torch==2.13.0`, then `pip install -e .` (README, Set up)"
     ) from exc
 
-from ._api import Precompile
+from ._api import (
+    AOTAutogradOutput,
+    DynamoOutput,
+    Generator,
+    Guard,
+    Guards,
+    InductorOutput,
+    Precompile,
+    PrecompiledArtifact,
+    replicate_parameters,
+    save_shard,
+    shard_parameters,
+)
 from ._errors import (
     ArtifactCorruptedError,
     ArtifactVersionError,
@@ -31,14 +43,6 @@ from ._errors import (
     PrecompileError,
     UntrustedArtifactError,
 )
-from .distributed.data_parallel import replicate_parameters, shard_parameters
-from .distributed.shards import save_shard
-from .guards import Guard, Guards
-from .runtime.artifact import PrecompiledArtifact
-from .runtime.generator import Generator
-from .stages.aot_autograd import AOTAutogradOutput
-from .stages.dynamo import DynamoOutput
-from .stages.inductor import InductorOutput
 
 __version__ = "0.1.0"
 

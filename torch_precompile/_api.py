@@ -1,4 +1,6 @@
-"""The ``Precompile`` facade: chains the stages, adds nothing of its own."""
+"""The public API: the ``Precompile`` facade (it chains the stages and adds nothing of
+its own) and the types its stages return. The package's ``__init__`` re-exports this
+module and the errors."""
 
 from __future__ import annotations
 
@@ -8,18 +10,35 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from .distributed.data_parallel import replicate_parameters, shard_parameters
 from .distributed.shards import save_shard
+from .guards import Guard, Guards
 from .runtime.artifact import PrecompiledArtifact
 from .runtime.bundle import bundle_variants
+from .runtime.generator import Generator
 from .serialization.load import load
 from .serialization.save import save
-from .stages.aot_autograd import aot_autograd
-from .stages.dynamo import dynamo, normalize_inputs
+from .stages.aot_autograd import AOTAutogradOutput, aot_autograd
+from .stages.dynamo import DynamoOutput, dynamo, normalize_inputs
 from .stages.first_call import settled
-from .stages.inductor import inductor
+from .stages.inductor import InductorOutput, inductor
 from .stages.pipeline import run_stages
 from .stages.precompile import precompile
 from .stages.size_one import with_size_one
+
+__all__ = [
+    "AOTAutogradOutput",
+    "DynamoOutput",
+    "Generator",
+    "Guard",
+    "Guards",
+    "InductorOutput",
+    "Precompile",
+    "PrecompiledArtifact",
+    "replicate_parameters",
+    "save_shard",
+    "shard_parameters",
+]
 
 log = logging.getLogger("torch_precompile")
 

@@ -19,8 +19,6 @@ import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
-import io
-import pickle
 import sys
 import threading
 import types
@@ -112,18 +110,6 @@ def stable_reduction(obj: Any) -> tuple[Any, tuple[str]] | None:
     if name is None or named(name) is not obj:
         return None
     return named, (name,)
-
-
-class _Pickler(pickle.Pickler):
-    def reducer_override(self, obj: Any) -> Any:
-        return stable_reduction(obj) or NotImplemented
-
-
-def dumps(obj: Any) -> bytes:
-    """``pickle.dumps``, the package's objects by stable name."""
-    buffer = io.BytesIO()
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buffer.getvalue()
 
 
 class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -10,9 +10,9 @@ import torch
 
 from .._compat import distributed as _cdist
 from .._errors import ArtifactCorruptedError, DistributedLayoutError
-from .._stable import dumps as stable_dumps
 from ..file import read_artifact, write_artifact
 from ..file import sections as names
+from ..lean.pickling import dumps as stable_dumps
 from ..lean.standin import module as _standin
 from .placement import Layout, _sharded, describe
 

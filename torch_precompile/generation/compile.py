@@ -24,7 +24,6 @@ from .. import _compat
 from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
 from .._errors import CaptureError
-from ..distributed.shards import save_shard
 from ..runtime.generator import Generator, GeneratorSpec
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
 from .torch_only import refuse_foreign_ops, torch_only_decompositions
@@ -394,4 +393,4 @@ def save_generator_shard(path: Any, model: torch.nn.Module) -> str:
     weights under the names the generator's step gives them. Returns the path
     written.
     """
-    return save_shard(path, _Step(model, 0))
+    return Precompile.save_shard(path, _Step(model, 0))

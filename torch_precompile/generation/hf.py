@@ -38,9 +38,8 @@ from typing import Any
 
 import torch
 
-from .._api import Precompile
+from .._api import Precompile, PrecompiledArtifact
 from .._errors import CaptureError, GuardError
-from ..runtime.artifact import PrecompiledArtifact
 from ..stages.snapshot import Snapshot, swapped_forward
 
 log = logging.getLogger("torch_precompile")

@@ -1,5 +1,7 @@
-"""Pickling functions by value where PyTorch's picklers would save a name that
-another process cannot import (functions defined inside functions, ``__main__``)."""
+"""The package's pickling: its own objects by stable name (:func:`dumps`, and PyTorch's
+picklers patched to do the same), and functions by value where PyTorch's picklers would
+save a name that another process cannot import (functions defined inside functions,
+``__main__``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,18 @@ from typing import Any
 
 from .._stable import stable_reduction, today
 from .standin.config import find
+
+
+class _StablePickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        return stable_reduction(obj) or NotImplemented
+
+
+def dumps(obj: Any) -> bytes:
+    """``pickle.dumps``, the package's objects by stable name (``_stable.OBJECTS``)."""
+    buffer = io.BytesIO()
+    _StablePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 @contextlib.contextmanager

@@ -36,7 +36,6 @@ from .._compat.codecache import (
     kernel_file_without_compiling,
 )
 from .._compat.joint import compiled_function_uses_cudagraphs
-from .._stable import dumps as stable_dumps
 from ..lean import (
     AUTOGRAD_SPEC_VERSION,
     LEAN_SECTION_VERSION,
@@ -51,6 +50,7 @@ from ..lean import (
 )
 from ..lean.bytecode_globals import global_homes
 from ..lean.guards import GUARDS_FILENAME, LeanGuards
+from ..lean.pickling import dumps as stable_dumps
 from ..lean.pickling import dumps_lean
 from ..lean.wrapper import strip_wrapper_imports
 from .guard_spec import lean_guards_of

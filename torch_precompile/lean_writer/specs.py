@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from .._stable import dumps as stable_dumps
 from ..lean.autograd import RNG_IN_WRAPPER, AutogradSpec
 from ..lean.cudagraphs import CUDAGraphSpec
 from ..lean.guard_types import named_class
 from ..lean.inference import InferenceSpec
+from ..lean.pickling import dumps as stable_dumps
 from ..lean.subclasses import SubclassSpec
 from ..lean.wrapper import (
     main_code,

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from .. import _compat, lean_writer
-from .._stable import dumps as stable_dumps
 from ..distributed.placement import describe as describe_layout
 from ..distributed.shards import code_file_parts, save_shard
 from ..file import sections as names
@@ -28,6 +27,7 @@ from ..file.header import Header, VariantRecord
 from ..file.sections import KERNEL_PREFIX, section_name
 from ..file.write import write_artifact
 from ..guards import Guards, unmet_by
+from ..lean.pickling import dumps as stable_dumps
 from ..lean.standin import module as standin
 from ..runtime.artifact import PrecompiledArtifact
 from .extensions import EXTENSIONS

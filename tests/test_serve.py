@@ -410,6 +410,30 @@ def test_sigterm_ends_it_with_status_0_and_a_taken_port_with_1(built: dict[str, 
         first.stop()
 
 
+_BROKEN_ENGINE = """
+import sys
+from torch_precompile.serve import engine
+def broken(self):
+    raise RuntimeError("a fault in the engine's loop")
+engine.Engine._loop = broken
+from torch_precompile.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_engine_that_dies_ends_the_server_rather_than_leaving_http_up(
+    built: dict[str, Any],
+) -> None:
+    """The engine steps on the main thread and HTTP on another: a fault that ends the
+    engine must end the process (status 1, the fault named), not leave a server that
+    accepts requests no one will answer (it hung until killed before)."""
+    command = [sys.executable, "-c", _BROKEN_ENGINE, "serve", str(built["small"]), "--port", "0"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "a fault in the engine's loop" in proc.stderr, proc.stderr
+
+
 def test_the_server_imported_neither_transformers_nor_the_compiler(server: Server) -> None:
     assert server.request("GET", "/health")[0] == 200
     err = server.stop()

@@ -82,8 +82,11 @@ def serve(args: argparse.Namespace) -> int:
         signal.signal(signum, interrupted)
     http = threading.Thread(target=_listen, args=(server, engine), name="torch-precompile-http")
     http.start()
-    engine.run()  # this thread steps (Engine.run says why) until a signal or HTTP's end
-    http.join()
+    try:
+        engine.run()  # this thread steps (Engine.run says why) until a signal or HTTP's end
+    finally:  # the engine's end (an error included) ends HTTP too: never a server without it
+        server.should_exit = True
+        http.join()
     if not server.started:
         print(f"serve: could not listen on {args.host}:{args.port} (above)", file=sys.stderr)
         return 1

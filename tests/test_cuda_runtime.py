@@ -388,7 +388,9 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
         expected.append(ran.sequences[0, len(p) :].tolist())
         distributions.append([step[0].float().log_softmax(-1) for step in ran.logits])
     engine = Engine(gen, max_queue=8)
-    engine.start()
+    engine.warm()
+    stepping = threading.Thread(target=engine.run)
+    stepping.start()
     got: list[list[int]] = [[] for _ in prompts]
     logprobs: list[list[float]] = [[] for _ in prompts]
     done = [threading.Event() for _ in prompts]
@@ -410,6 +412,7 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
         assert all(d.wait(120) for d in done), engine.load()
     finally:
         engine.stop()
+        stepping.join(60)
     differ = [(i, g, e) for i, (g, e) in enumerate(zip(got, expected)) if g != e]
     assert not differ, f"requests whose tokens differ from generate's: {differ}"
     # Each step's log-probability is generate's. fp32 on a GPU: the engine's steps run

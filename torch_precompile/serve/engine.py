@@ -92,16 +92,8 @@ class Engine:
         self.cancelled = 0  # runs whose client left before they ended
         self.eos = set(spec.eos_token_id)
         self._stopped = False
-        self._thread = threading.Thread(
-            target=self._loop, name="torch-precompile-engine", daemon=True
-        )
 
     # -- the public side, called from the HTTP threads ------------------------------
-
-    def start(self) -> None:
-        """Warm each variant up, then serve from a thread of the engine's own."""
-        self.warm()
-        self._thread.start()
 
     def run(self) -> None:
         """Serve on the calling thread until :meth:`stop` (after :meth:`warm`).

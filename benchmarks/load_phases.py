@@ -18,6 +18,10 @@ times, each in a fresh Python process:
   of what torch's ``aot_compile`` + ``save_compiled_function`` wrote, on the
   eager-built model, and a first call (its Inductor cache warm from the build).
 
+``--stack GB`` builds instead a CUDA artifact of about ``GB`` gigabytes of bf16
+weights (a stack of 8192 x 8192 linear layers, ``Precompile.compile``): the load
+of a large model's weights, the bytes from the page cache to the GPU and checked.
+
 Usage (from the repository root)::
 
     python benchmarks/load_phases.py                     # build once, 3 runs
@@ -25,6 +29,7 @@ Usage (from the repository root)::
     python benchmarks/load_phases.py --file model.pt     # any artifact; eager skipped
     python benchmarks/load_phases.py --runs 5 --baseline /work/main  # before/after
     python benchmarks/load_phases.py --preimport transformers.modeling_outputs
+    python benchmarks/load_phases.py --stack 8 --runs 3 --baseline ../before  # a GPU
 
 The children import this checkout's torch_precompile; ``--baseline DIR`` also
 runs the load with the one in ``DIR`` (another checkout), interleaved. Timings are
@@ -77,6 +82,20 @@ if torch_aot:
     except Exception as exc:  # torch 2.13 refuses HF GPT-2 (an ID_MATCH guard)
         with open(os.path.join(work, "gpt2.aot.failed"), "w") as f:
             f.write(f"{type(exc).__name__}: {exc}")
+"""
+
+BUILD_STACK = r"""
+import os, sys, torch
+from torch_precompile import Precompile
+path, layers = sys.argv[1], int(sys.argv[2])
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = torch.nn.Sequential(
+        *[torch.nn.Linear(8192, 8192, bias=False, dtype=torch.bfloat16) for _ in range(layers)]
+    ).eval()
+x = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
+with torch.no_grad():
+    Precompile.save(path, Precompile.compile(model, (x,)))
 """
 
 CHILD = r"""
@@ -186,6 +205,9 @@ def _report_ours(runs: list[dict[str, Any]], which: str) -> None:
         ("first_call_s", "first call"),
     ):
         print(f"  {label:34s} {_ms(_median(runs, key))} ms")
+    load_s = _median(runs, "load_s")
+    if load_s:
+        print(f"  the file over the load             {last['file_size'] / load_s / 1e9:8.2f} GB/s")
     events = last["events"]
     if not events:
         print("  (this torch_precompile records no trace: totals only)")
@@ -242,13 +264,22 @@ def main() -> None:
     parser.add_argument(
         "--baseline", help="also load with the torch_precompile at this path (before/after)"
     )
+    parser.add_argument(
+        "--stack", type=float, help="build a CUDA artifact of about this many GB of weights"
+    )
     args = parser.parse_args()
     config = json.dumps(CONFIG)
     if args.preimport:
         os.environ["LP_PREIMPORT"] = args.preimport
     work = ""
     path = args.file
-    if path is None:
+    if args.stack:
+        path = args.file or os.path.join(tempfile.gettempdir(), f"tp_stack_{args.stack:g}gb.pt")
+        if not os.path.exists(path):
+            layers = max(1, round(args.stack * 1e9 / (8192 * 8192 * 2)))
+            print(f"building {path} ({layers} layers) ...", flush=True)
+            _run(BUILD_STACK, path, str(layers))
+    elif path is None:
         work = args.work or os.path.join(tempfile.gettempdir(), "tp_load_phases")
         os.makedirs(work, exist_ok=True)
         path = os.path.join(work, "gpt2.pt")

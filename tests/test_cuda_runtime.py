@@ -424,3 +424,68 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
         assert logprobs[i] == pytest.approx(want, abs=1e-3), f"request {i}: off by {worst}"
     assert not any(logprobs[i] for i in range(0, len(prompts), 2))
     assert engine.load()["busy"] == 0 and not engine.reading
+
+
+# ---------------------------------- the weights copied to the GPU and checked at once
+
+
+@needs_cuda
+@pytest.mark.parametrize("chunk", [1 << 16, 3 << 20, 16 << 20])
+def test_copy_checked_puts_the_bytes_on_the_gpu_and_hashes_every_leaf(chunk: int) -> None:
+    """``copy_checked`` (the load's weights): the span's bytes on the device, and the
+    section's tree digest as ``tree_sha256`` computes it; one flipped byte, another."""
+    import os
+
+    from torch_precompile.file.treehash import TreeCheck, tree_sha256
+    from torch_precompile.lean.standin.h2d import copy_checked
+
+    data = bytearray(os.urandom((40 << 20) + 12345))
+    good = tree_sha256(data, chunk)
+    for lo, hi in [(0, len(data)), (1000, len(data) - 77), (5 << 20, 9 << 20)]:
+        check = TreeCheck(memoryview(data), chunk, good)
+        out = copy_checked(torch.frombuffer(data, dtype=torch.uint8), (lo, hi), "cuda", check)
+        assert out.device.type == "cuda" and bytes(out.cpu().numpy()) == bytes(data[lo:hi])
+        assert check.matches()
+    data[len(data) // 2] ^= 1
+    check = TreeCheck(memoryview(data), chunk, good)
+    copy_checked(torch.frombuffer(data, dtype=torch.uint8), (0, len(data)), "cuda", check)
+    assert not check.matches()
+
+
+@needs_cuda
+def test_a_cuda_file_loads_its_weights_checked_and_a_flipped_byte_is_the_typed_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA artifact whose weights carry a tree digest (small leaves here) loads equal
+    to eager; a byte flipped in the first, a middle or the last leaf of its weights is
+    ``ArtifactCorruptedError`` from ``Precompile.load``."""
+    from torch_precompile import ArtifactCorruptedError
+    from torch_precompile.file import open_artifact, treehash
+
+    monkeypatch.setattr(treehash, "CHUNK", 1 << 16)
+    monkeypatch.setattr(treehash, "MIN_TREE", 1 << 20)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)
+    ).cuda()
+    x = torch.randn(4, 512, device="cuda")
+    with torch.no_grad():
+        dyn = Precompile.dynamo(model, x)
+        compiled = Precompile.inductor(Precompile.aot_autograd(dyn))
+        art, expected = Precompile.precompile(compiled), model(x)
+    path = tmp_path / "w.pt"
+    Precompile.save(path, art, dyn.bytecode, compiled.guards)
+    with open_artifact(path) as reader:
+        entry = next(s for s in reader.info.sections if s["name"] == "weights")
+        start = reader.info.data_start + entry["offset"]
+    assert entry["tree_chunk"] == 1 << 16 and entry["length"] > 20 * (1 << 16)
+    with torch.no_grad():
+        torch.testing.assert_close(Precompile.load(path)(x), expected)
+    leaves = -(-entry["length"] // (1 << 16))
+    for leaf in (0, leaves // 2, leaves - 1):
+        data = bytearray(path.read_bytes())
+        data[start + min(leaf * (1 << 16) + 4099, entry["length"] - 1)] ^= 1
+        bad = tmp_path / f"bad{leaf}.pt"
+        bad.write_bytes(bytes(data))
+        with pytest.raises(ArtifactCorruptedError, match="section 'weights' fails its SHA-256"):
+            Precompile.load(bad)

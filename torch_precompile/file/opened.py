@@ -17,6 +17,7 @@ from . import sections as names
 from . import trace as _trace
 from .header import Header
 from .reader import ArtifactReader, open_artifact
+from .treehash import TreeCheck
 
 Kernels = Mapping[str, bytes | memoryview]
 
@@ -47,11 +48,12 @@ class Sections:
         self._need(name)
         return self._reader.view(name)
 
-    def copied_out(self, name: str) -> memoryview:
-        """Section ``name`` as a view of the mapped file to copy out at once, its checksum
-        computed meanwhile on a thread and checked before ``load`` returns."""
+    def copied_out(self, name: str) -> tuple[memoryview, TreeCheck | None]:
+        """Section ``name`` as a view of the mapped file to copy out at once, and the
+        check its copier feeds (None: checked on a thread meanwhile); either way
+        checked before ``load`` returns (:meth:`ArtifactReader.view_to_copy`)."""
         self._need(name)
-        return self._reader.view_checked_beside(name)
+        return self._reader.view_to_copy(name)
 
     def forget(self, name: str) -> None:
         """Section ``name`` was copied out and is not needed again (the weights)."""

@@ -2,12 +2,14 @@
 header (its digest, and with a key its HMAC) and returns an :class:`ArtifactReader`
 that maps the file once and hands out each section checked against its SHA-256 the
 first time it is used (the safetensors habit): a caller decides from the header and
-reads only what it needs, once. A section copied out at once (the weights) can be
-checked on a thread meanwhile (:meth:`ArtifactReader.view_checked_beside`)."""
+reads only what it needs, once. A section copied out at once (the weights) is
+checked as it is copied (:meth:`ArtifactReader.view_to_copy`): by the copier, leaf
+by leaf, where it has a tree digest; else on a thread meanwhile."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import io
@@ -16,6 +18,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from . import trace as _trace
@@ -39,6 +42,7 @@ from .read_whole import (
     _read_open,
     _verify,
 )
+from .treehash import TreeCheck
 
 __all__ = ["ArtifactReader", "open_artifact"]
 
@@ -64,7 +68,7 @@ class ArtifactReader:
         self._mapping = True
         self._views: dict[str, memoryview] = {}
         self._lock = threading.Lock()
-        self._checking: dict[str, tuple[threading.Thread, list[bool]]] = {}
+        self._checking: dict[str, Callable[[], bool]] = {}  # each check's verdict, waited for
         self._forget_after_check: set[str] = set()
         weakref.finalize(self, f.close)
 
@@ -106,16 +110,23 @@ class ArtifactReader:
                     self._views[name] = found
             return found
 
-    def view_checked_beside(self, name: str) -> memoryview:
-        """Section ``name`` as a read-only view of the mapped file, checked against its
-        SHA-256 on a thread while the caller copies it out (hashlib lets go of the GIL):
-        :meth:`finish` waits for the check and raises if it failed. Nothing read through
-        this view may be handed out before :meth:`finish` returns."""
+    def view_to_copy(self, name: str) -> tuple[memoryview, TreeCheck | None]:
+        """Section ``name`` as a read-only view of the mapped file, to be copied out at
+        once, and checked meanwhile: with a tree digest, by the copier, from the
+        :class:`~.treehash.TreeCheck` returned (leaves it leaves out are hashed by
+        :meth:`finish`); else on a thread (``hashlib`` lets go of the GIL), and None.
+        :meth:`finish` raises if the check failed; nothing read through this view may
+        be handed out before it returns."""
         with self._lock:
             found = self._views.get(name)
             if found is not None or not self._mapping:
-                return found if found is not None else self._checked_view(name)
+                return (found if found is not None else self._checked_view(name)), None
             entry, view = self._entry(name), self._mapped_view(name)
+            self._views[name] = view
+            if "sha256_tree" in entry:
+                check = TreeCheck(view, int(entry["tree_chunk"]), entry["sha256_tree"])
+                self._checking[name] = functools.partial(self._timed, name, check)
+                return view, check
             verdict: list[bool] = []
             thread = threading.Thread(
                 target=lambda: verdict.append(_hash_matches(name, entry, view)),
@@ -123,12 +134,18 @@ class ArtifactReader:
                 daemon=True,
             )
             thread.start()
-            self._checking[name] = (thread, verdict)
-            self._views[name] = view
-            return view
+            self._checking[name] = lambda: thread.join() or verdict == [True]
+            return view, None
+
+    @staticmethod
+    def _timed(name: str, check: TreeCheck) -> bool:
+        began = time.perf_counter()
+        ok = check.matches()
+        _trace.record("hash", name, check.view.nbytes, time.perf_counter() - began)
+        return ok
 
     def finish(self) -> None:
-        """Wait for the checks :meth:`view_checked_beside` started; ``ArtifactCorruptedError``
+        """Wait for the checks :meth:`view_to_copy` started; ``ArtifactCorruptedError``
         for a section that failed. Then the sections forgotten meanwhile are dropped."""
         failed = self._join()
         if failed:
@@ -141,12 +158,7 @@ class ArtifactReader:
         """Wait for every check on a thread; the names of the sections that failed."""
         with self._lock:
             checking, self._checking = self._checking, {}
-        failed = []
-        for name, (thread, verdict) in checking.items():
-            thread.join()
-            if verdict != [True]:
-                failed.append(name)
-        return failed
+        return [name for name, verdict in checking.items() if not verdict()]
 
     def read(self, name: str) -> bytes:
         """The bytes of section ``name`` (a copy of :meth:`view`); ``KeyError`` if there is none."""

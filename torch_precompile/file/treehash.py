@@ -11,6 +11,9 @@ digest (a section's ``sha256_tree``, beside its ``tree_chunk``; docs/FORMAT.md) 
 with the integers little-endian and the last chunk possibly shorter. The
 chunk size and the length are hashed in, so no two layouts of one input share
 a digest, and a changed byte anywhere changes its chunk's leaf and so the root.
+
+A section copied out at load is hashed by its copier, leaf by leaf from the
+bytes just staged (:class:`TreeCheck`), so the file's pages are read once.
 """
 
 from __future__ import annotations
@@ -18,10 +21,20 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-__all__ = ["CHUNK", "MIN_CHUNK", "MIN_TREE", "digest_entry", "entry_matches", "tree_sha256"]
+__all__ = [
+    "CHUNK",
+    "MIN_CHUNK",
+    "MIN_TREE",
+    "TreeCheck",
+    "digest_entry",
+    "entry_matches",
+    "tree_sha256",
+]
 
 MIN_CHUNK = 1 << 12  # a reader refuses smaller leaves (a hand-made table of tiny ones)
 CHUNK = 16 << 20  # bytes per leaf: large enough that a thread's start is noise
@@ -33,18 +46,9 @@ def _workers() -> int:
     return max(1, min(32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
 
 
-def tree_sha256(
-    data: bytes | bytearray | memoryview,
-    chunk: int = CHUNK,
-    *,
-    on_chunk: Callable[[int, int], None] | None = None,
-) -> str:
-    """The hex ``sha256-tree`` digest of ``data`` over ``chunk``-byte leaves.
-
-    ``on_chunk(start, end)`` is called (from a worker thread) after each leaf is
-    hashed, for callers that overlap work with the check; leaves are hashed on
-    all cores, in no particular order.
-    """
+def tree_sha256(data: bytes | bytearray | memoryview, chunk: int = CHUNK) -> str:
+    """The hex ``sha256-tree`` digest of ``data`` over ``chunk``-byte leaves, hashed on
+    all cores."""
     if chunk <= 0:
         raise ValueError(f"chunk must be positive, got {chunk}")
     view = memoryview(data).cast("B")
@@ -52,21 +56,75 @@ def tree_sha256(
     starts = range(0, n, chunk) if n else range(1)
 
     def leaf(start: int) -> bytes:
-        digest = hashlib.sha256(view[start : start + chunk]).digest()
-        if on_chunk is not None:
-            on_chunk(start, min(start + chunk, n))
-        return digest
+        return hashlib.sha256(view[start : start + chunk]).digest()
 
+    return _root(chunk, n, _on_all_cores(leaf, starts))
+
+
+def _on_all_cores(leaf: Callable[[int], bytes], starts: range | list[int]) -> list[bytes]:
     workers = min(_workers(), len(starts))
-    if workers > 1:
-        with ThreadPoolExecutor(workers, thread_name_prefix="torch_precompile-tree") as pool:
-            leaves = list(pool.map(leaf, starts))
-    else:
-        leaves = [leaf(s) for s in starts]
+    if workers <= 1:
+        return [leaf(s) for s in starts]
+    with ThreadPoolExecutor(workers, thread_name_prefix="torch_precompile-tree") as pool:
+        return list(pool.map(leaf, starts))
+
+
+def _root(chunk: int, n: int, leaves: list[bytes]) -> str:
     root = hashlib.sha256(_DOMAIN + struct.pack("<QQ", chunk, n))
     for digest in leaves:
         root.update(digest)
     return root.hexdigest()
+
+
+class TreeCheck:
+    """A section's ``sha256-tree`` digest computed by whoever copies the section out.
+
+    The copier takes leaves (``chunk`` bytes each, the last shorter) with
+    :meth:`claim`, feeds each one's bytes in order to a :meth:`leaf_hasher` as it
+    stages them, and hands the digest to :meth:`put`, from any thread.
+    :meth:`matches` hashes the leaves nobody put from ``view`` itself (a copier that
+    stopped early, or none) and compares the root with the one recorded.
+    """
+
+    def __init__(self, view: memoryview, chunk: int, expected: str) -> None:
+        self.view, self.chunk, self._expected = view, chunk, expected
+        self.leaves = max(1, -(-view.nbytes // chunk))
+        self._digests: list[bytes | None] = [None] * self.leaves
+        self._claimed = [False] * self.leaves
+        self._lock = threading.Lock()
+
+    def claim(self, index: int) -> bool:
+        """Whether the caller now owns leaf ``index`` (False: another copier has it)."""
+        with self._lock:
+            if self._claimed[index]:
+                return False
+            self._claimed[index] = True
+            return True
+
+    @staticmethod
+    def leaf_hasher() -> Any:
+        """A fresh hash object for one leaf's bytes."""
+        return hashlib.sha256()
+
+    def put(self, index: int, digest: bytes) -> None:
+        """Leaf ``index``'s digest, from the hasher that saw all its bytes in order."""
+        self._digests[index] = digest
+
+    def matches(self) -> bool:
+        """Whether the section's digest is the recorded one."""
+        return self.digest() == self._expected
+
+    def digest(self) -> str:
+        """The section's hex digest (the leaves nobody put are hashed here)."""
+        missing = [i for i, d in enumerate(self._digests) if d is None]
+        view, chunk = self.view, self.chunk
+
+        def leaf(i: int) -> bytes:
+            return hashlib.sha256(view[i * chunk : (i + 1) * chunk]).digest()
+
+        for i, digest in zip(missing, _on_all_cores(leaf, missing)):
+            self._digests[i] = digest
+        return _root(chunk, view.nbytes, self._digests)  # type: ignore[arg-type]
 
 
 def digest_entry(view: memoryview) -> dict[str, str | int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .artifact import PrecompiledArtifact, variant_label
 from .call import VariantRuntime
@@ -30,5 +30,14 @@ def bundle_variants(variants: Sequence[PrecompiledArtifact]) -> PrecompiledArtif
         timings={k: sum(v.timings.get(k, 0.0) for v in variants) for k in first.timings},
         _runtime=runtime,  # type: ignore[arg-type]
         variants=variants,
-        kernels={key: data for v in variants for key, data in v.kernels.items()},
+        kernels=_kernels_of(variants),
     )
+
+
+def _kernels_of(variants: Sequence[PrecompiledArtifact]) -> Mapping[str, bytes | memoryview]:
+    """The variants' kernels as one mapping. Variants loaded from one file share the
+    file's (read when a re-save asks): that mapping itself, none of it read here."""
+    distinct = list({id(v.kernels): v.kernels for v in variants}.values())
+    if len(distinct) == 1:
+        return distinct[0]
+    return {key: data for kernels in distinct for key, data in kernels.items()}

@@ -232,7 +232,8 @@ def _bind(file: OpenedFile, model: Any, extensions: list[FileExtension]) -> Any:
                 )
             return model  # the weights in the file are not even read
         skeleton = json.loads(sections[names.SKELETON])
-        tensors = standin.unpack_tensors(sections.copied_out(names.WEIGHTS))
+        weights, check = sections.copied_out(names.WEIGHTS)
+        tensors = standin.unpack_tensors(weights, check=check)
         sections.forget(names.WEIGHTS)  # copied out: its pages leave this process
         for extension in extensions:  # a distributed file: DTensors from this rank's shard
             built = extension.weights(skeleton, tensors)

@@ -6,13 +6,24 @@ bytes go through a few large pinned buffers in turn: while the device copies
 one asynchronously, the host fills the next, so the bus (about 20 GB/s on
 PCIe 5) and the host's memory copy overlap (AOTInductor loads its constants
 the same way).
+
+:func:`copy_checked` also checks what it copies: each worker takes a leaf of
+the section's tree digest, copies it a piece at a time into its own pinned
+buffers and hashes each piece there, while it is still in the cache, before
+the device copies it; the mapped pages are read once, on every core.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
 import torch
 
-__all__ = ["copy_to_device"]
+__all__ = ["LeafCheck", "copy_checked", "copy_to_device"]
 
 STAGE = 64 << 20  # bytes per pinned buffer
 DEPTH = 3  # buffers in turn: one filling, the others in flight
@@ -42,3 +53,118 @@ def copy_to_device(source: torch.Tensor, device: str | torch.device) -> torch.Te
         done[k] = event
     stream.synchronize()  # as the pageable copy: usable on any stream once returned
     return out
+
+
+PIECE = 4 << 20  # bytes staged and hashed at a time: within a core's share of the cache
+SLOTS = 3  # pinned pieces per worker: one filling, the others in flight
+
+
+class LeafCheck(Protocol):
+    """What :func:`copy_checked` feeds (``file/treehash.TreeCheck``): leaves of
+    ``chunk`` bytes, each claimed, hashed in order and put by one worker."""
+
+    chunk: int
+    leaves: int
+
+    def claim(self, index: int) -> bool: ...
+    def leaf_hasher(self) -> Any: ...
+    def put(self, index: int, digest: bytes) -> None: ...
+
+
+def _cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _bytes_at(address: int, n: int) -> memoryview:
+    return memoryview((ctypes.c_char * n).from_address(address)).cast("B")
+
+
+def copy_checked(
+    section: torch.Tensor, span: tuple[int, int], device: str | torch.device, check: LeafCheck
+) -> torch.Tensor:
+    """``section[span[0]:span[1]]`` (``section``: a 1-D ``uint8`` CPU tensor, the mapped
+    section) on ``device``, with every leaf of ``section`` hashed into ``check`` from
+    the bytes staged: pinned pieces for a GPU, the result itself for the CPU.
+    Returned once the copies are complete; the caller then asks ``check`` whether
+    the digest matches (leaves it could not claim are hashed there)."""
+    target = torch.device(device)
+    lo, hi = span
+    n, chunk = section.numel(), check.chunk
+    out = torch.empty(hi - lo, dtype=torch.uint8, device=target)
+    src, dst = section.data_ptr(), out.data_ptr()
+    workers = max(1, min(_cores(), 16, check.leaves))
+    gpu = target.type == "cuda"
+    pinned = torch.empty(workers * SLOTS * PIECE if gpu else 0, dtype=torch.uint8, pin_memory=gpu)
+    states: list[_Worker] = []
+    local = threading.local()
+
+    def worker() -> _Worker:
+        state = getattr(local, "state", None)
+        if state is None:
+            with lock:
+                index = len(states)
+                state = _Worker(pinned, index, target) if gpu else None
+                states.append(state)  # type: ignore[arg-type]
+            local.state = state
+        return state
+
+    def leaf(i: int) -> None:
+        if not check.claim(i):
+            return
+        state, hasher = worker(), check.leaf_hasher()
+        for a in range(i * chunk, min(n, (i + 1) * chunk), PIECE):
+            b = min(a + PIECE, (i + 1) * chunk, n)
+            x0, x1 = max(a, lo), min(b, hi)  # the part of the piece that is copied
+            if gpu:
+                staged = state.stage(src + a, b - a)
+                hasher.update(_bytes_at(staged, b - a))
+                if x0 < x1:
+                    state.send(out[x0 - lo : x1 - lo], x0 - a, x1 - a)
+            elif a == x0 and b == x1:  # wholly copied: hash it where it landed
+                ctypes.memmove(dst + a - lo, src + a, b - a)
+                hasher.update(_bytes_at(dst + a - lo, b - a))
+            else:
+                if x0 < x1:
+                    ctypes.memmove(dst + x0 - lo, src + x0, x1 - x0)
+                hasher.update(_bytes_at(src + a, b - a))
+        check.put(i, hasher.digest())
+
+    lock = threading.Lock()
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="torch_precompile-h2d") as pool:
+            list(pool.map(leaf, range(check.leaves)))
+    finally:
+        for state in states:
+            if state is not None:
+                state.stream.synchronize()
+    return out
+
+
+class _Worker:
+    """One worker's pinned pieces, their copies' events and its stream."""
+
+    def __init__(self, pinned: torch.Tensor, index: int, device: torch.device) -> None:
+        self.pieces = [pinned[(index * SLOTS + k) * PIECE :][:PIECE] for k in range(SLOTS)]
+        self.done: list[torch.cuda.Event | None] = [None] * SLOTS
+        self.stream = torch.cuda.Stream(device)
+        torch.cuda.set_stream(self.stream)  # this thread's copies go on it
+        self.turn = 0
+
+    def stage(self, address: int, n: int) -> int:
+        """Copy ``n`` bytes from ``address`` into the next free piece; its address."""
+        k = self.turn % SLOTS
+        if self.done[k] is not None:
+            self.done[k].synchronize()  # the device has read this piece: refill it
+        ctypes.memmove(self.pieces[k].data_ptr(), address, n)
+        return self.pieces[k].data_ptr()
+
+    def send(self, into: torch.Tensor, a: int, b: int) -> None:
+        """Copy bytes ``a:b`` of the piece just staged into ``into`` on the device."""
+        k = self.turn % SLOTS
+        into.copy_(self.pieces[k][a:b], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        self.done[k] = event
+        self.turn += 1

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .attributes import Unencodable, decode_value, encode_value
-from .h2d import copy_to_device
+from .h2d import LeafCheck, copy_checked, copy_to_device
 
 _SKIP_ATTRS = frozenset(
     {
@@ -198,7 +198,7 @@ def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
 
 
 def unpack_tensors(
-    data: bytes | memoryview, device: str | torch.device = "cpu"
+    data: bytes | memoryview, device: str | torch.device = "cpu", check: LeafCheck | None = None
 ) -> dict[str, torch.Tensor]:
     """Inverse of :func:`pack_tensors`; tensors own their memory.
 
@@ -207,7 +207,9 @@ def unpack_tensors(
     allocator (64-byte aligned, so that every tensor, at a 64-byte multiple
     offset, is aligned as eager's weights are and owns its memory), GPU tensors
     in one host-to-device copy, so a CUDA artifact's weights never exist in
-    host memory outside the file's pages.
+    host memory outside the file's pages. With ``check`` (the section's tree
+    digest, fed by the copy) and one device, ``data`` is hashed as it is copied
+    (:func:`~.h2d.copy_checked`); otherwise the caller checks it.
     """
     n = int.from_bytes(data[:8], "little")
     index = json.loads(bytes(data[8 : 8 + n]))
@@ -218,14 +220,20 @@ def unpack_tensors(
             warnings.simplefilter("ignore", UserWarning)  # a read-only buffer, only read here
             source = torch.frombuffer(data, dtype=torch.uint8, offset=base)
     blocks: dict[str, tuple[torch.Tensor, int]] = {}
-    for target in {str(spec.get("device", device)) for spec in index.values()}:
+    targets = {str(spec.get("device", device)) for spec in index.values()}
+    for target in targets:
         spans = [
             (spec["offset"], spec["offset"] + spec["length"])
             for spec in index.values()
             if str(spec.get("device", device)) == target and spec["length"]
         ]
         lo, hi = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else (0, 0)
-        if target == "cpu":
+        if check is not None and len(targets) == 1:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # read-only, only read here
+                section = torch.frombuffer(data, dtype=torch.uint8)
+            block = copy_checked(section, (base + lo, base + hi), target, check)
+        elif target == "cpu":
             block = torch.empty(hi - lo, dtype=torch.uint8)
             block.copy_(source[lo:hi])
         else:

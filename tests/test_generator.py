@@ -220,6 +220,24 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_loaded_generator_saved_again_gives_the_same_logits(
+    built: dict[str, dict[str, Any]], name: str, tmp_path: Path
+) -> None:
+    """Load, save, load: the model's config travels as the stand-in it was loaded as
+    (before, the second file's guards missed the config's values and refused every
+    call), and the second file generates the first's tokens and logits."""
+    first = built[name]["loaded"]
+    Precompile.save(tmp_path / "again.pt", first)
+    again = Precompile.load(tmp_path / "again.pt")
+    ids, mask = _prompts(MAX_BATCH, 7, seed=11)
+    want = first.generate(ids, mask, max_new_tokens=6, eos_token_id=None, **_LOGITS)
+    got = again.generate(ids, mask, max_new_tokens=6, eos_token_id=None, **_LOGITS)
+    assert torch.equal(want.sequences, got.sequences)
+    for step, (w, g) in enumerate(zip(want.logits, got.logits)):
+        assert torch.equal(w, g), (step, (w - g).abs().max())
+
+
 def test_serves_without_transformers_or_the_compiler_and_a_seed_reproduces(
     built: dict[str, dict[str, Any]],
 ) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .config import (
+    ConfigStandIn,
     add_methods,
     class_level_values,
     dict_base,
@@ -22,6 +23,7 @@ from .config import (
     find,
     is_config,
     standin_class,
+    standin_class_values,
 )
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -93,10 +95,11 @@ def _encode_object(value: Any, memo: dict[int, int], depth: int) -> list[Any]:
                 ],
             },
         ]
-    if is_config(value):
+    standin = isinstance(value, ConfigStandIn)  # a loaded model's, saved again
+    if standin or is_config(value):
         # A stand-in without the config's class (see torch_precompile.lean.standin.config).
         state = {k: encode_value(v, memo, depth + 1) for k, v in vars(value).items()}
-        values, methods = class_level_values(value)
+        values, methods = standin_class_values(value) if standin else class_level_values(value)
         encoded_values = {}
         for name, v in values.items():
             trial = dict(memo)
@@ -108,7 +111,9 @@ def _encode_object(value: Any, memo: dict[int, int], depth: int) -> list[Any]:
                 encoded_values[name] = encoded
                 memo.update(trial)
         payload = {
-            "class": _reference(type(value)),
+            "class": list(type(value).__torch_precompile_class__)
+            if standin
+            else _reference(type(value)),
             "state": state,
             "class_values": encoded_values,
             "methods": sorted(methods),

@@ -117,6 +117,21 @@ class ConfigStandIn:
         return f"<stand-in of {module}.{qualname}: {vars(self)!r}>"
 
 
+def standin_class_values(config: ConfigStandIn) -> tuple[dict[str, Any], list[str]]:
+    """What a stand-in's class answers, as :func:`class_level_values` reads off a real
+    config: its class values and the real class's method names (a loaded model saved
+    again carries its config as the first save did)."""
+    values: dict[str, Any] = {}
+    for cls in reversed(type(config).__mro__):
+        if issubclass(cls, ConfigStandIn) and cls is not ConfigStandIn:
+            values.update(
+                (k, v)
+                for k, v in vars(cls).items()
+                if not (k.startswith("__") and k.endswith("__")) and not isinstance(v, _RealMethod)
+            )
+    return values, sorted(type(config).__torch_precompile_methods__)
+
+
 class _RealMethod:
     """A method of the real config class on a stand-in class: reading it turns the
     stand-in into an instance of the real class, in place, and answers as it does."""

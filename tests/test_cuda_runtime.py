@@ -432,8 +432,9 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
 @needs_cuda
 @pytest.mark.parametrize("chunk", [1 << 16, 3 << 20, 16 << 20])
 def test_copy_checked_puts_the_bytes_on_the_gpu_and_hashes_every_leaf(chunk: int) -> None:
-    """``copy_checked`` (the load's weights): the span's bytes on the device, and the
-    section's tree digest as ``tree_sha256`` computes it; one flipped byte, another."""
+    """``copy_checked`` (the load's weights): the span's bytes on the device once the
+    check has answered, and the section's tree digest as ``tree_sha256`` computes it;
+    one flipped byte, another."""
     import os
 
     from torch_precompile.file.treehash import TreeCheck, tree_sha256
@@ -444,8 +445,8 @@ def test_copy_checked_puts_the_bytes_on_the_gpu_and_hashes_every_leaf(chunk: int
     for lo, hi in [(0, len(data)), (1000, len(data) - 77), (5 << 20, 9 << 20)]:
         check = TreeCheck(memoryview(data), chunk, good)
         out = copy_checked(torch.frombuffer(data, dtype=torch.uint8), (lo, hi), "cuda", check)
+        assert check.matches()  # waits for the copies, which run on after copy_checked
         assert out.device.type == "cuda" and bytes(out.cpu().numpy()) == bytes(data[lo:hi])
-        assert check.matches()
     data[len(data) // 2] ^= 1
     check = TreeCheck(memoryview(data), chunk, good)
     copy_checked(torch.frombuffer(data, dtype=torch.uint8), (0, len(data)), "cuda", check)

@@ -187,3 +187,28 @@ def test_a_table_entry_with_a_bad_tree_is_refused_from_the_header(
     path.write_bytes(body + hashlib.sha256(body).digest())
     with pytest.raises(ArtifactCorruptedError, match=r"invalid (sha256|tree_chunk)"):
         container.open_artifact(path)
+
+
+@pytest.mark.parametrize("rows", [512, 8])  # 2 MiB of weights (a tree), 32 KiB (plain)
+def test_a_tp_shard_is_checked_as_it_is_read(tmp_path: Path, rows: int) -> None:
+    """A rank's shard file (``PATH.rank<r>-of-<n>``) is read as a load reads its weights:
+    copied out and checked at once; a flipped weight byte is ``ArtifactCorruptedError``."""
+    from types import SimpleNamespace
+
+    from torch_precompile.distributed.shards import read_shard, shard_path
+    from torch_precompile.lean.standin.module import pack_tensors
+
+    torch.manual_seed(0)
+    tensors = {"w": torch.randn(rows, 1024), "b": torch.randn(1024)}
+    layout = SimpleNamespace(world_size=2, layout_id="L1", tensors=dict.fromkeys(tensors))
+    code = tmp_path / "m.pt"
+    spath = shard_path(code, 1, 2)
+    meta = {"distributed_shard": {"rank": 1, "world_size": 2, "layout_id": "L1"}}
+    container.write_artifact(spath, meta, {"weights": pack_tensors(tensors)})
+    got = read_shard(str(code), layout, 1)  # type: ignore[arg-type]
+    assert all(torch.equal(got[k], t) for k, t in tensors.items())
+    entry = _weights(Path(spath))
+    assert ("sha256_tree" in entry) == (rows == 512)
+    _flip(Path(spath), Path(spath), entry["start"] + entry["length"] // 2)
+    with pytest.raises(ArtifactCorruptedError, match="section 'weights' fails its SHA-256"):
+        read_shard(str(code), layout, 1)  # type: ignore[arg-type]

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 
 from .._compat import distributed as _cdist
 from .._errors import ArtifactCorruptedError, DistributedLayoutError
-from ..file import read_artifact, write_artifact
+from ..file import ArtifactReader, open_artifact, write_artifact
 from ..file import sections as names
 from ..lean.pickling import dumps as stable_dumps
 from ..lean.standin import module as _standin
@@ -82,8 +83,18 @@ def read_shard(path: str, layout: Layout, rank: int) -> dict[str, torch.Tensor]:
             "writes its own with torch_precompile.save_shard(path, model) (the saving rank's "
             "comes with Precompile.save), and each rank of a loading job needs its file"
         )
-    meta, sections = read_artifact(spath)
-    info = meta.get("distributed_shard") or {}
+    with open_artifact(spath) as reader:  # the header checked; the weights as they copy
+        local = _read_local(reader, spath, path, layout)
+    missing = sorted(set(layout.tensors) - set(local))
+    if missing:
+        raise ArtifactCorruptedError(f"{spath}: the shard lacks tensor {missing[0]!r}; re-save it")
+    return local
+
+
+def _read_local(reader: ArtifactReader, spath: str, path: str, layout: Layout) -> dict[str, Any]:
+    """The shard's tensors, copied out and checked at once (as ``Precompile.load``
+    copies a file's weights): ``ArtifactCorruptedError`` before they are returned."""
+    info = reader.info.meta.get("distributed_shard") or {}
     if info.get("layout_id") != layout.layout_id:
         raise DistributedLayoutError(
             f"{spath}",
@@ -92,8 +103,13 @@ def read_shard(path: str, layout: Layout, rank: int) -> dict[str, torch.Tensor]:
             "the shard file was written by another save; save the code file and every rank's "
             "shard from one job",
         )
-    local = _standin.unpack_tensors(sections[names.WEIGHTS])
-    missing = sorted(set(layout.tensors) - set(local))
-    if missing:
-        raise ArtifactCorruptedError(f"{spath}: the shard lacks tensor {missing[0]!r}; re-save it")
+    if names.WEIGHTS not in reader.names():
+        raise ArtifactCorruptedError(f"{spath}: the shard has no weights section; re-save it")
+    view, check = reader.view_to_copy(names.WEIGHTS)
+    try:
+        local = _standin.unpack_tensors(view, check=check)
+    except BaseException:
+        reader.finish()  # bytes that fail their checksum explain the failure: raised instead
+        raise
+    reader.finish()
     return local

@@ -81,9 +81,10 @@ class TreeCheck:
 
     The copier takes leaves (``chunk`` bytes each, the last shorter) with
     :meth:`claim`, feeds each one's bytes in order to a :meth:`leaf_hasher` as it
-    stages them, and hands the digest to :meth:`put`, from any thread.
-    :meth:`matches` hashes the leaves nobody put from ``view`` itself (a copier that
-    stopped early, or none) and compares the root with the one recorded.
+    stages them, and hands the digest to :meth:`put`, from any thread; a copier
+    that runs on after it returns :meth:`attach`-es its wait. :meth:`matches`
+    waits for the copiers, hashes the leaves nobody put from ``view`` itself (a
+    copier that stopped early, or none) and compares the root with the one recorded.
     """
 
     def __init__(self, view: memoryview, chunk: int, expected: str) -> None:
@@ -92,6 +93,7 @@ class TreeCheck:
         self._digests: list[bytes | None] = [None] * self.leaves
         self._claimed = [False] * self.leaves
         self._lock = threading.Lock()
+        self._copiers: list[Callable[[], None]] = []
 
     def claim(self, index: int) -> bool:
         """Whether the caller now owns leaf ``index`` (False: another copier has it)."""
@@ -106,6 +108,15 @@ class TreeCheck:
         """A fresh hash object for one leaf's bytes."""
         return hashlib.sha256()
 
+    def attach(self, wait: Callable[[], None]) -> None:
+        """A copier still running: ``wait()`` returns once its copies are complete."""
+        self._copiers.append(wait)
+
+    def wait(self) -> None:
+        """Wait for the copiers attached (re-raising what failed in one)."""
+        while self._copiers:
+            self._copiers.pop()()
+
     def put(self, index: int, digest: bytes) -> None:
         """Leaf ``index``'s digest, from the hasher that saw all its bytes in order."""
         self._digests[index] = digest
@@ -115,7 +126,9 @@ class TreeCheck:
         return self.digest() == self._expected
 
     def digest(self) -> str:
-        """The section's hex digest (the leaves nobody put are hashed here)."""
+        """The section's hex digest, once the copiers are done (the leaves nobody put
+        are hashed here)."""
+        self.wait()
         missing = [i for i, d in enumerate(self._digests) if d is None]
         view, chunk = self.view, self.chunk
 

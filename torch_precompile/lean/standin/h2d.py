@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -66,6 +67,7 @@ class LeafCheck(Protocol):
     chunk: int
     leaves: int
 
+    def attach(self, wait: Callable[[], None]) -> None: ...
     def claim(self, index: int) -> bool: ...
     def leaf_hasher(self) -> Any: ...
     def put(self, index: int, digest: bytes) -> None: ...
@@ -87,8 +89,11 @@ def copy_checked(
     """``section[span[0]:span[1]]`` (``section``: a 1-D ``uint8`` CPU tensor, the mapped
     section) on ``device``, with every leaf of ``section`` hashed into ``check`` from
     the bytes staged: pinned pieces for a GPU, the result itself for the CPU.
-    Returned once the copies are complete; the caller then asks ``check`` whether
-    the digest matches (leaves it could not claim are hashed there)."""
+
+    Returned at once, the copies running on: nothing may read the result before
+    ``check`` is asked whether the digest matches, which waits for them (and hashes
+    the leaves it could not claim). A load builds its guards and loads its kernels
+    meanwhile."""
     target = torch.device(device)
     lo, hi = span
     n, chunk = section.numel(), check.chunk
@@ -132,13 +137,20 @@ def copy_checked(
         check.put(i, hasher.digest())
 
     lock = threading.Lock()
-    try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="torch_precompile-h2d") as pool:
-            list(pool.map(leaf, range(check.leaves)))
-    finally:
-        for state in states:
-            if state is not None:
-                state.stream.synchronize()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="torch_precompile-h2d")
+    leaves = [pool.submit(leaf, i) for i in range(check.leaves)]
+
+    def wait() -> None:
+        try:
+            for done in leaves:
+                done.result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            for state in states:
+                if state is not None:
+                    state.stream.synchronize()
+
+    check.attach(wait)
     return out
 
 

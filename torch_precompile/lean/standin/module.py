@@ -209,7 +209,8 @@ def unpack_tensors(
     in one host-to-device copy, so a CUDA artifact's weights never exist in
     host memory outside the file's pages. With ``check`` (the section's tree
     digest, fed by the copy) and one device, ``data`` is hashed as it is copied
-    (:func:`~.h2d.copy_checked`); otherwise the caller checks it.
+    (:func:`~.h2d.copy_checked`) and the tensors are returned before the copy ends:
+    none may be read until ``check`` has answered; otherwise the caller checks it.
     """
     n = int.from_bytes(data[:8], "little")
     index = json.loads(bytes(data[8 : 8 + n]))

@@ -24,6 +24,7 @@ from conftest import no_compiler_env, run_script
 
 from tests.fixtures.models import build_closure, build_dropout_mlp_train, build_tiny_mlp
 from torch_precompile import Precompile
+from torch_precompile import file as container
 from torch_precompile.lean import pycode
 
 HEAVY = (
@@ -53,8 +54,15 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     Precompile.save(tmp / "training.pt2", Precompile.compile(train, x.clone().requires_grad_()))
     drop, (xdrop,), _ = build_dropout_mlp_train()
     Precompile.save(tmp / "dropout.pt2", Precompile.compile(drop, xdrop))
-    for name in ("inference", "dynamic", "bundle", "closure", "training", "dropout"):
+    # Matmuls only: Inductor calls the library's kernels and ships none of its own.
+    linears = torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(3)])
+    with torch.no_grad():
+        Precompile.save(tmp / "linears.pt2", Precompile.compile(linears.eval(), x))
+        xl = torch.randn(8, 64)
+        torch.save((xl, linears(xl)), tmp / "linears_io.pt2")
+    for name in ("inference", "dynamic", "bundle", "closure", "training", "dropout", "linears"):
         out[name] = tmp / f"{name}.pt2"
+    out["linears_io"] = tmp / "linears_io.pt2"
     return out
 
 
@@ -86,6 +94,8 @@ with torch.no_grad():
     fn, args, _ = models.build_closure()
     art = Precompile.load(d["closure"])
     close(art(*args), fn(*args))
+    xl, want = torch.load(d["linears_io"])
+    close(Precompile.load(d["linears"])(xl), want)
 art = Precompile.load(d["training"])
 x = torch.randn(8, 64, requires_grad=True)
 out = art(x)
@@ -105,6 +115,10 @@ print("OK")
 
 
 def test_lean_load_imports_no_compiler(files: dict[str, Path], tmp_path: Path) -> None:
+    """Every file, also one that ships no kernel (matmuls only: before, such a file
+    loaded through PyTorch's full path though ``inspect`` said lean)."""
+    with container.open_artifact(files["linears"]) as reader:
+        assert "lean" in reader.names() and not any(n.startswith("kernel") for n in reader.names())
     args = [f"{k}={v}" for k, v in files.items() if k != "dropout"]
     proc = run_script(CHECK, *args, env=no_compiler_env(tmp_path))
     assert "OK" in proc.stdout

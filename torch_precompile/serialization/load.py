@@ -180,7 +180,7 @@ def _load_lean(file: OpenedFile, module_globals: dict[str, Any] | None, variant:
     through PyTorch's full path."""
     sections, kernels, path = file.sections, file.kernels, file.path
     lean_section = file.header.lean_section(variant)
-    if lean_section not in sections or not kernels:
+    if lean_section not in sections:
         return None
     # TORCH_PRECOMPILE_LEAN=0: the full path (TORCH_PRECOMPILE_FAST_LOAD, its old name, too)
     if os.environ.get("TORCH_PRECOMPILE_LEAN", os.environ.get("TORCH_PRECOMPILE_FAST_LOAD")) == "0":

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from ...file.treehash import TreeCheck
 from .attributes import Unencodable, decode_value, encode_value
-from .h2d import LeafCheck, copy_checked, copy_to_device
+from .h2d import copy_checked, copy_to_device
 
 _SKIP_ATTRS = frozenset(
     {
@@ -53,23 +54,19 @@ def describe_module(module: torch.nn.Module) -> dict[str, Any]:
                 memo = trial
             except Unencodable:
                 continue  # not in the stand-in; a guard that reads it says so at save
-        params = {}
-        for name, p in mod._parameters.items():
-            if p is None:
-                params[name] = None
-                continue
-            key = f"{path}.{name}" if path else name
-            params[name] = {"key": tensors.setdefault(id(p), key), "requires_grad": p.requires_grad}
-        buffers = {}
-        for name, b in mod._buffers.items():
-            if b is None:
-                buffers[name] = None
-                continue
-            key = f"{path}.{name}" if path else name
-            buffers[name] = {
-                "key": tensors.setdefault(id(b), key),
-                "persistent": name not in mod._non_persistent_buffers_set,
-            }
+        params = {
+            name: None
+            if p is None
+            else {"key": _tensor_key(tensors, p, path, name), "requires_grad": p.requires_grad}
+            for name, p in mod._parameters.items()
+        }
+        persistent = mod._buffers.keys() - mod._non_persistent_buffers_set
+        buffers = {
+            name: None
+            if b is None
+            else {"key": _tensor_key(tensors, b, path, name), "persistent": name in persistent}
+            for name, b in mod._buffers.items()
+        }
         modules[path] = {
             "attrs": attrs,
             "params": params,
@@ -197,8 +194,13 @@ def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
     return bytes(out)
 
 
+def _tensor_key(tensors: dict[int, str], t: torch.Tensor, path: str, name: str) -> str:
+    """``t``'s key in the weights: its first name (a tied tensor met again keeps it)."""
+    return tensors.setdefault(id(t), f"{path}.{name}" if path else name)
+
+
 def unpack_tensors(
-    data: bytes | memoryview, device: str | torch.device = "cpu", check: LeafCheck | None = None
+    data: bytes | memoryview, device: str | torch.device = "cpu", check: TreeCheck | None = None
 ) -> dict[str, torch.Tensor]:
     """Inverse of :func:`pack_tensors`; tensors own their memory.
 

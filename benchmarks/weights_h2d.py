@@ -89,7 +89,7 @@ elif way in ("package", "tree", "package+tree", "populate+tree", "package+tree/8
     import mmap, threading, warnings
     if way.endswith("/8"):
         torch.set_num_threads(8)
-        treehash._workers = lambda: 8
+        treehash.cores = lambda: 8
     f = open(path, "rb")
     m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     view = memoryview(m)

@@ -212,3 +212,24 @@ def test_a_tp_shard_is_checked_as_it_is_read(tmp_path: Path, rows: int) -> None:
     _flip(Path(spath), Path(spath), entry["start"] + entry["length"] // 2)
     with pytest.raises(ArtifactCorruptedError, match="section 'weights' fails its SHA-256"):
         read_shard(str(code), layout, 1)  # type: ignore[arg-type]
+
+
+def test_copy_checked_keeps_its_source_alive_while_it_copies() -> None:
+    """``copy_checked`` returns before its copies end: a source the caller drops at once
+    (here a temporary buffer, collected) is still read whole, and its digest is the
+    tree's. Before, the threads held its address only, and read freed memory."""
+    import gc
+    import os
+
+    from torch_precompile.lean.standin.h2d import copy_checked
+
+    data = os.urandom((24 << 20) + 4321)
+    good = treehash.tree_sha256(data, CHUNK)
+    for lo, hi in [(0, len(data)), (999, len(data) - 5)]:
+        check = treehash.TreeCheck(memoryview(data), CHUNK, good)
+        out = copy_checked(
+            torch.frombuffer(bytearray(data), dtype=torch.uint8), (lo, hi), "cpu", check
+        )
+        gc.collect()
+        assert check.matches()
+        assert bytes(out.numpy()) == data[lo:hi]

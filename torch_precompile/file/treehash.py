@@ -31,6 +31,7 @@ __all__ = [
     "MIN_CHUNK",
     "MIN_TREE",
     "TreeCheck",
+    "cores",
     "digest_entry",
     "entry_matches",
     "tree_sha256",
@@ -42,7 +43,8 @@ MIN_TREE = 64 << 20  # smaller sections keep the plain SHA-256 (one chunk gains 
 _DOMAIN = b"torch_precompile sha256-tree"
 
 
-def _workers() -> int:
+def cores() -> int:
+    """The cores this process may run on (at most 32): the hashing threads."""
     return max(1, min(32, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
 
 
@@ -62,7 +64,7 @@ def tree_sha256(data: bytes | bytearray | memoryview, chunk: int = CHUNK) -> str
 
 
 def _on_all_cores(leaf: Callable[[int], bytes], starts: range | list[int]) -> list[bytes]:
-    workers = min(_workers(), len(starts))
+    workers = min(cores(), len(starts))
     if workers <= 1:
         return [leaf(s) for s in starts]
     with ThreadPoolExecutor(workers, thread_name_prefix="torch_precompile-tree") as pool:

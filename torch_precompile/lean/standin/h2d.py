@@ -16,15 +16,14 @@ the device copies it; the mapped pages are read once, on every core.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
 
 import torch
 
-__all__ = ["LeafCheck", "copy_checked", "copy_to_device"]
+from ...file.treehash import TreeCheck, cores
+
+__all__ = ["copy_checked", "copy_to_device"]
 
 STAGE = 64 << 20  # bytes per pinned buffer
 DEPTH = 3  # buffers in turn: one filling, the others in flight
@@ -60,31 +59,12 @@ PIECE = 4 << 20  # bytes staged and hashed at a time: within a core's share of t
 SLOTS = 3  # pinned pieces per worker: one filling, the others in flight
 
 
-class LeafCheck(Protocol):
-    """What :func:`copy_checked` feeds (``file/treehash.TreeCheck``): leaves of
-    ``chunk`` bytes, each claimed, hashed in order and put by one worker."""
-
-    chunk: int
-    leaves: int
-
-    def attach(self, wait: Callable[[], None]) -> None: ...
-    def claim(self, index: int) -> bool: ...
-    def leaf_hasher(self) -> Any: ...
-    def put(self, index: int, digest: bytes) -> None: ...
-
-
-def _cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def _bytes_at(address: int, n: int) -> memoryview:
     return memoryview((ctypes.c_char * n).from_address(address)).cast("B")
 
 
 def copy_checked(
-    section: torch.Tensor, span: tuple[int, int], device: str | torch.device, check: LeafCheck
+    section: torch.Tensor, span: tuple[int, int], device: str | torch.device, check: TreeCheck
 ) -> torch.Tensor:
     """``section[span[0]:span[1]]`` (``section``: a 1-D ``uint8`` CPU tensor, the mapped
     section) on ``device``, with every leaf of ``section`` hashed into ``check`` from
@@ -98,31 +78,34 @@ def copy_checked(
     lo, hi = span
     n, chunk = section.numel(), check.chunk
     out = torch.empty(hi - lo, dtype=torch.uint8, device=target)
-    src, dst = section.data_ptr(), out.data_ptr()
-    workers = max(1, min(_cores(), 16, check.leaves))
+    workers = min(cores(), 16, check.leaves)
     gpu = target.type == "cuda"
     pinned = torch.empty(workers * SLOTS * PIECE if gpu else 0, dtype=torch.uint8, pin_memory=gpu)
-    states: list[_Worker] = []
+    states: list[_Worker] = []  # one per pool thread (GPU copies only)
     local = threading.local()
+    lock = threading.Lock()
 
     def worker() -> _Worker:
         state = getattr(local, "state", None)
         if state is None:
             with lock:
-                index = len(states)
-                state = _Worker(pinned, index, target) if gpu else None
-                states.append(state)  # type: ignore[arg-type]
+                state = _Worker(pinned, len(states), target)
+                states.append(state)
             local.state = state
         return state
 
     def leaf(i: int) -> None:
         if not check.claim(i):
             return
-        state, hasher = worker(), check.leaf_hasher()
+        hasher = check.leaf_hasher()
+        # Read through the tensors, so that the threads keep them (and their memory)
+        # alive after this function returns, whatever the caller drops.
+        src, dst = section.data_ptr(), out.data_ptr()
         for a in range(i * chunk, min(n, (i + 1) * chunk), PIECE):
             b = min(a + PIECE, (i + 1) * chunk, n)
             x0, x1 = max(a, lo), min(b, hi)  # the part of the piece that is copied
             if gpu:
+                state = worker()
                 staged = state.stage(src + a, b - a)
                 hasher.update(_bytes_at(staged, b - a))
                 if x0 < x1:
@@ -136,7 +119,6 @@ def copy_checked(
                 hasher.update(_bytes_at(src + a, b - a))
         check.put(i, hasher.digest())
 
-    lock = threading.Lock()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="torch_precompile-h2d")
     leaves = [pool.submit(leaf, i) for i in range(check.leaves)]
 
@@ -147,8 +129,7 @@ def copy_checked(
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             for state in states:
-                if state is not None:
-                    state.stream.synchronize()
+                state.stream.synchronize()
 
     check.attach(wait)
     return out

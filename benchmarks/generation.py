@@ -306,6 +306,7 @@ def child_build(a) -> dict:
             max_length=a.prompt + a.new_tokens,
             mode=a.ours_mode,
             options=json.loads(a.ours_options) if a.ours_options else None,
+            fuse_projections=a.fused,
         )
         out["generator_compile_s"] = time.perf_counter() - t
         path = os.path.join(a.dir, "generator.pt")
@@ -628,6 +629,7 @@ def child_argv(a, role: str, model: str, workdir: str, mode: str, batch: int) ->
         + (["--ours-static"] if a.ours_static else [])
         + (["--ours-mode", a.ours_mode] if a.ours_mode else [])
         + (["--ours-options", a.ours_options] if a.ours_options else [])
+        + (["--fused"] if a.fused else [])
         + (["--profile-load"] if a.profile_load else [])
         + (["--profile-decode"] if a.profile_decode else [])
         + (["--stacks-every", str(a.stacks_every)] if a.stacks_every else [])
@@ -700,6 +702,7 @@ def parent(a) -> None:
         "single_batch": a.single_batch,
         "ours_mode": a.ours_mode,
         "ours_static": a.ours_static,
+        "fused": a.fused,
         "models": {},
     }
     try:
@@ -878,6 +881,11 @@ def main() -> None:
     p.add_argument("--ours-mode", default=None, help="compile_for_generation's mode")
     p.add_argument(
         "--ours-options", default=None, help="compile_generator's Inductor options, as JSON"
+    )
+    p.add_argument(
+        "--fused",
+        action="store_true",
+        help="generator: compile_generator(fuse_projections=True)",
     )
     p.add_argument(
         "--ours-static", action="store_true", help="precompile modes: build and run a StaticCache"

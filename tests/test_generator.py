@@ -85,7 +85,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]
     torch.manual_seed(0)
     return {
         "gpt2": _build(_gpt2(), root / "gpt2.pt", tokenizer=_tokenizer()),
-        "llama": _build(_llama(), root / "llama.pt"),
+        # fused projections (views.py): every Llama test below runs them
+        "llama": _build(_llama(), root / "llama.pt", fuse_projections=True),
     }
 
 
@@ -436,3 +437,37 @@ def test_an_operator_torch_does_not_provide_is_refused_at_build() -> None:
     model.model.layers[0].mlp.act_fn = LibrarySiLU()
     with pytest.raises(CaptureError, match=r"gen43test::silu.*torch does not provide"):
         compile_generator(model, max_batch=2, max_length=16)
+
+
+def _matmuls(model: Any, ids: torch.Tensor) -> int:
+    """The matmuls of ``model``'s inference graph as the generator hands it to Inductor."""
+    from torch_precompile import _compat
+
+    with torch.no_grad():
+        joint = Precompile.aot_autograd(Precompile.dynamo(model, (ids,)))
+    graph = _compat.without_duplicates(joint.joint_graph).graph
+    matmuls = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+    return sum(node.target in matmuls for node in graph.nodes)
+
+
+def test_fused_projections_are_one_matmul_a_group_and_the_same_function() -> None:
+    from torch_precompile.generation.views import FusedPart, fused_projections
+
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(  # q/k/v with a bias; gate/up without
+        transformers.Qwen2Config(num_key_value_heads=2, **SMALL)
+    ).eval()
+    view, groups = fused_projections(model)
+    layers = SMALL["num_hidden_layers"]
+    assert groups == 2 * layers
+    attention, mlp = view.model.layers[0].self_attn, view.model.layers[0].mlp
+    assert isinstance(attention.q_proj, FusedPart) and isinstance(mlp.up_proj, FusedPart)
+    assert attention.q_proj.weight is attention.v_proj.weight  # tied: a file holds it once
+    assert attention.k_proj.out_features == model.model.layers[0].self_attn.k_proj.out_features
+    assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear  # model unchanged
+    assert view.lm_head is model.lm_head  # what is not fused is shared
+    ids = torch.randint(3, 1000, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(view(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
+    # q/k/v, o, gate/up, down a layer and the head: 4 * layers + 1 matmuls, from 7 * layers + 1
+    assert (_matmuls(view, ids), _matmuls(model, ids)) == (4 * layers + 1, 7 * layers + 1)

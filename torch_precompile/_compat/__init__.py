@@ -83,6 +83,7 @@ from .joint import (
     joint_graph_module,
     joint_needs_autograd,
     joint_placeholder_count,
+    without_duplicates,
 )
 
 __all__ = [
@@ -139,5 +140,6 @@ __all__ = [
     "stubbed_compiled_graph",
     "unresolved_globals",
     "wants_size_oblivious",
+    "without_duplicates",
     "wrap_compiled_graph",
 ]

@@ -251,6 +251,7 @@ CONTRACT: tuple[PrivateName, ...] = (
         "serializable",
     ),
     _n(f"{_FT}.aot_autograd:preserve_rng_state"),
+    _n(f"{_FT}.compile_utils:fx_graph_cse"),
     # lean/inference.py marks inputs as AOTAutograd's runtime wrapper does.
     _n(
         f"{_FT}._aot_autograd.runtime_wrappers",

@@ -100,6 +100,23 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return new
 
 
+def without_duplicates(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of an ATen graph whose repeated pure computations are computed once.
+
+    AOTAutograd's own common-subexpression pass (which its partitioner runs on
+    training graphs; an inference graph goes to Inductor without it): random
+    operators, mutations and what aliases an output are kept as they are. The
+    inputs and outputs are unchanged.
+    """
+    from torch._functorch.compile_utils import fx_graph_cse
+
+    graph = fx_graph_cse(gm.graph)
+    graph._codegen = gm.graph._codegen
+    new = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    new.meta.update(gm.meta)
+    return new
+
+
 def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
     """Copy the containers and dataclasses under ``obj``; share everything else.
 

@@ -12,7 +12,6 @@ and a fifth where the model allows it: the slot decode step of ``serve``
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 import logging
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from .._errors import CaptureError
 from ..runtime.generator import Generator, GeneratorSpec
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
 from .torch_only import refuse_foreign_ops, torch_only_decompositions
+from .views import fused_projections, own_copy
 
 log = logging.getLogger("torch_precompile")
 
@@ -119,24 +119,13 @@ def _head_view(model: torch.nn.Module) -> torch.nn.Module:
             f"{type(model).__name__}: its decoder (get_decoder()) is not one of its "
             "submodules; compile_generator serves a ...ForCausalLM whose decoder is"
         )
-    view = _own_copy(model)
+    view = own_copy(model)
     parent = view
     *parents, last = path.split(".")  # OPT: model.decoder, each module on the way copied
     for name in parents:
-        parent._modules[name] = _own_copy(parent._modules[name])
+        parent._modules[name] = own_copy(parent._modules[name])
         parent = parent._modules[name]
     parent._modules[last] = _Given()
-    return view
-
-
-def _own_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A new module sharing ``module``'s submodules and attributes, with its own dicts (of
-    parameters, buffers, hooks): a dict shared by two modules would be guarded on as one
-    object, which the module a file rebuilds at load does not repeat."""
-    view = copy.copy(module)
-    for key, value in vars(module).items():
-        if isinstance(value, (dict, set, list)):
-            vars(view)[key] = copy.copy(value)
     return view
 
 
@@ -218,6 +207,7 @@ def compile_generator(
     mode: str | None = None,
     options: dict[str, Any] | None = None,
     tokenizer: Any = None,
+    fuse_projections: bool = False,
     verbose: bool = False,
 ) -> Generator:
     """A generator for a decoder language model (``...ForCausalLM``) that serves itself.
@@ -240,6 +230,13 @@ def compile_generator(
     gpt-fast: ``mode="reduce-overhead"`` (a CUDA graph per step) and
     ``options={"coordinate_descent_tuning": True}`` (each one-row matmul a tuned
     Triton reduction rather than a cuBLAS GEMV).
+
+    ``fuse_projections=True`` (not for a tensor-parallel model) traces the step
+    through a view of the model whose attention ``q/k/v_proj`` and MLP
+    ``gate/up_proj`` are one matmul each (``views.py``): three fewer kernels a
+    layer, the same function (bf16 sums in another order). The build then holds
+    those weights twice. Not the default: on an H200 it decoded the Qwen2.5-0.5B
+    shape 8% slower, though its kernels were busy 10% less (docs/generation.md).
     """
     if max_batch < 1 or max_length < 2:
         raise ValueError(
@@ -259,11 +256,21 @@ def compile_generator(
         tokenizer_json = backend.to_str().encode()
     shapes, dtype = _cache_layout(model, max_length)
     device = next(model.parameters()).device
-    step = _Step(model, max_length).eval()
-    refused = slots_work(step, shapes, dtype) if _mesh_size(model) == 1 else "tensor parallel"
+    world = _mesh_size(model)
+    traced, fused = model, 0
+    if fuse_projections and world == 1:
+        traced, fused = fused_projections(model)
+        log.info("generator: %d groups of projections fused", fused)
+    elif fuse_projections:
+        log.warning(
+            "generator: fuse_projections is not applied to a tensor-parallel model (its "
+            "shards hold the model's own projections); building it unfused"
+        )
+    step = _Step(traced, max_length).eval()
+    refused = slots_work(step, shapes, dtype) if world == 1 else "tensor parallel"
     if refused:
         log.info("generator: no slot decode step (serve refuses the file): %s", refused)
-    taken = {int(d) for t in (*model.parameters(), *model.buffers()) for d in t.shape}
+    taken = {int(d) for t in (*step.parameters(), *step.buffers()) for d in t.shape}
     taken |= {n for s in shapes for n in s} | {max_length, len(shapes)}
     prompt = _free_size(taken, 2, max_length)
     batch = _free_size(taken | {prompt}, 2, 10**6)
@@ -283,7 +290,6 @@ def compile_generator(
         return (ids, mask, positions, start, *cache)
 
     sizes = [(b, s) for b in (batch, 1) for s in (prompt, 1)]
-    world = _mesh_size(model)
     if world > 1:
         # Tensor parallel: DTensor's sharding rules guard a prompt's rows on whether
         # they split evenly over the mesh (``Ne(Mod(batch, 2), 0)``), so the prefill
@@ -301,7 +307,7 @@ def compile_generator(
         for args in examples:
             b, s = args[0].shape
             log.info("generator: compiling the step at batch %d, length %d", b, s)
-            variants.append(_compile_step(step, args, mode, options, verbose))
+            variants.append(_compile_step(step, args, mode, options, fused > 0, verbose))
     config = model.config
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
@@ -344,6 +350,7 @@ def _compile_step(
     args: tuple[Any, ...],
     mode: str | None,
     options: dict[str, Any] | None,
+    fused: bool,
     verbose: bool,
 ) -> Any:
     """One variant of the step, stage by stage: operators a model library registers are
@@ -353,7 +360,11 @@ def _compile_step(
         captured = Precompile.dynamo(step, args, dynamic=True)
         joint = Precompile.aot_autograd(captured, decompositions=torch_only_decompositions())
         refuse_foreign_ops(joint.joint_graph, step.model)
-        return Precompile.precompile(Precompile.inductor(joint, mode=mode, options=options))
+        graph = joint.joint_graph
+        if fused:  # each part of a group computes the group's product (views.py): once here
+            graph = _compat.without_duplicates(graph)
+        compiled = Precompile.inductor(graph, joint.guards, mode=mode, options=options)
+        return Precompile.precompile(compiled)
 
 
 class _OnceFilter(logging.Filter):

@@ -270,3 +270,43 @@ def test_load_with_model_reads_no_weights(staged) -> None:
         torch.testing.assert_close(bound(staged.example), staged.expected)
     read = trace.names("read")
     assert {"skeleton", "lean"} <= read and not {"weights", "compiled"} & read
+
+
+def test_no_cyclic_collection_runs_while_a_file_loads(staged) -> None:
+    """The collector waits until the load's objects are built (each pass walked all of
+    them), and is left as the caller had it: on, or off."""
+    import gc
+    import sys
+
+    from torch_precompile.serialization import load as load_module
+
+    collections: list[int] = []
+    seen: list[int] = []
+
+    def record(phase: str, info: dict) -> None:
+        if phase != "start":
+            return
+        seen.append(info["generation"])
+        frame = sys._getframe(1)
+        while frame is not None:  # inside the load's reading and rebuilding?
+            if frame.f_code is load_module._load.__code__:
+                collections.append(info["generation"])
+                return
+            frame = frame.f_back
+
+    gc.callbacks.append(record)
+    try:
+        loaded = Precompile.load(staged.path)
+        assert collections == [] and gc.isenabled()
+        gc.disable()
+        try:
+            Precompile.load(staged.path)
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        gc.callbacks.remove(record)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(staged.example), staged.expected)
+    gc.collect()
+    assert seen  # the callback sees collections: the check above can fail

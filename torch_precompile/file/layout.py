@@ -21,7 +21,6 @@ knows nothing about torch and never unpickles: sections are opaque bytes here.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import io
 import json
 import os
@@ -31,6 +30,7 @@ import struct
 from typing import Any
 
 from .._errors import ArtifactCorruptedError
+from .collector import no_cyclic_gc
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "ArtifactInfo", "looks_like_artifact"]
 
@@ -166,19 +166,15 @@ def parse_header(path: str, raw: memoryview) -> dict[str, Any]:
     """The header's JSON, checked to be an object with ``meta`` and ``sections``."""
     # No cyclic GC while parsing: a finalizer it ran at a deep header's recursion
     # limit (another reader's file close) would fail there, as an unraisable error.
-    paused = gc.isenabled()
-    gc.disable()
     try:
-        header = json.loads(
-            bytes(raw).decode("utf-8"),
-            object_pairs_hook=_reject_duplicates,
-            parse_constant=_reject_constant,
-        )
+        with no_cyclic_gc():
+            header = json.loads(
+                bytes(raw).decode("utf-8"),
+                object_pairs_hook=_reject_duplicates,
+                parse_constant=_reject_constant,
+            )
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise corrupted(path, f"the header is not valid JSON ({type(e).__name__}: {e})") from None
-    finally:
-        if paused:
-            gc.enable()
     if not isinstance(header, dict):
         raise corrupted(path, f"the header is a JSON {type(header).__name__}, not an object")
     if not isinstance(header.get("meta"), dict):

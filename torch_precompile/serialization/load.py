@@ -27,6 +27,7 @@ from .._errors import ArtifactCorruptedError, GuardError, KernelDirectoryError
 from .._stable import moved_modules_answered, today
 from ..file import sections as names
 from ..file import trace as _trace
+from ..file.collector import no_cyclic_gc
 from ..file.extension import FileExtension
 from ..file.header import Header
 from ..file.layout import (
@@ -64,7 +65,9 @@ def load(
     ``model=`` (of the saved shape and dimension names); without it each such load
     builds one. Pass the same mesh to every load to keep one mesh in the process.
     """
-    with moved_modules_answered():  # module paths the file holds that have moved since
+    # Module paths the file holds that have moved since are answered; the cyclic
+    # collector waits until the load's objects are built (file/collector.py).
+    with moved_modules_answered(), no_cyclic_gc():
         return _load(os.fspath(path), model, mesh, verify_key)
 
 

@@ -310,3 +310,32 @@ def test_no_cyclic_collection_runs_while_a_file_loads(staged) -> None:
         torch.testing.assert_close(loaded(staged.example), staged.expected)
     gc.collect()
     assert seen  # the callback sees collections: the check above can fail
+
+
+def test_loads_on_two_threads_keep_the_collector_off_until_both_end() -> None:
+    """Loads that overlap (a server loading on two threads) share the pause: the first
+    to end does not turn the collector back on under the other."""
+    import gc
+    import threading
+
+    from torch_precompile.file.collector import no_cyclic_gc
+
+    entered, release = threading.Barrier(2), threading.Event()
+    states: list[bool] = []
+
+    def second() -> None:
+        with no_cyclic_gc():
+            entered.wait()
+            release.wait(timeout=60)
+
+    assert gc.isenabled()
+    thread = threading.Thread(target=second)
+    with no_cyclic_gc():
+        thread.start()
+        entered.wait(timeout=60)
+        states.append(gc.isenabled())  # both inside
+    states.append(gc.isenabled())  # the first ended, the second still inside
+    release.set()
+    thread.join(timeout=60)
+    states.append(gc.isenabled())  # both ended
+    assert states == [False, False, True]

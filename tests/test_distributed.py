@@ -187,8 +187,9 @@ def test_any_order_of_steps(jobs: dict[str, Any]) -> None:
     # The job parallelises its own models on its own mesh around
     # standalone loads, each building its own mesh; no mesh=.
     for res in jobs["orders"]:
-        # Built after a load, the model's weights got the load's (equal) mesh
-        # from DTensor's sharding cache, its hooks the job's: the case to serve.
+        # Built after a load whose weights a DTensor op touched, the model's weights
+        # got the load's (equal) mesh from DTensor's sharding cache, its hooks the
+        # job's: the case to serve.
         assert res["block_weight_on_load_mesh"]
         for case in (
             "mlp_built_first",

@@ -84,7 +84,11 @@ def test_cache_holds_this_ranks_heads(job: dict[str, Any]) -> None:
 
 
 def test_served_lean_without_transformers(job: dict[str, Any]) -> None:
+    """Nor Dynamo: the shards' DTensors and parameters are made without the calls that
+    import it on first use (``from_local``, ``DTensor(...)``, ``detach``), and the
+    step's bytecode reads a hook dict's key without ``torch._dynamo.utils``."""
     for res in job["load"]:
         assert res["lean"]
         assert not res["transformers_imported"]
         assert not res["compiler_imported"]
+        assert not res["dynamo_imported"]

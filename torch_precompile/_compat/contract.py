@@ -129,7 +129,13 @@ CONTRACT: tuple[PrivateName, ...] = (
         "_thread_id",
     ),
     _n("torch.distributed._ops.device_mesh", after="torch.distributed.tensor"),
-    _n("torch.distributed.tensor:DTensor", "_spec"),
+    _n("torch.distributed.tensor:DTensor", "_spec", "__new__", "_local_tensor", "_is_param"),
+    _n(
+        "torch.distributed.tensor._dtensor_spec:DTensorSpec",
+        "tensor_meta",
+        after="torch.distributed.tensor",
+    ),
+    _n("torch.distributed.tensor._dtensor_spec:TensorMeta", after="torch.distributed.tensor"),
     _n(
         "torch.compiler.config",
         "compile_on_one_rank",

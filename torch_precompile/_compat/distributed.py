@@ -16,7 +16,11 @@ Each concern is tied to how torch 2.11-2.14 build and trace DTensor models:
 - the process-group names a DeviceMesh holds (the compiled collectives
   address their group by name, e.g. ``all_reduce(t, "sum", "0")``);
 - one mesh object per model: DTensor's sharding cache hands a mesh equal to
-  another out in its place (:func:`rebind_meshes`).
+  another out in its place (:func:`rebind_meshes`);
+- a DTensor made from a rank's shard without ``DTensor.from_local``, whose
+  ``autograd.Function`` (and ``DTensor.__init__``) import Dynamo on first use
+  (:func:`dtensor_of_shard`), and made a parameter without dispatching
+  ``detach`` through DTensor (:func:`dtensor_parameter`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,44 @@ def _one_rank_config() -> Any:
         if "compile_on_one_rank" in getattr(config, "_config", {}):
             return config
     return None
+
+
+def dtensor_of_shard(
+    local: torch.Tensor,
+    mesh: Any,
+    placements: list[Any],
+    shape: torch.Size,
+    stride: tuple[int, ...],
+) -> Any:
+    """The DTensor ``from_local(local, mesh, placements, shape=, stride=, run_check=False)``
+    returns, made as its ``autograd.Function`` makes it, without the Function.
+
+    ``from_local`` goes through ``autograd.Function.apply`` and ``DTensor(...)``
+    through ``DTensor.__init__``, both wrapped by ``torch._disable_dynamo``, whose
+    first call imports ``torch._dynamo`` (0.5 s on a 2-core CPU). A load builds
+    its weights' DTensors here and imports no compiler. The DTensor does not
+    require grad unless ``local`` does, and is a view of ``local`` (as there).
+    """
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    spec = DTensorSpec(mesh, tuple(placements), tensor_meta=TensorMeta(shape, stride, local.dtype))
+    # DTensor.__new__ is the constructor proper; __init__ only wraps a no-op.
+    return DTensor.__new__(DTensor, local.view_as(local), spec, requires_grad=local.requires_grad)
+
+
+def dtensor_parameter(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """``torch.nn.Parameter(tensor, requires_grad)``; for a DTensor, what Parameter makes of
+    it (``detach()``, ``requires_grad_``, ``_is_param``) without dispatching ``detach``
+    through DTensor, whose first sharding propagation imports Dynamo."""
+    from torch.distributed.tensor import DTensor
+
+    if type(tensor) is not DTensor:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    local = tensor._local_tensor.detach()
+    param = DTensor.__new__(DTensor, local, tensor._spec, requires_grad=requires_grad)
+    param._is_param = True
+    return param
 
 
 def compile_on_one_rank_available() -> bool:

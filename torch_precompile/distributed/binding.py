@@ -175,21 +175,21 @@ def build_standin(
 ) -> torch.nn.Module:
     """The stand-in model of this rank: plain tensors from the code file, DTensors
     from the rank's own shard file on ``mesh``, the parallelisation hooks again."""
-    from torch.distributed.tensor import DTensor
-
     rank = torch.distributed.get_rank()
     local = read_shard(path, layout, rank)
     device = _local_device(layout.mesh.device_type)
+    # One placement object per placement, as DTensor's sharding cache hands them out to
+    # a live model's parameters: the guards compare them by identity across parameters.
+    placements: dict[str, Any] = {}
     for name, spec in layout.tensors.items():
-        tensors[name] = DTensor.from_local(
+        tensors[name] = _cdist.dtensor_of_shard(
             local[name].to(device),
             mesh,
-            [decode_placement(p) for p in spec.placements],
-            run_check=False,
-            shape=torch.Size(spec.shape),
-            stride=spec.stride,
+            [placements.setdefault(p, decode_placement(p)) for p in spec.placements],
+            torch.Size(spec.shape),
+            tuple(spec.stride),
         )
-    standin = _standin.build_standin(skeleton, tensors)
+    standin = _standin.build_standin(skeleton, tensors, _cdist.dtensor_parameter)
     hooks = pickle.loads(sections[DISTRIBUTED_HOOKS]) if DISTRIBUTED_HOOKS in sections else {}
     _cdist.restore_parallel_hooks(standin, hooks, mesh)
     _cdist.rebind_meshes(standin, mesh)  # parameters may hold an equal mesh of the job

@@ -10,6 +10,7 @@ few helpers of ``torch._dynamo.utils`` the bytecode calls are written here.
 from __future__ import annotations
 
 import importlib
+import itertools
 import pickle
 import sys
 import threading
@@ -30,7 +31,8 @@ class _DynamoUtils:
 
     The bytecode brackets its pre-graph work with two profiler markers and, with
     dynamic shapes, reads sizes through ``call_size`` (Dynamo's versions only
-    add ``torch._disable_dynamo``, moot outside Dynamo); any other name is taken
+    add ``torch._disable_dynamo``, moot outside Dynamo); under tensor parallelism
+    it reads a hook dict's key with ``dict_keys_getitem``; any other name is taken
     from the real module (imported on first use).
     """
 
@@ -59,6 +61,11 @@ class _DynamoUtils:
     @staticmethod
     def call_storage_offset(x: Any) -> int:
         return x.storage_offset()
+
+    # A dict's n-th key in its own order (a parallelisation hook's key, under TP).
+    @staticmethod
+    def dict_keys_getitem(d: dict[Any, Any], n: int) -> Any:
+        return next(itertools.islice(dict.keys(d), n, n + 1))
 
     # Side effects replayed after the graph: an attribute written to (or deleted
     # from) an object's instance dict, as Dynamo's helpers do for plain objects.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -116,8 +117,14 @@ def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def build_standin(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """Rebuild a tree of plain modules from :func:`describe_module`'s skeleton."""
+def build_standin(
+    skeleton: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    parameter: Callable[[torch.Tensor, bool], torch.Tensor] = torch.nn.Parameter,
+) -> torch.nn.Module:
+    """Rebuild a tree of plain modules from :func:`describe_module`'s skeleton;
+    ``parameter(tensor, requires_grad)`` makes each parameter (a distributed load's
+    makes a DTensor one without dispatching through DTensor)."""
     mods: dict[str, torch.nn.Module] = {}
     shared: dict[str, torch.Tensor] = {}
     memo: dict[int, Any] = {}
@@ -134,7 +141,7 @@ def build_standin(skeleton: dict[str, Any], tensors: dict[str, torch.Tensor]) ->
                 continue
             key = spec["key"]
             if key not in shared:
-                shared[key] = torch.nn.Parameter(tensors[key], requires_grad=spec["requires_grad"])
+                shared[key] = parameter(tensors[key], spec["requires_grad"])
             mod._parameters[name] = shared[key]
         for name, spec in entry["buffers"].items():
             if spec is None:

@@ -13,6 +13,7 @@ take the lean path says why, in one INFO line at load.
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -174,7 +175,15 @@ def counting(source, filename, *args, **kwargs):
 builtins.compile = counting
 import torch
 from tests.fixtures import models
-from torch_precompile import Precompile
+from torch_precompile import GuardError, Precompile
+from torch_precompile.lean import guards
+
+emitted = []
+_init = guards._Emitter.__init__
+def emitting(self, spec):
+    emitted.append(1)
+    _init(self, spec)
+guards._Emitter.__init__ = emitting
 
 def close(a, b):
     assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
@@ -184,6 +193,12 @@ with torch.no_grad():
     for n in (4, 9):
         x = torch.randn(n, 64)
         close(art(x), eager(x))
+    try:
+        art(torch.randn(4, 64, dtype=torch.float64))  # no variant's guards hold
+    except GuardError:
+        refused = True
+    else:
+        refused = False
 art = Precompile.load(sys.argv[2])  # a forward and a backward wrapper
 x = torch.randn(8, 64, requires_grad=True)
 art(x).pow(2).sum().backward()
@@ -192,15 +207,19 @@ eager.train()(ex).pow(2).sum().backward()
 close(x.grad, ex.grad)
 skip = "<torch_precompile binder>"  # a few lines, made at load
 print(json.dumps([f for f in compiled if f.startswith("<torch_precompile") and f != skip]))
+print(json.dumps({"emitted": len(emitted), "refused": refused}))
 """
 
 
 def test_a_load_compiles_no_guard_function_or_wrapper(files: dict[str, Path]) -> None:
-    """The guard function and Inductor's wrappers were compiled at save; a load on the
-    same Python unmarshals them (compiling them took most of a generator's load) and
-    the results are eager's."""
+    """The guard function and Inductor's wrappers were compiled at save, and the guard
+    function written there too: a load on the same Python unmarshals them (writing
+    and compiling them took most of a generator's load), the results are eager's,
+    and an input no variant was built for is still refused."""
     proc = run_script(NO_COMPILE, files["bundle"], files["training"])
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+    *_, compiled, counts = proc.stdout.strip().splitlines()
+    assert json.loads(compiled) == []
+    assert json.loads(counts) == {"emitted": 0, "refused": True}
 
 
 _SOURCE = "def f(x):\n    return x + 1\n"
@@ -221,3 +240,52 @@ def test_code_of_another_python_or_source_is_compiled_from_the_source() -> None:
     exec(code, namespace)
     assert namespace["f"](1) == 2
     assert code.co_filename == namespace["f"].__code__.co_filename == "<here>"
+
+
+def test_a_saved_emission_of_another_version_is_written_again(files: dict[str, Path]) -> None:
+    """The guard function a save wrote is used by a load of the same version only; any
+    other (or an unreadable one) is written again from the spec, the same function."""
+    from torch_precompile.lean import guards
+
+    art = Precompile.load(files["bundle"])
+    loaded = art.variants[1].compiled_function._artifacts.guard_manager.lean_guards
+    written = guards.LeanGuards(loaded.spec)  # no saved code: written here
+    assert written.source == loaded.source and "return False" in written.source
+    assert written.emitted.tensor_checks == loaded.emitted.tensor_checks
+    blob = guards.prepared(written)
+    assert blob is not None
+    saved = guards._saved_emission({"prepared": blob})
+    assert saved is not None
+    assert (saved.source, saved.tensor_checks) == (written.source, written.emitted.tensor_checks)
+    assert saved.consts.keys() == written.emitted.consts.keys()
+    state_guard = torch._C._dynamo.guards.GlobalStateGuard
+    for name, value in saved.consts.items():  # a global state guard: equal as its state
+        want = written.emitted.consts[name]
+        if isinstance(value, state_guard):
+            value, want = value.__getstate__(), want.__getstate__()
+        assert value == want, name
+    other = pickle.dumps({**pickle.loads(blob), "version": guards.EMITTED_VERSION + 1})
+    for stale in (other, b"\x80\x05junk", None):
+        assert guards._saved_emission({"prepared": stale}) is None
+        again = guards.LeanGuards(loaded.spec, {"prepared": stale})
+        assert again.source == written.source
+
+
+def test_a_guard_on_a_methods_type_is_kept_with_the_emission() -> None:
+    """A method's type (a config's bound method, GPT-2 on torch 2.11) is read by name at
+    load, not pickled with the constants (it cannot be): the saved emission holds."""
+    from torch_precompile.lean import guards
+
+    leaf = {"source": "L['f']", "leaves": [["type", "method"]], "children": []}
+    spec = {"source": "L", "leaves": [], "children": [[["item", "f"], leaf]]}
+    blob = guards.prepared(guards.LeanGuards(spec))
+    assert blob is not None
+    loaded = guards.LeanGuards(spec, {"prepared": blob})
+    assert guards._saved_emission({"prepared": blob}) is not None
+
+    class Config:
+        def get_text_config(self) -> None:
+            return None
+
+    assert loaded.check({"f": Config().get_text_config})
+    assert not loaded.check({"f": Config.get_text_config})  # a plain function

@@ -39,6 +39,15 @@ SCRIPT = textwrap.dedent(
     sub = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))["tp"]
     fresh = DeviceMesh("cpu", [0, 1], mesh_dim_names=("tp",))
     again = DeviceMesh("cpu", [0, 1], mesh_dim_names=("tp",))
+
+    def pickled():
+        # A check that has seen a mesh (a weak reference to it) pickles as what was
+        # saved: a save keeps the lean guards' constants (lean/guards.py's prepared).
+        import pickle
+        check = MeshCheck(mesh_descriptor(fresh))
+        seen = check.ok(again)
+        copy = pickle.loads(pickle.dumps(check))
+        return [seen, copy._last is None, copy.ok(again), copy.ok(sub)]
     print(json.dumps({
         "torch_equal": [sub == fresh, fresh == again],
         "lean_equal": [
@@ -47,6 +56,7 @@ SCRIPT = textwrap.dedent(
             MeshCheck(mesh_descriptor(sub)).ok(sub),
         ],
         "old_descriptor": MeshCheck(mesh_descriptor(sub)[:4]).ok(fresh),
+        "pickled": pickled(),
     }))
     """
 )
@@ -63,3 +73,5 @@ def test_submesh_and_fresh_mesh_over_the_same_ranks_differ() -> None:
     assert result["lean_equal"] == [False, True, True]  # the lean check agrees
     # A file saved before the layout was recorded compares ranks, names, device, thread.
     assert result["old_descriptor"] is True
+    # The copy holds no mesh it saw, and checks as the original does.
+    assert result["pickled"] == [True, True, True, False]

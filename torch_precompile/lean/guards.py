@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import ast
 import collections
+import dataclasses
 import itertools
 import logging
+import pickle
 from typing import Any
 
 import torch
 
 from .guard_types import LEAN_TYPES, MethodRead, named_class, shape_expr_ok
+from .pickling import dumps
 from .pycode import code_for
 from .subclasses import DTensorSpecCheck, MeshCheck
 
@@ -30,6 +33,25 @@ def _same_dims(actual: Any, expected: tuple[int | None, ...]) -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Emitted:
+    """A spec turned into Python: the check's source, the constants it reads, and what
+    it leaves to be checked together (tensors, aliasing). The same for one spec on
+    one version of this package and of torch, so the save keeps it (:func:`prepared`)."""
+
+    source: str
+    consts: dict[str, Any]
+    tensor_checks: list[_TensorCheck]
+    alias_groups: list[list[str]]  # distinct, non-overlapping tensors
+    same_groups: list[list[str]]  # one object (OBJECT_ALIASING)
+
+
+# The version of what ``_Emitter`` writes: bumped whenever the source it writes, the
+# names it expects in the namespace or the constants change, so that a file's saved
+# emission (``prepared``) is used only by a load that would have written the same.
+EMITTED_VERSION = 1
+
+
 class LeanGuards:
     """The lean check: plain Python over ``torch`` and ``torch._C``, no ``torch._dynamo``.
 
@@ -39,43 +61,35 @@ class LeanGuards:
     """
 
     def __init__(self, spec: dict[str, Any], code: Any = None) -> None:
-        """``code``: the check compiled at save (:mod:`.pycode`), used where it fits."""
+        """``code``: the check compiled at save (:mod:`.pycode`), with the emission it
+        compiled (:func:`prepared`); each is used where it fits, else made here."""
         self.spec = spec  # what a re-save writes again
-        self._alias_groups: list[list[str]] = []  # distinct, non-overlapping tensors
-        self._same_groups: list[list[str]] = []  # one object (OBJECT_ALIASING)
-        self._collect_alias_groups(spec)
-        self._alias_sources = {
-            src for group in self._alias_groups + self._same_groups for src in group
-        }
-        self._consts: dict[str, Any] = {}
-        self._lines: list[str] = []
-        self._n = 0
+        emitted = _saved_emission(code) or _Emitter(spec).emitted()
+        self.emitted = emitted
+        self._alias_groups = emitted.alias_groups
+        self._same_groups = emitted.same_groups
         # Tensor leaves are collected by the generated code (``T.append``) and
         # checked together: (python type, dtype, requires_grad, size, stride,
         # dispatch keys) of each, in the order the code appends them.
-        self._tensor_checks: list[_TensorCheck] = []
-        self._emit_node(spec, "L", 1)
-        for expr in spec.get("shape_guards", ()):
-            if not shape_expr_ok(ast.parse(expr, mode="eval")):
-                raise ValueError(f"shape guard outside the lean grammar: {expr!r}")
-            self._fail_unless(expr)
-        body = "\n".join(self._lines)
-        source = f"def lean_check(L, seen, T):\n{body}\n    return True\n"
+        self._tensor_checks = emitted.tensor_checks
         namespace: dict[str, Any] = {
-            **self._consts,
+            **emitted.consts,
             "tf_stack_len": torch._C._len_torch_function_stack,
             "top_hooks": torch._C._autograd._top_saved_tensors_default_hooks,
             "named_class": named_class,
             "torch": torch,  # torch.sym_max / sym_min in shape guards (ints here)
             "object": MethodRead,  # object.__getattribute__(x, name) in aliasing guards
+            # The types a spec names, by name (not among the constants: a method's type
+            # cannot be pickled with them).
+            **{_type_global(name): cls for name, cls in LEAN_TYPES.items()},
         }
         from torch.utils import _device
 
         namespace["utils_device"] = _device
         self.namespace = dict(namespace)  # what ``source`` reads besides its arguments
-        exec(code_for(source, GUARDS_FILENAME, code), namespace)
+        exec(code_for(emitted.source, GUARDS_FILENAME, code), namespace)
         self._fn = namespace["lean_check"]
-        self.source = source
+        self.source = emitted.source
         # Dynamo compares a tensor's dispatch keys under the thread-local state of
         # the capture, not of the call. That state is found again by trying both
         # inference modes: the one under which tensors with the recorded properties
@@ -214,6 +228,34 @@ class LeanGuards:
             logging.getLogger("torch_precompile").debug("no native tensor guards: %s", exc)
             return None
 
+
+class _Emitter:
+    """Writes a spec's check as Python (:class:`Emitted`): one walk of the tree."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self._alias_groups: list[list[str]] = []
+        self._same_groups: list[list[str]] = []
+        self._collect_alias_groups(spec)
+        self._alias_sources = {
+            src for group in self._alias_groups + self._same_groups for src in group
+        }
+        self._consts: dict[str, Any] = {}
+        self._lines: list[str] = []
+        self._n = 0
+        self._tensor_checks: list[_TensorCheck] = []
+        self._emit_node(spec, "L", 1)
+        for expr in spec.get("shape_guards", ()):
+            if not shape_expr_ok(ast.parse(expr, mode="eval")):
+                raise ValueError(f"shape guard outside the lean grammar: {expr!r}")
+            self._fail_unless(expr)
+
+    def emitted(self) -> Emitted:
+        body = "\n".join(self._lines)
+        source = f"def lean_check(L, seen, T):\n{body}\n    return True\n"
+        return Emitted(
+            source, self._consts, self._tensor_checks, self._alias_groups, self._same_groups
+        )
+
     def _collect_alias_groups(self, node: dict[str, Any]) -> None:
         for leaf in node["leaves"]:
             if leaf[0] == "no_aliasing" and leaf[1] not in self._alias_groups:
@@ -333,7 +375,9 @@ class LeanGuards:
         elif kind in ("no_aliasing", "same_object"):
             pass  # checked once every value is known
         elif kind == "type":
-            self._fail_unless(f"type({v}) is {self._const(LEAN_TYPES[leaf[1]])}")
+            if leaf[1] not in LEAN_TYPES:
+                raise ValueError(f"unknown lean type {leaf[1]!r}")
+            self._fail_unless(f"type({v}) is {_type_global(leaf[1])}")
         elif kind == "class":
             # The class of that name, looked up when checked: an instance of it
             # means its module is imported; nothing is imported here.
@@ -366,6 +410,40 @@ class LeanGuards:
             self._fail_unless(f"{self._const(MeshCheck(leaf[1]))}.ok({v})")
         else:
             raise ValueError(f"unknown lean guard {kind!r}")
+
+
+def _type_global(name: str) -> str:
+    """The check's global for ``LEAN_TYPES[name]`` (``torch.Size``: ``type_torch_Size``)."""
+    return "type_" + name.replace(".", "_")
+
+
+def prepared(guards: LeanGuards) -> bytes | None:
+    """What the save keeps of ``guards``' emission, for a load to skip it (None when
+    some constant cannot be pickled: the load then emits)."""
+    emitted = guards.emitted
+    fields = {f.name: getattr(emitted, f.name) for f in dataclasses.fields(emitted)}
+    try:
+        return dumps({"version": EMITTED_VERSION, **fields})
+    except Exception as exc:  # an optional speed-up of the load
+        logging.getLogger("torch_precompile").debug("lean guards' emission not kept: %s", exc)
+        return None
+
+
+def _saved_emission(code: Any) -> Emitted | None:
+    """The emission the save kept beside the compiled check, if of this version."""
+    blob = code.get("prepared") if isinstance(code, dict) else None
+    if not isinstance(blob, bytes):
+        return None
+    try:
+        saved = pickle.loads(blob)
+    except Exception:  # another version's objects: emit instead
+        return None
+    if not isinstance(saved, dict) or saved.pop("version", None) != EMITTED_VERSION:
+        return None
+    try:
+        return Emitted(**saved)
+    except TypeError:
+        return None
 
 
 def _overlapping(tensors: list[Any]) -> bool:

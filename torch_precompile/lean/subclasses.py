@@ -160,6 +160,9 @@ class MeshCheck:
         self._saved = saved
         self._last: weakref.ref[Any] | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:  # what was saved, not the last mesh seen
+        return (type(self), (self._saved,))
+
     def ok(self, mesh: Any) -> bool:
         if self._last is not None and self._last() is mesh:
             return True
@@ -187,6 +190,9 @@ class DTensorSpecCheck:
         self._saved = saved
         self._mesh = MeshCheck(saved["mesh"])
         self._last: weakref.ref[Any] | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:  # what was saved, not the last spec seen
+        return (type(self), (self._saved,))
 
     def ok(self, spec: Any) -> bool:
         if self._last is not None and self._last() is spec and self._mesh.ok(spec.mesh):

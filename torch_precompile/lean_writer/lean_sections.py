@@ -49,7 +49,7 @@ from ..lean import (
     pycode,
 )
 from ..lean.bytecode_globals import global_homes
-from ..lean.guards import GUARDS_FILENAME, LeanGuards
+from ..lean.guards import GUARDS_FILENAME, LeanGuards, prepared
 from ..lean.pickling import dumps as stable_dumps
 from ..lean.pickling import dumps_lean
 from ..lean.wrapper import strip_wrapper_imports
@@ -326,11 +326,14 @@ def _compiled_python(spec: dict[str, Any]) -> dict[str, Any]:
         out["backward"] = pycode.compiled(backward, "<wrapper>")
     if spec["lean_guards"] is not None:
         try:
-            source = LeanGuards(spec["lean_guards"]).source
+            guards = LeanGuards(spec["lean_guards"])
         except Exception as exc:  # the load will say so too, and use Dynamo's guards
             log.debug("no compiled lean guards: %s", exc)
         else:
-            out["guards"] = pycode.compiled(source, GUARDS_FILENAME)
+            out["guards"] = pycode.compiled(guards.source, GUARDS_FILENAME)
+            emitted = prepared(guards)  # the load skips writing the check
+            if emitted is not None:
+                out["guards"]["prepared"] = emitted
     return out
 
 

@@ -11,11 +11,13 @@ tokens each), a prompt of ``--prompt`` tokens, ``--new-tokens`` new ones.
 - ``compile``: the same with ``model.forward = torch.compile(model.forward)``;
 - ``ours``: ``compile_generator`` on the TP model (rank 0 builds; the other
   ranks write their shards), then a *fresh* ``torchrun`` job (fresh processes
-  and process group, empty Inductor cache) loads it with ``Precompile.load`` on
-  every rank and runs ``generate``.
+  and process group, empty Inductor cache; Python's bytecode written first, as a
+  pip install leaves it) loads it with ``Precompile.load`` on every rank and
+  runs ``generate``.
 
 For each: ``first_token_s``, wall seconds from the model (or, for ``ours``,
-the ``Precompile.load`` call) to the first token of the first ``generate``
+the ``Precompile.load`` call, after the GPU's context and the communicator are
+up: ``setup_s``) to the first token of the first ``generate``
 (``torch.compile``'s JIT and our load included), and ``decode_tokens_per_s``
 of a warm run, ``(new_tokens - 1) / (t(new_tokens) - t(1))`` (the prefill
 left out), the median of ``--repeats``; the slowest rank. ``ours``' tokens (and
@@ -213,6 +215,12 @@ def serve(a: argparse.Namespace, device: str) -> None:
     from torch_precompile import Precompile
 
     rank = dist.get_rank()
+    # What a server has done before it loads: the GPU's context and the process
+    # group's communicator up (both lazy until first used), timed on their own.
+    t_setup = time.perf_counter()
+    torch.zeros(1, device=device)
+    dist.barrier()
+    setup_s = time.perf_counter() - t_setup
     t0 = time.perf_counter()
     generator = Precompile.load(Path(a.serve) / "generator.pt")
     load_s = time.perf_counter() - t0
@@ -223,6 +231,8 @@ def serve(a: argparse.Namespace, device: str) -> None:
 
     record = measure(run, a, device, t0)
     record["load_s"] = load_s
+    record["setup_s"] = setup_s  # CUDA context and communicator, before the load
+    record["compiler_imported"] = "torch._dynamo" in sys.modules
     record["since_process_start_s"] = time.perf_counter() - T_START
     record["lean"] = all(
         type(v.compiled_function).__name__ == "LeanCompiledFunction"
@@ -230,6 +240,10 @@ def serve(a: argparse.Namespace, device: str) -> None:
     )
     record["transformers_imported"] = "transformers" in sys.modules
     (Path(a.serve) / f"serve-rank{rank}.json").write_text(json.dumps(record))
+
+
+# What a serving rank imports (a load of a tensor-parallel generator: DTensor, sympy).
+SERVING_IMPORTS = "import torch.distributed.tensor, torch_precompile.serialization.load"
 
 
 def start_serving_job(a: argparse.Namespace, workdir: Path, world: int, vocab: int) -> None:
@@ -243,6 +257,10 @@ def start_serving_job(a: argparse.Namespace, workdir: Path, world: int, vocab: i
     }
     if VISIBLE:
         env["CUDA_VISIBLE_DEVICES"] = VISIBLE
+    # Python's bytecode of what the serving job imports, written as a pip install
+    # writes it: a machine image without it (the lent GPU machines' sympy) compiles
+    # those modules from source in every process (1.9 s of a load on an H200 host).
+    subprocess.run([sys.executable, "-c", SERVING_IMPORTS], env=env, check=True, timeout=300)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += [f"--nproc-per-node={world}", str(Path(__file__).resolve()), "--serve", str(workdir)]
     cmd += ["--vocab", str(vocab), "--batch", str(a.batch), "--prompt", str(a.prompt)]
@@ -318,6 +336,9 @@ def main_job(a: argparse.Namespace, device: str) -> None:
     served = [json.loads((workdir / f"serve-rank{r}.json").read_text()) for r in range(world)]
     results["ours"] = slowest(served)
     results["ours"]["load_s"] = max(r["load_s"] for r in served)
+    results["ours"]["load_s_per_rank"] = [r["load_s"] for r in served]
+    results["ours"]["setup_s"] = max(r["setup_s"] for r in served)
+    results["ours"]["compiler_imported"] = any(r["compiler_imported"] for r in served)
     results["ours"]["build_generator_s_rank0"] = build_generator_s if rank == 0 else None
 
     if rank == 0:

@@ -11,17 +11,11 @@ process group (4 ranks, no communication).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import script_json
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch built without torch.distributed"
@@ -79,12 +73,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_shard_parameters_equal_from_local_and_import_no_dynamo() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = script_json(SCRIPT)
     assert not out["dynamo_before"] and not out["dynamo_after_ours"]
     assert out["dynamo_after_from_local"]  # what the load no longer calls imports it
     assert len(out["same"]) == 6

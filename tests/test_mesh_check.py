@@ -8,17 +8,11 @@ process on PyTorch's fake process group (4 ranks, no communication).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import script_json
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch built without torch.distributed"
@@ -63,12 +57,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_submesh_and_fresh_mesh_over_the_same_ranks_differ() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = script_json(SCRIPT)
     assert result["torch_equal"] == [False, True]  # what Dynamo's mesh guard compares
     assert result["lean_equal"] == [False, True, True]  # the lean check agrees
     # A file saved before the layout was recorded compares ranks, names, device, thread.

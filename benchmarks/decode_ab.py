@@ -12,7 +12,10 @@ file sees the same host and clocks:
 - the first step's logits of each file against the first file's (greedy tokens
   in bf16 may differ after a few steps when sums run in another order);
 - with ``--kernels``: the CUDA kernels of 33 tokens and their summed busy time,
-  from ``torch.profiler``.
+  from ``torch.profiler``;
+- ``--every-step NAME``: that file's decode loop checks the artifact's guards at
+  every step, as before ``runtime/loop.py`` (the same file may be given twice,
+  under two names, to measure the guard check alone).
 
 Usage (a CUDA machine, files built with the same ``max_length``)::
 
@@ -41,6 +44,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (CPU files)")
     p.add_argument("--kernels", action="store_true", help="count each file's CUDA kernels")
     p.add_argument("--out", default=None, help="a JSON of the results")
+    p.add_argument(
+        "--every-step", default="", help="names (comma-separated) checking guards every step"
+    )
     a = p.parse_args()
 
     import torch
@@ -53,6 +59,8 @@ def main() -> None:
     for spec in a.files:
         name, _, path = spec.partition("=")
         gens[name] = Precompile.load(path)
+    for name in filter(None, a.every_step.split(",")):
+        gens[name].loop = every_step_loop(gens[name])
 
     def synchronize() -> None:
         if a.device == "cuda":
@@ -81,6 +89,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "files": a.files,
+        "every_step": a.every_step,
         "prompt": a.prompt,
         "new_tokens": a.new_tokens,
         "rounds": a.rounds,
@@ -113,6 +122,16 @@ def main() -> None:
     if a.out:
         with open(a.out, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def every_step_loop(g):
+    """``Generator.loop`` as it was before ``LoopCall``: the full path at every step."""
+
+    def loop(fixed):
+        fixed = tuple(fixed)
+        return lambda *moving: g.run_step(*moving, *fixed)
+
+    return loop
 
 
 if __name__ == "__main__":

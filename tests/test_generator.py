@@ -26,7 +26,7 @@ from conftest import run_script  # noqa: E402
 from tests.fixtures.bpe import byte_level_bpe  # noqa: E402
 from tests.fixtures.hf_models import assert_same_logits, generator_families  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
-from torch_precompile._errors import CaptureError, GenerationLimitError  # noqa: E402
+from torch_precompile._errors import CaptureError, GenerationLimitError, GuardError  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
 from torch_precompile.runtime.generator import Generator  # noqa: E402
 
@@ -389,6 +389,62 @@ def test_threads_sharing_a_generator_each_get_their_own_result(
     assert errors == [] and len(results) == len(calls), errors
     for i, want in enumerate(alone):
         assert torch.equal(results[i], want), (i, results[i], want)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_decode_loop_checks_the_guards_once_a_layout_and_still_sees_torchs_state(
+    built: dict[str, dict[str, Any]], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's guard checks do not grow with its steps (runtime/loop.py); its logits
+    are those of a loop that checks every step; a change of torch's state between two
+    steps (a streamer setting the default dtype) is refused as at any call."""
+    from torch_precompile.lean.guards import LeanGuards
+
+    gen: Generator = built[name]["loaded"]
+    checks: list[int] = []
+    check = LeanGuards.check
+
+    def counted(self: LeanGuards, f_locals: dict[str, Any]) -> bool:
+        checks.append(1)
+        return check(self, f_locals)
+
+    monkeypatch.setattr(LeanGuards, "check", counted)
+    ids, mask = _prompts(2, 5, seed=21)
+    counts = []
+    for new in (3, 3, 20):  # the first call after another caller's may try more variants
+        checks.clear()
+        once = gen.generate(ids, mask, max_new_tokens=new, eos_token_id=None, **_LOGITS)
+        counts.append(len(checks))
+    assert 0 < counts[1] == counts[2], counts  # a check a step: 17 more
+
+    def every_step(fixed: Any) -> Any:
+        return lambda *moving: gen.run_step(*moving, *fixed)
+
+    monkeypatch.setattr(gen, "loop", every_step)
+    checks.clear()
+    every = gen.generate(ids, mask, max_new_tokens=20, eos_token_id=None, **_LOGITS)
+    assert len(checks) >= 20
+    assert torch.equal(once.sequences, every.sequences)
+    for step, (a, b) in enumerate(zip(once.logits, every.logits)):
+        assert torch.equal(a, b), step
+    monkeypatch.undo()
+
+    steps: list[int] = []
+
+    def streamer(token: torch.Tensor) -> None:
+        steps.append(1)
+        if len(steps) == 3:
+            torch.set_default_dtype(torch.float64)
+
+    dtype = torch.get_default_dtype()
+    try:
+        with pytest.raises(GuardError, match="default dtype"):
+            gen.generate(ids, mask, max_new_tokens=8, streamer=streamer)
+    finally:
+        torch.set_default_dtype(dtype)
+    assert len(steps) == 3
+    again = gen.generate(ids, mask, max_new_tokens=20, eos_token_id=None)
+    assert torch.equal(again, once.sequences)
 
 
 _MOE = """

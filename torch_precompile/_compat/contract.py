@@ -78,7 +78,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n("torch._C:_set_storage_data_ptr_access_error_msg", cuda=True),
     # --- small private helpers outside the compilers ---
     _n("torch.autograd.profiler:_is_profiler_enabled"),
-    _n("torch.utils._device"),
+    _n("torch.utils._device:CURRENT_DEVICE"),
     _n("torch.utils._pytree:tree_leaves"),
     _n("torch.utils._python_dispatch:TorchDispatchMode"),
     _n("torch._guards:CompileContext"),

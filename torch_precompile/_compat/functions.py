@@ -273,6 +273,30 @@ def global_state_snapshot() -> dict[str, Any]:
     }
 
 
+def global_state_unchanged() -> Callable[[], bool]:
+    """A check that torch's global state is still what it is now, as Dynamo's guards
+    read it: its ``GlobalStateGuard`` (grad mode, autocast, default dtype,
+    deterministic algorithms, ...), the torch function modes, the default device and
+    the saved-tensor hooks. A microsecond a call; imports no Dynamo."""
+    from torch.utils import _device
+
+    state = torch._C._dynamo.guards.GlobalStateGuard()  # type: ignore[attr-defined]
+    modes = torch._C._len_torch_function_stack()
+    device = _device.CURRENT_DEVICE
+    top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+    hooks = top_hooks(True)
+
+    def unchanged() -> bool:
+        return (
+            state.check()
+            and torch._C._len_torch_function_stack() == modes
+            and _device.CURRENT_DEVICE is device
+            and top_hooks(True) == hooks
+        )
+
+    return unchanged
+
+
 def concrete_zeros_like(example: Any) -> Any:
     """Zeros with ``example``'s dtype and device at its example sizes (a fake tensor's
     symbolic sizes read by their hints); non-tensors are returned as they are."""

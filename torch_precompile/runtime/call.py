@@ -291,6 +291,25 @@ class Runtime:
                     return False, None
             return True, self.call_step.call(frame)
 
+    def checked_call(self, args: tuple[Any, ...]) -> tuple[Runtime, Any]:
+        """The call on the full path, and the runtime whose checks passed (this one)."""
+        return self, self(args, {})
+
+    def call_known(self, args: tuple[Any, ...]) -> Any:
+        """The call of a loop whose guards held at its first call of this layout
+        (:class:`~torch_precompile.runtime.loop.LoopCall`): every check but the
+        guards runs (grad mode, hooks, identities, index ranges). A check that
+        refuses sends the call down the full path, which says why."""
+        with self.grad_mode(args, {}) as refusal:
+            if refusal is None:
+                frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, {})
+                for step in self.checks:
+                    if not isinstance(step, CheckGuards) and step.check(frame) is not None:
+                        break
+                else:
+                    return self.call_step.call(frame)
+        return self(args, {})
+
     def _requires_grad(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         for leaf in tree_leaves((args, kwargs)):
             if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
@@ -314,25 +333,33 @@ class VariantRuntime:
         self._last = 0  # the variant that served the last call
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self._served(args, kwargs)[1]
+
+    def checked_call(self, args: tuple[Any, ...]) -> tuple[Runtime, Any]:
+        """The call on the full path, and the runtime of the variant that served it."""
+        return self._served(args, {})
+
+    def _served(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Runtime, Any]:
         # A loop calls one variant again and again (every decode step): the one that
         # served the last call is tried first. Then, after a lean load, the first
         # variant whose plain-Python guards hold runs before any variant builds
         # PyTorch's guard manager (which imports Dynamo).
-        served, result = self.variants[self._last].runtime.try_lean(args, kwargs)
+        last = self.variants[self._last].runtime
+        served, result = last.try_lean(args, kwargs)
         if served:
-            return result
+            return last, result
         for i, variant in enumerate(self.variants):
             if i != self._last:
                 served, result = variant.runtime.try_lean(args, kwargs)
                 if served:
                     self._last = i
-                    return result
+                    return variant.runtime, result
         failures: list[str] = []
         for i, variant in enumerate(self.variants):
             failure, result = variant.runtime.try_call(args, kwargs)
             if failure is None:
                 self._last = i
-                return result
+                return variant.runtime, result
             failures.append(str(failure))
         raise GuardError(self._refusal(failures, args, kwargs))
 

@@ -26,6 +26,7 @@ import torch
 from .._errors import ArtifactCorruptedError, GenerationLimitError
 from ..file.extension import FileExtension
 from ..file.sections import GENERATOR, GENERATOR_TOKENIZER
+from .loop import LoopCall
 from .sampling import Sampler
 
 if TYPE_CHECKING:
@@ -148,6 +149,17 @@ class Generator:
         if self._runtime is None:
             return self.step(*args)
         return self._runtime(args, {})
+
+    def loop(self, fixed: Sequence[torch.Tensor]) -> Callable[..., Any]:
+        """The step as one loop calls it, again and again, with the same ``fixed``
+        tensors last (the cache views it decodes into): ``loop(*moving)``. The
+        artifact's guards are checked at the loop's first call of each input layout,
+        not at every step (:class:`~torch_precompile.runtime.loop.LoopCall`), so
+        one loop's steps must not change the model in between."""
+        if self._runtime is None:
+            fixed = tuple(fixed)
+            return lambda *moving: self.step(*moving, *fixed)
+        return LoopCall(self._runtime, fixed)
 
     def cache(self) -> list[torch.Tensor]:
         """The key/value tensors, ``max_batch`` rows each, allocated on first use."""
@@ -273,8 +285,9 @@ class Generator:
         start = torch.zeros((), dtype=torch.long, device=device)
         step_ids, step_pos = ids, positions
         steps = max_new_tokens
+        run = self.loop(cache)
         for i in range(max_new_tokens):
-            logits = self.run_step(step_ids, full, step_pos, start, *cache)[:, -1, :].float()
+            logits = run(step_ids, full, step_pos, start)[:, -1, :].float()
             if keep[1]:
                 kept_logits.append(logits.clone())
             scores = logits

@@ -84,6 +84,11 @@ class Engine:
         self.index = torch.zeros((slots,), dtype=torch.long, device=self.device)
         self.member = torch.zeros((slots,), dtype=torch.long, device=self.device)
         self.batches = step_batches(slots)
+        # Per batch, the decode step as one loop over views of the first rows (the
+        # guards are checked at its first call: the engine owns the model and cache).
+        self._decode_steps = {
+            batch: generator.loop([t[:batch] for t in self.cache]) for batch in self.batches
+        }
         self.reading: collections.deque[_Reading] = collections.deque()  # launched, unread
         self.active: list[_Run | None] = [None] * slots
         self.pending: collections.deque[_Run] = collections.deque()
@@ -228,8 +233,8 @@ class Engine:
     def _decode_logits(self, batch: int) -> torch.Tensor:
         """One decode step of the first ``batch`` slots (views of their rows)."""
         index = self.index[:batch]
-        rows = [t[:batch] for t in self.cache]
-        out = self.step(self.ids[:batch], self.full[:batch], index[:, None].clone(), index, *rows)
+        step = self._decode_steps[batch]
+        out = step(self.ids[:batch], self.full[:batch], index[:, None].clone(), index)
         return out[:, -1, :].float()
 
     def _join(self, slot: int, run: _Run) -> None:

@@ -24,6 +24,7 @@ from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
 from .._errors import CaptureError
 from ..runtime.generator import Generator, GeneratorSpec
+from .decode_matmul import decode_decompositions
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
 from .torch_only import refuse_foreign_ops, torch_only_decompositions
 from .views import fused_projections, own_copy
@@ -228,8 +229,9 @@ def compile_generator(
     ``mode`` and ``options`` are Inductor's, as in ``torch.compile``; the options
     hold for the whole capture. For decode at the speed of memory on CUDA, as
     gpt-fast: ``mode="reduce-overhead"`` (a CUDA graph per step) and
-    ``options={"coordinate_descent_tuning": True}`` (each one-row matmul a tuned
-    Triton reduction rather than a cuBLAS GEMV).
+    ``options={"coordinate_descent_tuning": True}`` (each one-row matmul, with a
+    bias or without, a tuned Triton reduction rather than a cuBLAS GEMV:
+    ``decode_matmul.py``).
 
     ``fuse_projections=True`` (not for a tensor-parallel model) traces the step
     through a view of the model whose attention ``q/k/v_proj`` and MLP
@@ -358,7 +360,9 @@ def _compile_step(
     left (a served file could not call them) before Inductor runs."""
     with _progress_on_stderr(verbose):
         captured = Precompile.dynamo(step, args, dynamic=True)
-        joint = Precompile.aot_autograd(captured, decompositions=torch_only_decompositions())
+        device = next(step.parameters()).device
+        decompositions = {**torch_only_decompositions(), **decode_decompositions(options, device)}
+        joint = Precompile.aot_autograd(captured, decompositions=decompositions)
         refuse_foreign_ops(joint.joint_graph, step.model)
         graph = joint.joint_graph
         if fused:  # each part of a group computes the group's product (views.py): once here

@@ -102,3 +102,18 @@ def test_python_values_are_keyed_by_value_and_unhashable_ones_always_checked() -
     loop([1])
     loop([1])
     assert runtime.paths == ["checked", "known", "checked", "checked", "checked"]
+
+
+class _NoStorage(torch.Tensor):
+    """A tensor subclass whose storage cannot be read (as a wrapper subclass's)."""
+
+    def untyped_storage(self) -> Any:
+        raise RuntimeError("no storage")
+
+
+def test_a_tensor_whose_storage_cannot_be_read_is_always_checked() -> None:
+    runtime, loop, _ = _loop()
+    x = torch.zeros(2).as_subclass(_NoStorage)
+    loop(x)
+    loop(x)
+    assert runtime.paths == ["checked", "checked"]

@@ -55,7 +55,8 @@ class LoopCall:
 
 def _layout(values: Sequence[Any]) -> Hashable | None:
     """What the guards read of the changing inputs, as a key; None where a value
-    cannot be a key (an unhashable Python value: every call is checked in full)."""
+    cannot be a key (an unhashable Python value, a tensor without a storage to
+    compare: every call is checked in full)."""
     parts: list[Any] = [torch.is_inference_mode_enabled()]
     storages = []
     for v in values:
@@ -63,7 +64,10 @@ def _layout(values: Sequence[Any]) -> Hashable | None:
             parts.append(
                 (type(v), v.shape, v.stride(), v.dtype, v.device, v.requires_grad, v.is_inference())
             )
-            storages.append(v.untyped_storage().data_ptr())
+            try:
+                storages.append(v.untyped_storage().data_ptr())
+            except (RuntimeError, NotImplementedError):  # a subclass with no storage
+                return None
         else:
             try:
                 hash(v)

@@ -305,11 +305,14 @@ def compile_generator(
             for tensor in examples[-1][4:]:
                 _compat.mark_static_address(tensor)
     variants = []
+    decompositions = {**torch_only_decompositions(), **decode_decompositions(options, device)}
     with torch.no_grad(), _compat.inductor_options(options), _dropped_guards_once():
         for args in examples:
             b, s = args[0].shape
             log.info("generator: compiling the step at batch %d, length %d", b, s)
-            variants.append(_compile_step(step, args, mode, options, fused > 0, verbose))
+            variants.append(
+                _compile_step(step, args, mode, options, decompositions, fused > 0, verbose)
+            )
     config = model.config
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
@@ -352,16 +355,16 @@ def _compile_step(
     args: tuple[Any, ...],
     mode: str | None,
     options: dict[str, Any] | None,
+    decompositions: dict[Any, Any],
     fused: bool,
     verbose: bool,
 ) -> Any:
     """One variant of the step, stage by stage: operators a model library registers are
-    decomposed into torch's where they can be, and the ATen graph is checked for any
-    left (a served file could not call them) before Inductor runs."""
+    decomposed into torch's where they can be (``decompositions``, with the decode
+    step's own), and the ATen graph is checked for any left (a served file could not
+    call them) before Inductor runs."""
     with _progress_on_stderr(verbose):
         captured = Precompile.dynamo(step, args, dynamic=True)
-        device = next(step.parameters()).device
-        decompositions = {**torch_only_decompositions(), **decode_decompositions(options, device)}
         joint = Precompile.aot_autograd(captured, decompositions=decompositions)
         refuse_foreign_ops(joint.joint_graph, step.model)
         graph = joint.joint_graph

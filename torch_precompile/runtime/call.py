@@ -230,7 +230,7 @@ class Runtime:
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[GuardError | None, Frame]:
         """Run the checks on one call: the first refusal (or None) and the bound frame."""
-        frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+        frame = self._frame(args, kwargs)
         for step in self.checks:
             failure = step.check(frame)
             if failure is not None:
@@ -276,7 +276,7 @@ class Runtime:
         with self.grad_mode(args, kwargs) as refusal:
             if refusal is not None:
                 return False, None
-            frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+            frame = self._frame(args, kwargs)
             try:
                 self.checks[0].check(frame)  # binds the arguments
             except TypeError:
@@ -286,10 +286,19 @@ class Runtime:
                     return False, None
             except Exception:  # a value its checks cannot read: the full path says why
                 return False, None
-            for step in self.checks[1:]:
-                if not isinstance(step, CheckGuards) and step.check(frame) is not None:
-                    return False, None
+            if not self._all_but_guards(frame):
+                return False, None
             return True, self.call_step.call(frame)
+
+    def _frame(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Frame:
+        """The call as the checks see it: ``self`` (the bound model), then the arguments."""
+        return Frame((self.bound_self, *args) if self.bound_self is not None else args, kwargs)
+
+    def _all_but_guards(self, frame: Frame) -> bool:
+        """Whether every check after binding, the guards left out, passes on ``frame``."""
+        return all(
+            isinstance(step, CheckGuards) or step.check(frame) is None for step in self.checks[1:]
+        )
 
     def checked_call(self, args: tuple[Any, ...]) -> tuple[Runtime, Any]:
         """The call on the full path, and the runtime whose checks passed (this one)."""
@@ -302,11 +311,9 @@ class Runtime:
         refuses sends the call down the full path, which says why."""
         with self.grad_mode(args, {}) as refusal:
             if refusal is None:
-                frame = Frame((self.bound_self, *args) if self.bound_self is not None else args, {})
-                for step in self.checks:
-                    if not isinstance(step, CheckGuards) and step.check(frame) is not None:
-                        break
-                else:
+                frame = self._frame(args, {})
+                self.checks[0].check(frame)  # binds the arguments
+                if self._all_but_guards(frame):
                     return self.call_step.call(frame)
         return self(args, {})
 

@@ -24,6 +24,7 @@ from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
 from .._errors import CaptureError
 from ..runtime.generator import Generator, GeneratorSpec
+from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import decode_decompositions
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
 from .torch_only import refuse_foreign_ops, torch_only_decompositions
@@ -306,12 +307,17 @@ def compile_generator(
                 _compat.mark_static_address(tensor)
     variants = []
     decompositions = {**torch_only_decompositions(), **decode_decompositions(options, device)}
+    # On a GPU a decode step's grouped-query attention reads the cache's own heads
+    # (decode_attention.py); a tensor-parallel step's heads are its shards', left as traced.
+    grouped = groups_on(device) and world == 1
     with torch.no_grad(), _compat.inductor_options(options), _dropped_guards_once():
         for args in examples:
             b, s = args[0].shape
             log.info("generator: compiling the step at batch %d, length %d", b, s)
             variants.append(
-                _compile_step(step, args, mode, options, decompositions, fused > 0, verbose)
+                _compile_step(
+                    step, args, mode, options, decompositions, fused > 0, grouped, verbose
+                )
             )
     config = model.config
     eos = getattr(model.generation_config, "eos_token_id", None)
@@ -357,15 +363,24 @@ def _compile_step(
     options: dict[str, Any] | None,
     decompositions: dict[Any, Any],
     fused: bool,
+    grouped: bool,
     verbose: bool,
 ) -> Any:
-    """One variant of the step, stage by stage: operators a model library registers are
-    decomposed into torch's where they can be (``decompositions``, with the decode
-    step's own), and the ATen graph is checked for any left (a served file could not
-    call them) before Inductor runs."""
+    """One variant of the step, stage by stage: ``grouped``, its one-query attentions
+    read the cache's key/value heads unrepeated (Dynamo's graph rewritten); operators a
+    model library registers are decomposed into torch's where they can be
+    (``decompositions``, with the decode step's own), and the ATen graph is checked for
+    any left (a served file could not call them) before Inductor runs."""
     with _progress_on_stderr(verbose):
         captured = Precompile.dynamo(step, args, dynamic=True)
-        joint = Precompile.aot_autograd(captured, decompositions=decompositions)
+        graph_module, rewritten = captured.graph_module, 0
+        if grouped:
+            graph_module, rewritten = grouped_decode_attention(graph_module)
+        if rewritten:
+            log.info("generator: %d decode attentions read the cache's heads unrepeated", rewritten)
+        joint = Precompile.aot_autograd(
+            graph_module, captured.guards, decompositions=decompositions
+        )
         refuse_foreign_ops(joint.joint_graph, step.model)
         graph = joint.joint_graph
         if fused:  # each part of a group computes the group's product (views.py): once here

@@ -232,7 +232,9 @@ def compile_generator(
     gpt-fast: ``mode="reduce-overhead"`` (a CUDA graph per step) and
     ``options={"coordinate_descent_tuning": True}`` (each one-row matmul, with a
     bias or without, a tuned Triton reduction rather than a cuBLAS GEMV:
-    ``decode_matmul.py``).
+    ``decode_matmul.py``). On a GPU each decode step's grouped-query attention
+    reads the cache's key/value heads without repeating them
+    (``decode_attention.py``).
 
     ``fuse_projections=True`` (not for a tensor-parallel model) traces the step
     through a view of the model whose attention ``q/k/v_proj`` and MLP

@@ -137,7 +137,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # The same step, 2 slots and no chat template: a queue to fill, a chat to refuse.
     small = dataclasses.replace(generator.spec, max_batch=2, chat_template=None)
     Precompile.save(root / "small.pt", Generator(generator.step, small, generator.tokenizer_json))
-    return {"path": path, "small": root / "small.pt", "tokenizer": tokenizer}
+    return {"path": path, "small": root / "small.pt", "tokenizer": tokenizer, "model": model}
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +304,20 @@ BAD = [
     ({"model": "tiny", "prompt": "a", "logprobs": 9}, 400, "logprobs"),
     ({"model": "tiny", "prompt": "a", "stop": 5}, 400, "stop"),
     ({"model": "tiny", "prompt": "a", "stream": "yes"}, 400, "'stream' must be bool"),
+    ({"model": "tiny", "prompt": "a", "presence_penalty": 2.5}, 400, "'presence_penalty' must"),
+    ({"model": "tiny", "prompt": "a", "frequency_penalty": "1"}, 400, "'frequency_penalty' must"),
+    ({"model": "tiny", "prompt": "a", "repetition_penalty": 0}, 400, "'repetition_penalty'"),
+    ({"model": "tiny", "prompt": "a", "logit_bias": {"x": 1}}, 400, "keys must be token ids"),
+    ({"model": "tiny", "prompt": "a", "logit_bias": {"5": 101}}, 400, "in [-100, 100]"),
+    ({"model": "tiny", "prompt": "a", "logit_bias": {"5": True}}, 400, "in [-100, 100]"),
+    ({"model": "tiny", "prompt": "a", "logit_bias": {str(VOCAB): 1}}, 400, "past the vocabulary"),
+    ({"model": "tiny", "prompt": "a", "logit_bias": [5]}, 400, "'logit_bias' must be dict"),
+    ({"model": "tiny", "prompt": "a", "min_tokens": 4}, 400, "'min_tokens' is not supported"),
+    (
+        {"model": "tiny", "prompt": "a", "response_format": {"type": "json_object"}},
+        400,
+        "'response_format' 'json_object' is not supported",
+    ),
     ({"model": "other", "prompt": "a"}, 404, "does not exist"),
 ]
 
@@ -320,6 +334,122 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(
     assert server.request("GET", "/v1/nowhere")[1]["error"]["code"] == "not_found"
     assert server.request("GET", "/v1/completions")[0] == 405
     assert server.request("POST", "/v1/chat/completions", chat)[0] == 200
+
+
+class _OpenAIPenalties(transformers.LogitsProcessor):
+    """The reference for OpenAI's presence and frequency penalties: each token's logit
+    less ``frequency * count + presence * (count > 0)``, counted in the output alone."""
+
+    def __init__(self, prompt: int, frequency: float, presence: float) -> None:
+        self.prompt, self.frequency, self.presence = prompt, frequency, presence
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        new = input_ids[:, self.prompt :]
+        counts = torch.zeros_like(scores).scatter_add_(
+            1, new, torch.ones_like(new, dtype=scores.dtype)
+        )
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+def test_logit_bias_and_penalties_equal_transformers_processors(
+    server: Server, built: dict[str, Any]
+) -> None:
+    """Greedy answers under each penalty, asked at once through the openai package, equal
+    transformers' generate with its own processors (the bias and the repetition penalty)
+    or the formula's (presence and frequency): each request keeps its own counts."""
+    model, new = built["model"], 24
+    prompt = built["tokenizer"]("the cat sat on the mat the cat")["input_ids"]
+    ids = torch.tensor([prompt])
+
+    def reference(**settings: Any) -> list[int]:
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                do_sample=False,
+                **settings,
+            )
+        return out[0, len(prompt) :].tolist()
+
+    plain = reference()
+    bias = {plain[0]: -100.0, plain[2]: 4.0}
+    cases = {
+        "repetition": ({"extra_body": {"repetition_penalty": 1.8}}, {"repetition_penalty": 1.8}),
+        "bias": (
+            {"logit_bias": {str(t): b for t, b in bias.items()}},
+            {"sequence_bias": {(t,): b for t, b in bias.items()}},
+        ),
+        # Negative: the output repeats, so a count of 2 tells frequency from presence.
+        "frequency": (
+            {"frequency_penalty": -1.0},
+            {
+                "logits_processor": transformers.LogitsProcessorList(
+                    [_OpenAIPenalties(len(prompt), frequency=-1.0, presence=0.0)]
+                )
+            },
+        ),
+        "presence": (
+            {"presence_penalty": -1.0},
+            {
+                "logits_processor": transformers.LogitsProcessorList(
+                    [_OpenAIPenalties(len(prompt), frequency=0.0, presence=-1.0)]
+                )
+            },
+        ),
+        "all": (
+            {
+                "frequency_penalty": 1.5,
+                "presence_penalty": 0.75,
+                "logit_bias": {str(t): b for t, b in bias.items()},
+                "extra_body": {"repetition_penalty": 1.8},
+            },
+            {
+                "repetition_penalty": 1.8,
+                "sequence_bias": {(t,): b for t, b in bias.items()},
+                "logits_processor": transformers.LogitsProcessorList(
+                    [_OpenAIPenalties(len(prompt), frequency=1.5, presence=0.75)]
+                ),
+            },
+        ),
+    }
+    expected = {name: reference(**hf) for name, (_, hf) in cases.items()}
+    assert all(tokens != plain for tokens in expected.values()), (plain, expected)
+    assert expected["frequency"] != expected["presence"], expected
+    client, got = server.client(), {}
+
+    def ask(name: str) -> None:
+        ours = cases[name][0]
+        extra = {"return_token_ids": True, **ours.get("extra_body", {})}
+        answer = client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=new,
+            temperature=0,
+            **{k: v for k, v in ours.items() if k != "extra_body"},
+            extra_body=extra,
+        )
+        got[name] = answer.choices[0].model_extra["token_ids"]
+
+    threads = [threading.Thread(target=ask, args=(name,)) for name in cases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert got == expected
+
+
+def test_a_sampled_request_follows_its_logit_bias(server: Server) -> None:
+    """Sampling draws from the biased distribution: +100 on one token takes every draw,
+    where the same seed without the bias draws others."""
+    body = {"model": "tiny", "prompt": "the cat", "max_tokens": 8, "temperature": 1.0}
+    body.update(seed=3, ignore_eos=True, return_token_ids=True)
+    free = server.request("POST", "/v1/completions", body)[1]["choices"][0]["token_ids"]
+    assert len(set(free)) > 1, free
+    biased = {**body, "logit_bias": {"17": 100}}
+    assert (
+        server.request("POST", "/v1/completions", biased)[1]["choices"][0]["token_ids"] == [17] * 8
+    )
 
 
 def test_two_hundred_requests_no_memory_growth_no_lost_slot(server: Server) -> None:

@@ -61,3 +61,60 @@ class Sampler:
         if not self.do_sample:
             return scores.argmax(-1)
         return torch.multinomial(scores.softmax(-1), 1, generator=self.generator)[:, 0]
+
+
+class Penalties:
+    """One request's logit bias and repetition penalties (OpenAI's ``logit_bias``,
+    ``presence_penalty`` and ``frequency_penalty``, vLLM's ``repetition_penalty``), kept
+    and applied on the device, so choosing a token never waits for the host.
+
+    In order, on the model's logits: the bias is added; transformers' repetition
+    penalty divides a positive logit (multiplies a negative one) of every token seen in
+    the prompt or the output so far; then ``frequency * count + presence * (count > 0)``
+    is subtracted, ``count`` being the token's occurrences in the output (OpenAI's
+    formula). Temperature, top-k and top-p come after, in :class:`Sampler`.
+    """
+
+    def __init__(
+        self,
+        vocab: int,
+        device: torch.device | str,
+        prompt: list[int],
+        *,
+        logit_bias: dict[int, float] | None = None,
+        presence: float = 0.0,
+        frequency: float = 0.0,
+        repetition: float = 1.0,
+    ) -> None:
+        if not repetition > 0:
+            raise ValueError(f"repetition penalty must be positive, got {repetition}")
+        self.presence, self.frequency, self.repetition = presence, frequency, repetition
+        self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)
+        self._one = torch.ones(1, dtype=torch.float32, device=device)
+        self.bias = None
+        if logit_bias:
+            self.bias = torch.zeros(vocab, dtype=torch.float32)
+            self.bias[list(logit_bias)] = torch.tensor(list(logit_bias.values()))
+            self.bias = self.bias.to(device)
+        self.seen = None
+        if repetition != 1.0:
+            self.seen = torch.zeros(vocab, dtype=torch.bool)
+            self.seen[prompt] = True
+            self.seen = self.seen.to(device)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` (rows of the vocabulary, float32) after the bias and penalties."""
+        scores = logits if self.bias is None else logits + self.bias
+        if self.seen is not None:
+            repeated = self.seen | (self.counts > 0)
+            penalized = torch.where(scores < 0, scores * self.repetition, scores / self.repetition)
+            scores = torch.where(repeated, penalized, scores)
+        if self.frequency:
+            scores = scores - self.frequency * self.counts
+        if self.presence:
+            scores = scores - self.presence * (self.counts > 0).float()
+        return scores
+
+    def count(self, token: torch.Tensor) -> None:
+        """Add the chosen ``token`` (a one-element tensor on the device) to the output."""
+        self.counts.index_add_(0, token.reshape(1), self._one)

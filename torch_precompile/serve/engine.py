@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..runtime.generator import Generator
-from ..runtime.sampling import Sampler
+from ..runtime.sampling import Penalties, Sampler
 from .detokenizer import IncrementalText
 from .protocol import ApiError, Job
 
@@ -46,12 +46,25 @@ class NotServable(ValueError):
 class _Run:
     """A request in the engine: its job, sampler, tokens so far and their text."""
 
-    def __init__(self, job: Job, sink: Sink, device: torch.device, tokenizer: Any) -> None:
+    def __init__(
+        self, job: Job, sink: Sink, device: torch.device, tokenizer: Any, vocab: int
+    ) -> None:
         self.job, self.sink = job, sink
         sample = job.temperature > 0
         self.sampler = Sampler(
             sample, job.temperature or 1.0, job.top_k, job.top_p, job.seed, device
         )
+        self.penalties = None
+        if job.penalized:
+            self.penalties = Penalties(
+                vocab,
+                device,
+                job.prompt,
+                logit_bias=job.logit_bias,
+                presence=job.presence_penalty,
+                frequency=job.frequency_penalty,
+                repetition=job.repetition_penalty,
+            )
         self.tokens: list[int] = []
         self.text = IncrementalText(tokenizer, job.stop) if tokenizer is not None else None
         self.cancelled = False
@@ -127,12 +140,13 @@ class Engine:
 
     def submit(self, job: Job, sink: Sink) -> _Run:
         """Queue a job; 503 when ``max_queue`` jobs already wait for a slot."""
-        bad = [t for t in job.prompt if t >= self.vocab]
-        if bad:
-            raise ApiError(
-                400, f"token id {bad[0]} is past the vocabulary of {self.vocab}", "prompt"
-            )
-        run = _Run(job, sink, self.device, self.tokenizer)
+        for param, ids in (("prompt", job.prompt), ("logit_bias", job.logit_bias)):
+            bad = [t for t in ids if t >= self.vocab]
+            if bad:
+                raise ApiError(
+                    400, f"token id {bad[0]} is past the vocabulary of {self.vocab}", param
+                )
+        run = _Run(job, sink, self.device, self.tokenizer, self.vocab)
         with self.cv:
             free = sum(r is None for r in self.active)
             if len(self.pending) >= self.max_queue + free:
@@ -324,9 +338,13 @@ class _Reading:
         self.tokens = logits.argmax(-1)
         extra: list[torch.Tensor] = []
         for row, _, run in rows:
-            job = run.job
-            if job.temperature > 0:
-                self.tokens[row] = run.sampler.pick(run.sampler.process(logits[row : row + 1]))[0]
+            job, penalties = run.job, run.penalties
+            if penalties is not None or job.temperature > 0:
+                scores = logits[row : row + 1]
+                scores = scores if penalties is None else penalties.apply(scores)
+                self.tokens[row] = run.sampler.pick(run.sampler.process(scores))[0]
+            if penalties is not None:
+                penalties.count(self.tokens[row])
             if job.logprobs is not None:
                 logprobs = logits[row].log_softmax(-1)
                 top = logprobs.topk(job.logprobs)

@@ -3,7 +3,8 @@
 Each field a client may send is checked here, once, with an error that names
 it (``ApiError``: the HTTP status and OpenAI's ``{"error": {...}}`` body).
 Fields OpenAI has that this server cannot honour (``n`` > 1, ``echo``,
-``best_of``, ``tools``) are refused, not ignored.
+``best_of``, ``tools``, a ``response_format`` other than text) are refused, not
+ignored.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 _MAX_LOGPROBS, _MAX_TOP_LOGPROBS = 5, 20
 # OpenAI's default max_tokens for /v1/completions.
 _COMPLETION_DEFAULT = 16
+# OpenAI's ranges: presence and frequency penalties, and a logit_bias value.
+_MAX_PENALTY, _MAX_BIAS = 2.0, 100.0
 
 
 class ApiError(Exception):
@@ -51,6 +54,10 @@ class Job:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    logit_bias: dict[int, float] = dataclasses.field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's extension (transformers' penalty)
     stop: tuple[str, ...] = ()
     stream: bool = False
     logprobs: int | None = None  # completions: top-n per token; chat: top_logprobs
@@ -59,6 +66,16 @@ class Job:
     return_token_ids: bool = False  # vLLM's extension: each choice's new token ids
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a bias or penalty changes the logits the token is chosen from."""
+        return bool(
+            self.logit_bias
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+        )
 
 
 def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any = None) -> Any:
@@ -81,6 +98,13 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     for name in ("tools", "functions", "suffix"):
         if body.get(name):
             raise ApiError(400, f"'{name}' is not supported", param=name)
+    kind = _field(body, "response_format", (dict,), {}).get("type", "text")
+    if kind != "text":
+        raise ApiError(
+            400, f"'response_format' {kind!r} is not supported: only 'text'", "response_format"
+        )
+    if _field(body, "min_tokens", (int,), 0):
+        raise ApiError(400, "'min_tokens' is not supported", param="min_tokens")
 
 
 def read_job(
@@ -173,6 +197,29 @@ def _sampling(body: dict[str, Any], job: Job) -> None:
         raise ApiError(400, "'top_k' must be -1, 0 (off) or a positive number", param="top_k")
     job.top_k = top_k if top_k and top_k > 0 else None
     job.seed = _field(body, "seed", (int,))
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = float(_field(body, name, (int, float), 0.0))
+        if not -_MAX_PENALTY <= value <= _MAX_PENALTY:
+            raise ApiError(400, f"'{name}' must be in [-2, 2], got {value}", param=name)
+        setattr(job, name, value)
+    job.repetition_penalty = float(_field(body, "repetition_penalty", (int, float), 1.0))
+    if not 0 < job.repetition_penalty < float("inf"):
+        raise ApiError(400, "'repetition_penalty' must be above 0", param="repetition_penalty")
+    job.logit_bias = _logit_bias(_field(body, "logit_bias", (dict,), {}))
+
+
+def _logit_bias(bias: dict[str, Any]) -> dict[int, float]:
+    """OpenAI's ``logit_bias``: token ids (as strings) to a number in [-100, 100]."""
+    out = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise ApiError(400, f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number and -_MAX_BIAS <= value <= _MAX_BIAS):
+            message = f"'logit_bias' values must be numbers in [-100, 100], got {value!r}"
+            raise ApiError(400, message, "logit_bias")
+        out[int(key)] = float(value)
+    return out
 
 
 def _options(body: dict[str, Any], job: Job) -> None:

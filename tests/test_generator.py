@@ -8,6 +8,7 @@ neither it nor the compiler (Dynamo, Inductor's compiler, sympy) was imported.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -26,9 +27,14 @@ from conftest import run_script  # noqa: E402
 from tests.fixtures.bpe import byte_level_bpe  # noqa: E402
 from tests.fixtures.hf_models import assert_same_logits, generator_families  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
-from torch_precompile._errors import CaptureError, GenerationLimitError, GuardError  # noqa: E402
+from torch_precompile._errors import (  # noqa: E402
+    ArtifactCorruptedError,
+    CaptureError,
+    GenerationLimitError,
+    GuardError,
+)
 from torch_precompile.generation import compile_generator  # noqa: E402
-from torch_precompile.runtime.generator import Generator  # noqa: E402
+from torch_precompile.runtime.generator import Generator, GeneratorSpec  # noqa: E402
 
 MAX_BATCH, MAX_LENGTH = 4, 40
 SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4)
@@ -102,10 +108,9 @@ def _prompts(batch: int, length: int, seed: int = 0) -> tuple[torch.Tensor, torc
 
 
 def _hf(model: Any, ids: torch.Tensor, mask: torch.Tensor, new: int, **kw: Any) -> torch.Tensor:
+    kw = {"do_sample": False, "pad_token_id": 0, **kw}
     with torch.no_grad():
-        return model.generate(
-            ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0, **kw
-        )
+        return model.generate(ids, attention_mask=mask, max_new_tokens=new, **kw)
 
 
 _LOGITS = dict(return_dict_in_generate=True, output_logits=True, output_scores=True)
@@ -152,6 +157,126 @@ def test_end_of_sequence_and_min_new_tokens_as_transformers(
     first = free[:, 6 + 2].tolist()
     want = _same_as_transformers(case, ids, mask, 12, eos_token_id=first)
     assert want.sequences.shape[1] < 6 + 12, want.sequences
+
+
+def _hf_warpers(mask: torch.Tensor, penalty: float, temperature: float, **kw: Any) -> Any:
+    """transformers' own processors, in generate's order: the repetition penalty (left
+    padding left out), then temperature, top-k, top-p and min-p."""
+    g = transformers.generation.logits_process
+    pad = (mask != 0).int().argmax(dim=1)
+    return transformers.LogitsProcessorList(
+        [
+            g.RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=pad),
+            g.TemperatureLogitsWarper(temperature),
+            g.TopKLogitsWarper(kw["top_k"]),
+            g.TopPLogitsWarper(kw["top_p"]),
+            g.MinPLogitsWarper(kw["min_p"]),
+        ]
+    )
+
+
+def test_sampled_scores_are_transformers_warped_logits(built: dict[str, dict[str, Any]]) -> None:
+    """What a sampled generate draws from, at every step of a left-padded batch, is the
+    model's logits through transformers' repetition penalty, temperature, top-k, top-p
+    and min-p (its processors run on our sequences); the first step's equals
+    transformers' generate's own; each drawn token is one the warpers kept. Greedy with
+    the repetition penalty equals transformers' generate token for token."""
+    case = built["llama"]
+    ids, mask = _prompts(MAX_BATCH, 9, seed=4)
+    warp = dict(temperature=1.0, top_k=20, top_p=0.95, min_p=0.03)
+    got = case["loaded"].generate(
+        ids,
+        mask,
+        max_new_tokens=8,
+        do_sample=True,
+        repetition_penalty=1.3,
+        seed=3,
+        eos_token_id=None,
+        **warp,
+        **_LOGITS,
+    )
+    reference = _hf_warpers(mask, 1.3, **warp)
+    cuts = [0, 0, 0]  # steps where top-k, top-p, min-p each cut what the others kept
+    for step, (logits, scores) in enumerate(zip(got.logits, got.scores)):
+        sequences = got.sequences[:, : 9 + step]
+        want = reference(sequences, logits.clone())
+        assert torch.allclose(scores, want, atol=1e-5), (step, (scores - want).abs().max())
+        drawn = got.sequences[:, 9 + step]
+        assert torch.isfinite(scores.gather(1, drawn[:, None])).all(), step
+        for i in range(3):
+            rest = transformers.LogitsProcessorList(
+                w for j, w in enumerate(reference) if j != 2 + i
+            )
+            cuts[i] += int(
+                bool(
+                    (torch.isfinite(rest(sequences, logits.clone())) != torch.isfinite(want)).any()
+                )
+            )
+    assert all(cuts), cuts
+    with torch.no_grad():
+        hf = case["model"].generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=1,
+            do_sample=True,
+            pad_token_id=0,
+            repetition_penalty=1.3,
+            **warp,
+            **_LOGITS,
+        )
+    assert torch.allclose(hf.scores[0], got.scores[0], atol=1e-4)
+    _same_as_transformers(case, ids, mask, 10, eos_token_id=None, repetition_penalty=1.3)
+
+
+def test_the_models_generation_config_is_the_default(
+    built: dict[str, dict[str, Any]],
+) -> None:
+    """Settings a call leaves out are the model's generation_config's (recorded at build),
+    else transformers' defaults (sampling: top_k 50), as transformers' generate."""
+    from torch_precompile.generation.compile import _sampling_fields
+
+    case = built["llama"]
+    model, loaded = case["model"], case["loaded"]
+    ids, mask = _prompts(2, 6, seed=5)
+    kept = model.generation_config
+    try:
+        model.generation_config = transformers.GenerationConfig(
+            do_sample=True,
+            temperature=0.6,
+            top_k=10,
+            top_p=0.9,
+            repetition_penalty=1.2,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+        own = _sampling_fields(model)
+        assert dict(own) == dict(
+            do_sample=True, temperature=0.6, top_k=10, top_p=0.9, repetition_penalty=1.2
+        )
+        spec = dataclasses.replace(loaded.spec, sampling=own)
+        assert GeneratorSpec.from_json(json.loads(json.dumps(spec.to_json())), "x") == spec
+        gen = Generator(loaded.step, spec)
+        got = gen.generate(ids, mask, max_new_tokens=1, seed=1, **_LOGITS)
+        with torch.no_grad():
+            hf = model.generate(ids, attention_mask=mask, max_new_tokens=1, **_LOGITS)
+        assert torch.allclose(hf.scores[0], got.scores[0], atol=1e-4)
+        assert ((~torch.isinf(got.scores[0])).sum(-1) <= 10).all()
+        # Asked for greedy: the model's repetition penalty stays, as transformers'.
+        _same_as_transformers({**case, "loaded": gen}, ids, mask, 8, do_sample=False)
+    finally:
+        model.generation_config = kept
+    # A model that sets nothing: sampling keeps transformers' top 50.
+    got = loaded.generate(ids, mask, max_new_tokens=1, do_sample=True, seed=1, **_LOGITS)
+    assert ((~torch.isinf(got.scores[0])).sum(-1) == 50).all()
+    with torch.no_grad():
+        hf = model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=True, **_LOGITS)
+    assert torch.allclose(hf.scores[0], got.scores[0], atol=1e-4)
+    # A record of a file from before: no settings of the model's.
+    old = {k: v for k, v in loaded.spec.to_json().items() if k != "sampling"}
+    assert GeneratorSpec.from_json(old, "x").sampling == ()
+    with pytest.raises(ArtifactCorruptedError, match="not a generator record"):
+        GeneratorSpec.from_json({**old, "sampling": {"beam": 4}}, "x")
 
 
 def test_top_k_1_is_greedy_and_a_streamer_sees_each_step(
@@ -317,6 +442,7 @@ def test_cli_prints_text_with_only_tokenizers_beside_torch(
         f"generator: gpt2, max_batch {MAX_BATCH}, max_length {MAX_LENGTH}, float32 on cpu"
     ), shown.stdout[:300]
     assert "eos_token_id 2, pad_token_id 0, tokenizer inside" in shown.stdout.splitlines()[1]
+    assert "sampling defaults (the model's generation_config): none" in shown.stdout, shown.stdout
     shown = subprocess.run(
         [sys.executable, "-m", "torch_precompile", "inspect", "--json", path],
         capture_output=True,
@@ -327,7 +453,7 @@ def test_cli_prints_text_with_only_tokenizers_beside_torch(
     assert data["generator"] == {
         "max_batch": MAX_BATCH, "max_length": MAX_LENGTH, "eos_token_id": [2],
         "pad_token_id": 0, "dtype": "float32", "device": "cpu", "model_type": "gpt2",
-        "tokenizer": True,
+        "tokenizer": True, "sampling": {},
     }  # fmt: skip
 
 

@@ -137,7 +137,16 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # The same step, 2 slots and no chat template: a queue to fill, a chat to refuse.
     small = dataclasses.replace(generator.spec, max_batch=2, chat_template=None)
     Precompile.save(root / "small.pt", Generator(generator.step, small, generator.tokenizer_json))
-    return {"path": path, "small": root / "small.pt", "tokenizer": tokenizer, "model": model}
+    # The same step where the model's generation_config set sampling settings.
+    own = dataclasses.replace(generator.spec, sampling=(("temperature", 0.8), ("top_k", 1)))
+    Precompile.save(root / "own.pt", Generator(generator.step, own, generator.tokenizer_json))
+    return {
+        "path": path,
+        "small": root / "small.pt",
+        "own": root / "own.pt",
+        "tokenizer": tokenizer,
+        "model": model,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -313,6 +322,7 @@ BAD = [
     ({"model": "tiny", "prompt": "a", "logit_bias": {str(VOCAB): 1}}, 400, "past the vocabulary"),
     ({"model": "tiny", "prompt": "a", "logit_bias": [5]}, 400, "'logit_bias' must be dict"),
     ({"model": "tiny", "prompt": "a", "min_tokens": 4}, 400, "'min_tokens' is not supported"),
+    ({"model": "tiny", "prompt": "a", "min_p": 1.5}, 400, "'min_p' must be in [0, 1]"),
     (
         {"model": "tiny", "prompt": "a", "response_format": {"type": "json_object"}},
         400,
@@ -450,6 +460,41 @@ def test_a_sampled_request_follows_its_logit_bias(server: Server) -> None:
     assert (
         server.request("POST", "/v1/completions", biased)[1]["choices"][0]["token_ids"] == [17] * 8
     )
+
+
+def test_the_models_sampling_settings_fill_what_a_request_leaves_out(
+    server: Server, built: dict[str, Any]
+) -> None:
+    """As vLLM's server: settings the file recorded from the model's generation_config
+    (here top_k 1) are a request's defaults; a request's own settings win. min_p 1
+    keeps only the likeliest token."""
+    own = Server(built["own"])
+    try:
+        body = {"prompt": "the cat sat", "max_tokens": 12, "seed": 3, "ignore_eos": True}
+        body["return_token_ids"] = True
+
+        def ids(where: Server, **extra: Any) -> list[int]:
+            name = "own" if where is own else "tiny"
+            answer = where.request("POST", "/v1/completions", {**body, "model": name, **extra})
+            return answer[1]["choices"][0]["token_ids"]
+
+        greedy = ids(own, temperature=0)
+        assert ids(own) == greedy  # sampled, at the file's top_k 1
+        plain = ids(server)  # the same request to a file without settings: sampled at 1.0
+        assert plain != greedy
+        assert ids(own, temperature=1.0, top_k=-1) == plain
+        assert ids(server, min_p=1.0) == greedy
+    finally:
+        log = own.stop()
+    assert "the model's sampling settings" in log and "'top_k': 1" in log, log
+    shown = subprocess.run(
+        [sys.executable, "-m", "torch_precompile", "inspect", str(built["own"])],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    want = "sampling defaults (the model's generation_config): temperature 0.8, top_k 1"
+    assert want in shown.stdout, shown.stdout + shown.stderr
 
 
 def test_two_hundred_requests_no_memory_growth_no_lost_slot(server: Server) -> None:

@@ -85,6 +85,7 @@ def _generator_record(path: str, info: Any) -> dict[str, Any]:
         "device": spec.device,
         "model_type": spec.model_type,
         "tokenizer": GENERATOR_TOKENIZER in names,
+        "sampling": dict(spec.sampling),  # the model's generation_config settings
     }
     return {"generator": record}
 
@@ -93,11 +94,13 @@ def _generator_lines(record: dict[str, Any]) -> list[str]:
     """The text view of a generator's spec, shown before the rest of the header."""
     g = printable_tree(record)
     eos = ", ".join(map(str, g["eos_token_id"])) or "none"
+    own = ", ".join(f"{k} {v}" for k, v in g["sampling"].items()) or "none (transformers')"
     return [
         f"generator: {g['model_type'] or 'decoder'}, max_batch {g['max_batch']}, "
         f"max_length {g['max_length']}, {g['dtype']} on {g['device']}",
         f"  eos_token_id {eos}, pad_token_id {g['pad_token_id']}, tokenizer "
         f"{'inside' if g['tokenizer'] else 'not inside (token ids in and out)'}",
+        f"  sampling defaults (the model's generation_config): {own}",
     ]
 
 

@@ -145,10 +145,20 @@ def _add_generate(sub: Any) -> None:
     which.add_argument("--prompt", help="the prompt text (the file must hold a tokenizer)")
     which.add_argument("--ids", help="the prompt's token ids, comma-separated: 1,2,3")
     p.add_argument("--max-new-tokens", type=int, default=20, help="at most this many (default 20)")
-    p.add_argument("--do-sample", action="store_true", help="sample (default: greedy)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None)
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
+        "--do-sample",
+        action="store_const",
+        const=True,
+        help="sample (default: as the model's generation_config says, else greedy)",
+    )
+    how.add_argument("--greedy", dest="do_sample", action="store_const", const=False)
+    # Each left out: the model's (its generation_config at build), else transformers'.
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None, help="0: off (sampling default: 50)")
     p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
     p.add_argument("--seed", type=int, default=None, help="seed of the sampling")
 
 
@@ -210,6 +220,8 @@ def _generate(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
             seed=args.seed,
             streamer=show,
         )

@@ -23,7 +23,7 @@ from .. import _compat
 from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
 from .._errors import CaptureError
-from ..runtime.generator import Generator, GeneratorSpec
+from ..runtime.generator import SAMPLING_DEFAULTS, Generator, GeneratorSpec, sampling_settings
 from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import decode_decompositions
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
@@ -338,9 +338,20 @@ def compile_generator(
         pad_token_id=pad,
         model_type=str(getattr(config, "model_type", "")),
         slots=not refused,
+        sampling=_sampling_fields(model),
         **_chat_fields(tokenizer),
     )
     return Generator(Precompile.precompile(variants), spec, tokenizer_json)
+
+
+def _sampling_fields(model: Any) -> tuple[tuple[str, Any], ...]:
+    """The sampling settings the model's generation_config sets (what transformers'
+    ``generate`` and vLLM's server use when a call leaves them out)."""
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        return ()
+    own = config.to_diff_dict()  # what differs from GenerationConfig's defaults
+    return sampling_settings({key: own[key] for key in SAMPLING_DEFAULTS if key in own})
 
 
 def _chat_fields(tokenizer: Any) -> dict[str, Any]:

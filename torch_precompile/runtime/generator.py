@@ -27,7 +27,7 @@ from .._errors import ArtifactCorruptedError, GenerationLimitError
 from ..file.extension import FileExtension
 from ..file.sections import GENERATOR, GENERATOR_TOKENIZER
 from .loop import LoopCall
-from .sampling import Sampler
+from .sampling import Penalties, Sampler
 
 if TYPE_CHECKING:
     from ..file.opened import OpenedFile
@@ -35,6 +35,18 @@ if TYPE_CHECKING:
 # Without a streamer, whether every row has finished is read back from the
 # device every this many tokens only (the extra tokens are cut off).
 _EOS_CHECK_EVERY = 8
+
+# transformers' generate: what neither the call nor the model's generation_config sets
+# (GenerationConfig's global defaults). The keys are the sampling settings a generator
+# file records from the model's generation_config.
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "do_sample": False,
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+    "min_p": None,
+    "repetition_penalty": 1.0,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +69,9 @@ class GeneratorSpec:
     # The tokenizer's chat template (jinja) and the special tokens it names.
     chat_template: str | None = None
     chat_tokens: tuple[tuple[str, str], ...] = ()
+    # The model's generation_config where it sets a key of SAMPLING_DEFAULTS (what
+    # generate and serve use when a call leaves that setting out). Files before it: ().
+    sampling: tuple[tuple[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "kind": "decoder-generator", "version": 1}
@@ -78,12 +93,32 @@ class GeneratorSpec:
                 slots=bool(data.get("slots", False)),
                 chat_template=_optional_str(data.get("chat_template")),
                 chat_tokens=tuple((str(k), str(v)) for k, v in data.get("chat_tokens", ())),
+                sampling=sampling_settings(dict(data.get("sampling", ()))),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ArtifactCorruptedError(
                 f"{where}: the '{GENERATOR}' section is not a generator record ({exc}); "
                 "build the generator again with compile_generator and Precompile.save"
             ) from None
+
+
+def sampling_settings(config: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The keys of :data:`SAMPLING_DEFAULTS` that ``config`` sets (not None), typed."""
+    out = []
+    for key, value in config.items():
+        if key not in SAMPLING_DEFAULTS:
+            raise ValueError(f"'{key}' is not a sampling setting")
+        if value is None:
+            continue
+        if key == "do_sample":
+            if not isinstance(value, bool):
+                raise ValueError(f"do_sample must be true or false, got {value!r}")
+        elif key == "top_k":
+            value = int(value)
+        else:
+            value = float(value)
+        out.append((key, value))
+    return tuple(sorted(out))
 
 
 def _optional_str(value: Any) -> str | None:
@@ -194,10 +229,12 @@ class Generator:
         *,
         max_new_tokens: int = 20,
         min_new_tokens: int = 0,
-        do_sample: bool = False,
-        temperature: float = 1.0,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
         seed: int | None = None,
         eos_token_id: int | Sequence[int] | None = -1,
         pad_token_id: int | None = -1,
@@ -212,26 +249,44 @@ class Generator:
         0), a row stops at an ``eos_token_id`` (default: the model's; ``None``:
         never) and is filled with ``pad_token_id`` afterwards; the result ends
         when every row has stopped. ``do_sample=True`` samples from the
-        distribution warped by ``temperature``, ``top_k`` then ``top_p``, with a
-        generator seeded by ``seed`` (the same seed, the same tokens). A
-        ``streamer`` is called with each step's ``(batch,)`` tokens (or its
-        ``put``, then ``end``, as transformers' streamers).
+        distribution warped by ``temperature``, ``top_k`` (0: off), ``top_p`` then
+        ``min_p``, with a generator seeded by ``seed`` (the same seed, the same
+        tokens); ``repetition_penalty`` applies greedy or sampled, over each row's
+        prompt (its padding left out) and output. A setting left out (None) is the
+        model's (its generation_config at build), else transformers' default
+        (greedy; when sampling, top_k 50), as ``generate``'s. A ``streamer`` is
+        called with each step's ``(batch,)`` tokens (or its ``put``, then ``end``,
+        as transformers' streamers).
 
         ``return_dict_in_generate=True`` returns a :class:`GenerateOutput` instead:
         ``.sequences``, and with ``output_scores`` / ``output_logits`` each step's
-        scores after ``min_new_tokens``, temperature, top-k and top-p (what the
-        tokens were chosen from) and the model's raw logits, as transformers'.
+        scores after the repetition penalty, ``min_new_tokens`` and the warpers
+        (what the tokens were chosen from) and the model's raw logits, as
+        transformers'.
 
         Calls on one generator from several threads run one at a time (``lock``).
         """
         ids, mask = self._check(input_ids, attention_mask, max_new_tokens, min_new_tokens)
+        asked = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k}
+        asked.update(top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
+        chosen = self.settings(**asked)
+        sampler = Sampler(
+            chosen["do_sample"],
+            chosen["temperature"],
+            chosen["top_k"] or None,  # 0: off, as transformers'
+            chosen["top_p"],
+            seed,
+            self.spec.device,
+            min_p=chosen["min_p"],
+        )
         with self.lock:
             sequences, scores, logits = self._generate(
                 ids,
                 mask,
                 max_new_tokens=max_new_tokens,
                 min_new_tokens=min_new_tokens,
-                sampler=Sampler(do_sample, temperature, top_k, top_p, seed, self.spec.device),
+                sampler=sampler,
+                repetition=chosen["repetition_penalty"],
                 eos_token_id=eos_token_id,
                 pad_token_id=pad_token_id,
                 streamer=streamer,
@@ -245,6 +300,15 @@ class Generator:
             tuple(logits) if output_logits else None,
         )
 
+    def settings(self, **asked: Any) -> dict[str, Any]:
+        """Each sampling setting of :data:`SAMPLING_DEFAULTS`: as asked, else the model's
+        (its generation_config at build), else transformers' default."""
+        own = dict(self.spec.sampling)
+        return {
+            key: asked[key] if asked.get(key) is not None else own.get(key, SAMPLING_DEFAULTS[key])
+            for key in SAMPLING_DEFAULTS
+        }
+
     def _generate(
         self,
         ids: torch.Tensor,
@@ -253,6 +317,7 @@ class Generator:
         max_new_tokens: int,
         min_new_tokens: int,
         sampler: Sampler,
+        repetition: float,
         eos_token_id: int | Sequence[int] | None,
         pad_token_id: int | None,
         streamer: Any,
@@ -286,11 +351,18 @@ class Generator:
         step_ids, step_pos = ids, positions
         steps = max_new_tokens
         run = self.loop(cache)
+        penalties = None
         for i in range(max_new_tokens):
             logits = run(step_ids, full, step_pos, start)[:, -1, :].float()
             if keep[1]:
                 kept_logits.append(logits.clone())
             scores = logits
+            if repetition != 1.0:
+                if penalties is None:
+                    penalties = Penalties(
+                        ids, logits.shape[-1], prompt_mask=mask, repetition=repetition
+                    )
+                scores = penalties.apply(scores)
             if eos and i < min_new_tokens:
                 scores = logits.index_fill(1, eos_t, -float("inf"))
             scores = sampler.process(scores)
@@ -298,6 +370,8 @@ class Generator:
                 kept_scores.append(scores.clone() if scores is logits else scores)
             token = sampler.pick(scores)
             token = torch.where(running, token, torch.full_like(token, pad))
+            if penalties is not None:  # the token appended, pad for a row that ended
+                penalties.count(token)
             out[:, i] = token
             if put is not None:
                 put(token)

@@ -46,6 +46,8 @@ def build_app(
     """The ASGI app serving ``engine`` under the model name ``name``."""
     created = int(time.time())
     max_length = engine.spec.max_length
+    # The model's own sampling settings, for a request that leaves them out (as vLLM's).
+    defaults = {k: v for k, v in engine.spec.sampling if k != "do_sample"}
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", **engine.load()})
@@ -59,7 +61,13 @@ def build_app(
         except ValueError as exc:
             raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
         job = read_job(
-            body, chat=chat, served=name, max_length=max_length, encode=encode, render=render
+            body,
+            chat=chat,
+            served=name,
+            max_length=max_length,
+            encode=encode,
+            render=render,
+            defaults=defaults,
         )
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()

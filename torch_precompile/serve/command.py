@@ -71,6 +71,13 @@ def serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    own = {k: v for k, v in generator.spec.sampling if k != "do_sample"}
+    if own:  # as vLLM says it
+        print(
+            f"the model's sampling settings, for requests that leave them out: {own}",
+            file=sys.stderr,
+            flush=True,
+        )
     server = uvicorn.Server(config)
 
     def interrupted(signum: int, frame: Any) -> None:

@@ -52,14 +52,13 @@ class _Run:
         self.job, self.sink = job, sink
         sample = job.temperature > 0
         self.sampler = Sampler(
-            sample, job.temperature or 1.0, job.top_k, job.top_p, job.seed, device
+            sample, job.temperature or 1.0, job.top_k, job.top_p, job.seed, device, job.min_p
         )
         self.penalties = None
         if job.penalized:
             self.penalties = Penalties(
+                torch.tensor([job.prompt], device=device),
                 vocab,
-                device,
-                job.prompt,
                 logit_bias=job.logit_bias,
                 presence=job.presence_penalty,
                 frequency=job.frequency_penalty,
@@ -344,7 +343,7 @@ class _Reading:
                 scores = scores if penalties is None else penalties.apply(scores)
                 self.tokens[row] = run.sampler.pick(run.sampler.process(scores))[0]
             if penalties is not None:
-                penalties.count(self.tokens[row])
+                penalties.count(self.tokens[row : row + 1])
             if job.logprobs is not None:
                 logprobs = logits[row].log_softmax(-1)
                 top = logprobs.topk(job.logprobs)

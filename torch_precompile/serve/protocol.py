@@ -53,6 +53,7 @@ class Job:
     temperature: float = 1.0
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None  # vLLM's extension
     seed: int | None = None
     logit_bias: dict[int, float] = dataclasses.field(default_factory=dict)
     presence_penalty: float = 0.0
@@ -108,13 +109,22 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 def read_job(
-    body: Any, *, chat: bool, served: str, max_length: int, encode: Any, render: Any
+    body: Any,
+    *,
+    chat: bool,
+    served: str,
+    max_length: int,
+    encode: Any,
+    render: Any,
+    defaults: dict[str, Any] | None = None,
 ) -> Job:
     """A request body (parsed JSON) as a :class:`Job`, or an :class:`ApiError`.
 
     ``encode(text)`` tokenizes a completion prompt; ``render(messages)``
     renders and tokenizes a chat (each raises ``ApiError`` when the file
-    cannot: no tokenizer, no template).
+    cannot: no tokenizer, no template). ``defaults`` are the model's sampling
+    settings (``temperature``, ``top_k``, ``top_p``, ``min_p``,
+    ``repetition_penalty``) for a request that leaves them out, as vLLM's.
     """
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -144,7 +154,7 @@ def read_job(
             param="max_tokens",
         )
     job = Job(chat=chat, model=model, prompt=prompt, max_tokens=max_tokens)
-    _sampling(body, job)
+    _sampling({**(defaults or {}), **{k: v for k, v in body.items() if v is not None}}, job)
     _options(body, job)
     return job
 
@@ -196,6 +206,10 @@ def _sampling(body: dict[str, Any], job: Job) -> None:
     if top_k is not None and top_k < -1:
         raise ApiError(400, "'top_k' must be -1, 0 (off) or a positive number", param="top_k")
     job.top_k = top_k if top_k and top_k > 0 else None
+    min_p = _field(body, "min_p", (int, float))
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise ApiError(400, "'min_p' must be in [0, 1]", param="min_p")
+    job.min_p = None if min_p is None else float(min_p)
     job.seed = _field(body, "seed", (int,))
     for name in ("presence_penalty", "frequency_penalty"):
         value = float(_field(body, name, (int, float), 0.0))

@@ -272,6 +272,19 @@ def test_the_models_generation_config_is_the_default(
     with torch.no_grad():
         hf = model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=True, **_LOGITS)
     assert torch.allclose(hf.scores[0], got.scores[0], atol=1e-4)
+    # What the generator does not apply is named at build; what changes nothing is not.
+    records = _Records()
+    logging.getLogger("torch_precompile").addHandler(records)
+    try:
+        model.generation_config = transformers.GenerationConfig(
+            no_repeat_ngram_size=3, num_beams=1, typical_p=1.0, top_p=0.9
+        )
+        assert _sampling_fields(model) == (("top_p", 0.9),)
+    finally:
+        logging.getLogger("torch_precompile").removeHandler(records)
+        model.generation_config = kept
+    assert len(records.messages) == 1 and "no_repeat_ngram_size=3" in records.messages[0]
+    assert "num_beams" not in records.messages[0] and "typical_p" not in records.messages[0]
     # A record of a file from before: no settings of the model's.
     old = {k: v for k, v in loaded.spec.to_json().items() if k != "sampling"}
     assert GeneratorSpec.from_json(old, "x").sampling == ()

@@ -338,7 +338,10 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(
 ) -> None:
     got, answer = server.request("POST", "/v1/completions", body)
     assert got == status, answer
-    assert words in answer["error"]["message"] and answer["error"]["type"], answer
+    assert words in answer["error"]["message"], answer
+    kind = {400: "invalid_request_error", 404: "invalid_request_error"}[status]
+    assert answer["error"]["type"] == kind, answer
+    assert answer["error"]["param"] or not isinstance(body, dict), answer  # the field named
     chat = {"model": "tiny", "messages": [{"role": "user"}], "max_tokens": 2, "temperature": 0}
     assert server.request("POST", "/v1/chat/completions", {**chat, "messages": "hi"})[0] == 400
     assert server.request("GET", "/v1/nowhere")[1]["error"]["code"] == "not_found"
@@ -447,6 +450,26 @@ def test_logit_bias_and_penalties_equal_transformers_processors(
     for thread in threads:
         thread.join()
     assert got == expected
+
+
+def test_stop_token_ids_end_the_answer_at_the_first_of_them(server: Server) -> None:
+    """vLLM's stop_token_ids: the answer ends with the first of them, finish_reason
+    stop, even beside ignore_eos; an id past the vocabulary is refused."""
+    body = {"model": "tiny", "prompt": "the cat sat", "max_tokens": 12, "temperature": 0}
+    body.update(ignore_eos=True, return_token_ids=True)
+    free = server.request("POST", "/v1/completions", body)[1]["choices"][0]
+    stops = [free["token_ids"][5], VOCAB - 1]
+    ends = [i for i, t in enumerate(free["token_ids"]) if t in stops]
+    cut = free["token_ids"][: ends[0] + 1]
+    assert len(cut) < 12, free
+    got = server.request("POST", "/v1/completions", {**body, "stop_token_ids": stops})
+    assert (
+        got[1]["choices"][0]["token_ids"] == cut and got[1]["choices"][0]["finish_reason"] == "stop"
+    )
+    assert got[1]["usage"]["completion_tokens"] == len(cut)
+    for bad in ([VOCAB], [-1], "5"):
+        status, answer = server.request("POST", "/v1/completions", {**body, "stop_token_ids": bad})
+        assert status == 400 and answer["error"]["param"] == "stop_token_ids", answer
 
 
 def test_a_sampled_request_follows_its_logit_bias(server: Server) -> None:

@@ -30,9 +30,9 @@ def _error(exc: Exception) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
     if isinstance(exc, HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        err = ApiError(exc.status_code, str(exc.detail), kind)
+        err = ApiError(exc.status_code, str(exc.detail), kind=kind)
         return JSONResponse(err.body(), status_code=exc.status_code)
-    err = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+    err = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
     return JSONResponse(err.body(), status_code=500)
 
 
@@ -128,7 +128,7 @@ async def _stream(
         while True:
             event = await events.get()
             if "error" in event:
-                yield _sse(ApiError(500, event["error"], "server_error").body())
+                yield _sse(ApiError(500, event["error"], kind="server_error").body())
                 break
             if event["text"] or event["entries"] or event["finish"] or "ids" in event:
                 piece = choice(
@@ -169,7 +169,7 @@ async def _whole(
                 return Response(status_code=499)  # nobody to read it
             event = got.result()
             if "error" in event:
-                raise ApiError(500, event["error"], "server_error")
+                raise ApiError(500, event["error"], kind="server_error")
             text += event["text"]
             entries += event["entries"]
             ids += event.get("ids", [])

@@ -48,11 +48,11 @@ def chat_renderer(template: str, tokens: dict[str, str]) -> Callable[[list[dict[
             return compiled.render(messages=messages, add_generation_prompt=True, **tokens)
         except _TemplateRefused as exc:
             raise ApiError(
-                400, f"the chat template refused the messages: {exc}", "messages"
+                400, f"the chat template refused the messages: {exc}", param="messages"
             ) from None
         except jinja2.TemplateError as exc:
             raise ApiError(
-                400, f"the chat template failed on the messages: {exc}", "messages"
+                400, f"the chat template failed on the messages: {exc}", param="messages"
             ) from None
 
     return render

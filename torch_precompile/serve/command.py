@@ -117,7 +117,9 @@ def _app(engine: Any, name: str, tokenizer: Any) -> Any:
 
     def no_text(_: Any) -> list[int]:
         raise ApiError(
-            400, "this model's file holds no tokenizer: send the prompt as token ids", "prompt"
+            400,
+            "this model's file holds no tokenizer: send the prompt as token ids",
+            param="prompt",
         )
 
     def encode(text: str) -> list[int]:
@@ -131,7 +133,7 @@ def _app(engine: Any, name: str, tokenizer: Any) -> Any:
                 400,
                 "this model's file holds no chat template (its tokenizer had none at build): "
                 "use /v1/completions",
-                "messages",
+                param="messages",
             )
 
     elif tokenizer is not None:

@@ -10,7 +10,7 @@ rounded up to a power of two (a request takes the lowest free slot, so one
 client's step is two rows, not ``max_batch``). Free slots among them decode
 too (token 0 at index 0, attending to that one entry, so no NaN): a few
 shapes, each recorded once, and a row's result never depends on its
-neighbours. A request leaves at its end token, its stop string, its
+neighbours. A request leaves at its end token (or a stop token id), its stop string, its
 ``max_tokens`` or its client's disconnect, freeing its slot for the next in
 the queue at once.
 
@@ -139,11 +139,12 @@ class Engine:
 
     def submit(self, job: Job, sink: Sink) -> _Run:
         """Queue a job; 503 when ``max_queue`` jobs already wait for a slot."""
-        for param, ids in (("prompt", job.prompt), ("logit_bias", job.logit_bias)):
+        named = (job.prompt, job.logit_bias, job.stop_token_ids)
+        for param, ids in zip(("prompt", "logit_bias", "stop_token_ids"), named):
             bad = [t for t in ids if t >= self.vocab]
             if bad:
                 raise ApiError(
-                    400, f"token id {bad[0]} is past the vocabulary of {self.vocab}", param
+                    400, f"token id {bad[0]} is past the vocabulary of {self.vocab}", param=param
                 )
         run = _Run(job, sink, self.device, self.tokenizer, self.vocab)
         with self.cv:
@@ -288,7 +289,7 @@ class Engine:
         if run.text is not None and token not in self.eos:
             run.text.add(token)
         finish = None
-        if token in self.eos and not job.ignore_eos:
+        if (token in self.eos and not job.ignore_eos) or token in job.stop_token_ids:
             finish = "stop"
         elif len(run.tokens) >= job.max_tokens:
             finish = "length"

@@ -29,6 +29,7 @@ class ApiError(Exception):
         self,
         status: int,
         message: str,
+        *,
         kind: str = "invalid_request_error",
         param: str | None = None,
     ) -> None:
@@ -60,6 +61,7 @@ class Job:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # vLLM's extension (transformers' penalty)
     stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()  # vLLM's extension
     stream: bool = False
     logprobs: int | None = None  # completions: top-n per token; chat: top_logprobs
     include_usage: bool = False
@@ -102,7 +104,9 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     kind = _field(body, "response_format", (dict,), {}).get("type", "text")
     if kind != "text":
         raise ApiError(
-            400, f"'response_format' {kind!r} is not supported: only 'text'", "response_format"
+            400,
+            f"'response_format' {kind!r} is not supported: only 'text'",
+            param="response_format",
         )
     if _field(body, "min_tokens", (int,), 0):
         raise ApiError(400, "'min_tokens' is not supported", param="min_tokens")
@@ -172,7 +176,9 @@ def _prompt(body: dict[str, Any], encode: Any) -> list[int]:
     if prompt is None:
         raise ApiError(400, "'prompt' is required", param="prompt")
     raise ApiError(
-        400, "'prompt' must be a string or a list of token ids (one prompt per request)", "prompt"
+        400,
+        "'prompt' must be a string or a list of token ids (one prompt per request)",
+        param="prompt",
     )
 
 
@@ -184,13 +190,15 @@ def _messages(body: dict[str, Any], render: Any) -> list[int]:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages[{i}] must be an object with a 'role'", "messages")
+            raise ApiError(400, f"messages[{i}] must be an object with a 'role'", param="messages")
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise ApiError(400, f"messages[{i}]: only text content is supported", "messages")
+                raise ApiError(
+                    400, f"messages[{i}]: only text content is supported", param="messages"
+                )
         elif content is not None and not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string", "messages")
+            raise ApiError(400, f"messages[{i}].content must be a string", param="messages")
     return render(messages)
 
 
@@ -227,11 +235,13 @@ def _logit_bias(bias: dict[str, Any]) -> dict[int, float]:
     out = {}
     for key, value in bias.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit()):
-            raise ApiError(400, f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias")
+            raise ApiError(
+                400, f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias"
+            )
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not (number and -_MAX_BIAS <= value <= _MAX_BIAS):
             message = f"'logit_bias' values must be numbers in [-100, 100], got {value!r}"
-            raise ApiError(400, message, "logit_bias")
+            raise ApiError(400, message, param="logit_bias")
         out[int(key)] = float(value)
     return out
 
@@ -243,8 +253,12 @@ def _options(body: dict[str, Any], job: Job) -> None:
     if stop is not None and (
         not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)
     ):
-        raise ApiError(400, "'stop' must be a string or a list of non-empty strings", "stop")
+        raise ApiError(400, "'stop' must be a string or a list of non-empty strings", param="stop")
     job.stop = tuple(stop or ())
+    ids = _field(body, "stop_token_ids", (list,), [])
+    if not all(type(t) is int and t >= 0 for t in ids):
+        raise ApiError(400, "'stop_token_ids' must be a list of token ids", param="stop_token_ids")
+    job.stop_token_ids = frozenset(ids)
     job.stream = bool(_field(body, "stream", (bool,), False))
     job.ignore_eos = bool(_field(body, "ignore_eos", (bool,), False))
     job.return_token_ids = bool(_field(body, "return_token_ids", (bool,), False))
@@ -255,7 +269,9 @@ def _options(body: dict[str, Any], job: Job) -> None:
         if _field(body, "logprobs", (bool,), False):
             job.logprobs = top or 0
         if top is not None and not 0 <= top <= _MAX_TOP_LOGPROBS:
-            raise ApiError(400, f"'top_logprobs' must be in 0..{_MAX_TOP_LOGPROBS}", "top_logprobs")
+            raise ApiError(
+                400, f"'top_logprobs' must be in 0..{_MAX_TOP_LOGPROBS}", param="top_logprobs"
+            )
     else:
         job.logprobs = _field(body, "logprobs", (int,))
         if job.logprobs is not None and not 0 <= job.logprobs <= _MAX_LOGPROBS:

@@ -70,17 +70,17 @@ def main() -> None:
     ids = torch.randint(10, 1000, (1, a.prompt), device=a.device)
     mask = torch.ones_like(ids)
     for g in gens.values():  # warm-up: CUDA graphs recorded, kernels loaded
-        g.generate(ids, mask, max_new_tokens=a.new_tokens)
+        g.generate(ids, mask, max_new_tokens=a.new_tokens, do_sample=False)
     rates: dict[str, list[float]] = {name: [] for name in gens}
     for r in range(a.rounds):
         order = list(gens.items()) if r % 2 == 0 else list(reversed(gens.items()))
         for name, g in order:
             synchronize()
             t0 = time.perf_counter()
-            g.generate(ids, mask, max_new_tokens=2)
+            g.generate(ids, mask, max_new_tokens=2, do_sample=False)
             synchronize()
             t1 = time.perf_counter()
-            g.generate(ids, mask, max_new_tokens=a.new_tokens)
+            g.generate(ids, mask, max_new_tokens=a.new_tokens, do_sample=False)
             synchronize()
             t2 = time.perf_counter()
             rates[name].append((a.new_tokens - 2) / ((t2 - t1) - (t1 - t0)))
@@ -111,7 +111,7 @@ def main() -> None:
 
         for name, g in gens.items():
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                g.generate(ids, mask, max_new_tokens=33)
+                g.generate(ids, mask, max_new_tokens=33, do_sample=False)
                 torch.cuda.synchronize()
             events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
             results.setdefault("kernels_33_tokens", {})[name] = {

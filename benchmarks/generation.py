@@ -363,7 +363,12 @@ def child_generator(a) -> dict:
 
     def run(n: int):
         return gen.generate(
-            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, pad_token_id=meta["pad"]
+            ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            pad_token_id=meta["pad"],
+            do_sample=False,
         )
 
     with torch.no_grad():

@@ -54,7 +54,10 @@ def main() -> None:
             start = time.time()
             Precompile.save(path, compile_generator(model, max_batch=4, max_length=32, mode=mode))
             gen = Precompile.load(path)
-            runs = [matching(gen.generate(ids, pad_token_id=0, **kw), eager) for _ in range(2)]
+            runs = [
+                matching(gen.generate(ids, pad_token_id=0, do_sample=False, **kw), eager)
+                for _ in range(2)
+            ]
             print(f"{dtype} mode={mode}: rows equal eager for {runs} of {NEW} new tokens "
                   f"({time.time() - start:.1f} s)", flush=True)  # fmt: skip
 

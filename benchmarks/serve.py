@@ -137,7 +137,7 @@ for _ in range(2):
     if gen.spec.device != "cpu":
         torch.cuda.synchronize()
     t = time.perf_counter()
-    out = gen.generate(ids, max_new_tokens=new, eos_token_id=None)
+    out = gen.generate(ids, max_new_tokens=new, eos_token_id=None, do_sample=False)
     out.tolist()
     wall = time.perf_counter() - t
 print(json.dumps({"tokens": out.shape[1] - n, "tokens_per_s": round((out.shape[1] - n) / wall, 1)}))

@@ -40,7 +40,7 @@ from torch_precompile import Precompile
 
 case = torch.load(sys.argv[2])
 out = Precompile.load(sys.argv[1]).generate(
-    case["ids"], case["mask"], max_new_tokens=case["new"], eos_token_id=None,
+    case["ids"], case["mask"], max_new_tokens=case["new"], eos_token_id=None, do_sample=False,
     return_dict_in_generate=True, output_logits=True,
 )
 torch.save({"sequences": out.sequences, "logits": torch.stack(out.logits)}, sys.argv[3])

@@ -227,7 +227,9 @@ def serve(a: argparse.Namespace, device: str) -> None:
     ids, mask = inputs(a, a.vocab, device)
 
     def run(n: int) -> torch.Tensor:
-        return generator.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n)
+        return generator.generate(
+            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False
+        )
 
     record = measure(run, a, device, t0)
     record["load_s"] = load_s

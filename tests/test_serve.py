@@ -323,6 +323,7 @@ BAD = [
     ({"model": "tiny", "prompt": "a", "logit_bias": [5]}, 400, "'logit_bias' must be dict"),
     ({"model": "tiny", "prompt": "a", "min_tokens": 4}, 400, "'min_tokens' is not supported"),
     ({"model": "tiny", "prompt": "a", "min_p": 1.5}, 400, "'min_p' must be in [0, 1]"),
+    ({"model": "tiny", "prompt": "a", "guided_choice": ["x"]}, 400, "'guided_choice' is not"),
     (
         {"model": "tiny", "prompt": "a", "response_format": {"type": "json_object"}},
         400,
@@ -470,6 +471,17 @@ def test_stop_token_ids_end_the_answer_at_the_first_of_them(server: Server) -> N
     for bad in ([VOCAB], [-1], "5"):
         status, answer = server.request("POST", "/v1/completions", {**body, "stop_token_ids": bad})
         assert status == 400 and answer["error"]["param"] == "stop_token_ids", answer
+
+
+def test_a_field_the_server_does_not_read_is_named_in_its_log(server: Server) -> None:
+    body = {"model": "tiny", "prompt": "a", "max_tokens": 2, "temperature": 0}
+    assert server.request("POST", "/v1/completions", {**body, "frobnicate": 1})[0] == 200
+    assert server.request("POST", "/v1/completions", {**body, "user": "u1"})[0] == 200
+    deadline = time.monotonic() + 10
+    while "frobnicate" not in server.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = server.log.read_text()
+    assert "does not read, ignored: ['frobnicate']" in log and "'user'" not in log, log[-2000:]
 
 
 def test_a_sampled_request_follows_its_logit_bias(server: Server) -> None:

@@ -10,9 +10,12 @@ ignored.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 from typing import Any
+
+log = logging.getLogger("torch_precompile")
 
 # The most logprobs OpenAI's API returns per token (completions; chat allows 20).
 _MAX_LOGPROBS, _MAX_TOP_LOGPROBS = 5, 20
@@ -91,6 +94,31 @@ def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: An
     return value
 
 
+# Every field a request may carry: read, refused when it cannot be honoured, or without
+# effect on the answer (user, metadata, ...). Others are logged, as vLLM's server does.
+_KNOWN = frozenset((
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+    "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "stream", "stream_options",
+    "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "ignore_eos", "return_token_ids", "n", "best_of", "echo", "tools",
+    "functions", "suffix", "response_format", "min_tokens", "tool_choice", "function_call",
+    "parallel_tool_calls", "user", "metadata", "store", "service_tier",
+))  # fmt: skip
+# Fields that would change the answer in a way this server cannot: refused when set
+# (OpenAI's tools; vLLM's constrained decoding, beam search, prompt logprobs).
+_REFUSED = (
+    "tools", "functions", "suffix", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar", "structured_outputs", "allowed_token_ids", "bad_words",
+    "use_beam_search", "prompt_logprobs",
+)  # fmt: skip
+
+
+def _note_unknown(body: dict[str, Any]) -> None:
+    unknown = sorted(set(body) - _KNOWN - set(_REFUSED))
+    if unknown:
+        log.warning("serve: request fields this server does not read, ignored: %s", unknown)
+
+
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     if _field(body, "n", (int,), 1) != 1:
         raise ApiError(400, "'n' must be 1: one choice per request", param="n")
@@ -98,7 +126,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise ApiError(400, "'best_of' is not supported", param="best_of")
     if _field(body, "echo", (bool,), False):
         raise ApiError(400, "'echo' is not supported", param="echo")
-    for name in ("tools", "functions", "suffix"):
+    for name in _REFUSED:
         if body.get(name):
             raise ApiError(400, f"'{name}' is not supported", param=name)
     kind = _field(body, "response_format", (dict,), {}).get("type", "text")
@@ -139,6 +167,7 @@ def read_job(
         raise ApiError(
             404, f"the model '{model}' does not exist: this server serves '{served}'", param="model"
         )
+    _note_unknown(body)
     _refuse_unsupported(body)
     prompt = _messages(body, render) if chat else _prompt(body, encode)
     if not prompt:

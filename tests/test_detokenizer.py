@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tests.fixtures.bpe import byte_level_bpe
-from torch_precompile.serve.detokenizer import IncrementalText
+from torch_precompile.serve.detokenizer import IncrementalText, token_bytes
 
 CORPUS = [
     "the cat sat on the mat, héllo wörld",
@@ -119,3 +119,20 @@ def test_each_token_decodes_a_window_not_the_whole_run() -> None:
         sent.append(text.take(final=i == len(ids) - 1)[0])
     assert "".join(sent) == tok.decode(ids)
     assert len(ids) > 1500 and counting.longest <= 8
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENIZERS))
+def test_token_bytes_join_to_the_texts_bytes(kind: str) -> None:
+    """Each token's own bytes (OpenAI's logprobs ``bytes``), joined, are the text's
+    UTF-8 (after the pre-tokenizer's own spaces), where a token holding part of a
+    character decodes alone to U+FFFD (byte-level) or nothing (byte fallback)."""
+    tok = TOKENIZERS[kind]()
+    of = token_bytes(tok)
+    cut = 0
+    for text in [*CORPUS[:3], "unseen: 新しい 한국어 🦀 ß"]:
+        ids = tok.encode(text).ids
+        want = text.encode() if kind == "byte_level" else (" " + text).encode()
+        assert b"".join(of(i) for i in ids) == want, (text, [of(i) for i in ids])
+        cut += sum(tok.decode([i]).encode() != of(i) for i in ids)
+    assert cut > 5  # the unseen characters are split into bytes: decoded alone, lost
+    assert of(tok.token_to_id("<eos>")) == b"<eos>"

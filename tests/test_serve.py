@@ -484,6 +484,25 @@ def test_a_field_the_server_does_not_read_is_named_in_its_log(server: Server) ->
     assert "does not read, ignored: ['frobnicate']" in log and "'user'" not in log, log[-2000:]
 
 
+def test_chat_logprobs_bytes_are_each_tokens_own(server: Server) -> None:
+    """OpenAI's logprobs ``bytes``: the token's own bytes, so a client can join the
+    pieces of a character split between tokens (a token's text alone is U+FFFD)."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "héllo wörld"}]}
+    body.update(max_tokens=24, temperature=1.0, seed=7, logprobs=True, top_logprobs=2)
+    body.update(ignore_eos=True, return_token_ids=True)
+    answer = server.request("POST", "/v1/chat/completions", body)[1]["choices"][0]
+    content, ids = answer["logprobs"]["content"], answer["token_ids"]
+    kept = [bytes(c["bytes"]) for c, i in zip(content, ids) if i > 2]  # 0-2: special
+    assert b"".join(kept).decode(errors="replace") == answer["message"]["content"]
+    split = [c for c in content if c["token"] == "\ufffd"]
+    assert split and all(bytes(c["bytes"]) != "\ufffd".encode() for c in split), content
+    for c in content:
+        assert all(
+            bytes(t["bytes"]).decode(errors="replace") == t["token"] or t["token"] == "\ufffd"
+            for t in c["top_logprobs"]
+        )
+
+
 def test_a_sampled_request_follows_its_logit_bias(server: Server) -> None:
     """Sampling draws from the biased distribution: +100 on one token takes every draw,
     where the same seed without the bias draws others."""

@@ -18,9 +18,59 @@ ends the text before it).
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Callable
 from typing import Any
 
 _CUT = "\ufffd"  # what a decoder writes for bytes that are not yet a whole character
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
+
+
+def token_bytes(tokenizer: Any) -> Callable[[int], bytes]:
+    """Each token's own bytes (OpenAI's logprobs ``bytes``), where its decoded text
+    alone would be U+FFFD for a token holding part of a character.
+
+    Byte-level BPE (GPT-2, Llama 3, Qwen) spells each byte as one character: mapped
+    back. SentencePiece with byte fallback (Llama 2, Mistral) spells a byte as
+    ``<0xNN>`` and a space as U+2581. Any other decoder: the token's decoded text.
+    """
+    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+    kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
+    spelled = tokenizer.id_to_token
+    if "ByteLevel" in kinds:
+        table = {c: b for b, c in _byte_level_alphabet().items()}
+
+        def of(token: int) -> bytes:
+            text = spelled(token) or ""
+            if all(c in table for c in text):
+                return bytes(table[c] for c in text)
+            return text.encode()  # an added token written as itself
+
+    elif "ByteFallback" in kinds:
+
+        def of(token: int) -> bytes:
+            text = spelled(token) or ""
+            byte = _BYTE_TOKEN.fullmatch(text)
+            return bytes([int(byte[1], 16)]) if byte else text.replace("\u2581", " ").encode()
+
+    else:
+
+        def of(token: int) -> bytes:
+            return tokenizer.decode([token], skip_special_tokens=False).encode()
+
+    return of
+
+
+def _byte_level_alphabet() -> dict[int, str]:
+    """Byte-level BPE's character for each byte: printable Latin-1 bytes as themselves,
+    the others (controls, space, ...) as the characters from U+0100 on, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {
+        **{b: chr(b) for b in printable},
+        **{b: chr(0x100 + i) for i, b in enumerate(others)},
+    }
 
 
 class IncrementalText:

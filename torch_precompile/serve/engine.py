@@ -30,7 +30,7 @@ import torch
 
 from ..runtime.generator import Generator
 from ..runtime.sampling import Penalties, Sampler
-from .detokenizer import IncrementalText
+from .detokenizer import IncrementalText, token_bytes
 from .protocol import ApiError, Job
 
 log = logging.getLogger("torch_precompile")
@@ -109,6 +109,7 @@ class Engine:
         self.cancelled = 0  # runs whose client left before they ended
         self.eos = set(spec.eos_token_id)
         self._stopped = False
+        self._bytes = token_bytes(tokenizer) if tokenizer is not None else None
 
     # -- the public side, called from the HTTP threads ------------------------------
 
@@ -304,10 +305,12 @@ class Engine:
         else:
             run.sink(event)
 
-    def _pieces(self, tokens: list[int]) -> list[str]:
-        if self.tokenizer is None:
-            return [f"token_id:{token}" for token in tokens]
-        return [self.tokenizer.decode([token], skip_special_tokens=False) for token in tokens]
+    def _pieces(self, tokens: list[int]) -> list[tuple[str, bytes]]:
+        """Each token's text, as logprobs show it, and its own bytes."""
+        if self.tokenizer is None or self._bytes is None:
+            return [(f"token_id:{t}", f"token_id:{t}".encode()) for t in tokens]
+        decode = self.tokenizer.decode
+        return [(decode([t], skip_special_tokens=False), self._bytes(t)) for t in tokens]
 
 
 def step_batches(slots: int) -> list[int]:
@@ -332,7 +335,7 @@ class _Reading:
         self,
         logits: torch.Tensor,
         rows: list[tuple[int, int, _Run]],
-        pieces: Callable[[list[int]], list[str]],
+        pieces: Callable[[list[int]], list[tuple[str, bytes]]],
     ) -> None:
         self.rows, self.pieces = rows, pieces
         self.tokens = logits.argmax(-1)
@@ -366,8 +369,9 @@ class _Reading:
             entries = []
             if job.logprobs is not None:
                 chosen, values, ids = next(extra), next(extra), next(extra)
-                top = list(zip(self.pieces(ids.tolist()), values.tolist()))
-                (piece,) = self.pieces([token])
-                entries = [{"token": piece, "logprob": float(chosen), "top": top}]
+                pieces = self.pieces(ids.tolist())
+                top = [(t, lp, b) for (t, b), lp in zip(pieces, values.tolist())]
+                ((piece, raw),) = self.pieces([token])
+                entries = [{"token": piece, "bytes": raw, "logprob": float(chosen), "top": top}]
             out.append((row, token, entries))
         return out

@@ -321,9 +321,9 @@ def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int) -> dict[str,
             {
                 "token": e["token"],
                 "logprob": e["logprob"],
-                "bytes": list(e["token"].encode()),
+                "bytes": list(e["bytes"]),
                 "top_logprobs": [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in e["top"]
+                    {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in e["top"]
                 ],
             }
             for e in entries
@@ -341,10 +341,10 @@ def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int) -> dict[str,
     }
 
 
-def _first_of_each(pairs: list[tuple[str, float]]) -> dict[str, float]:
+def _first_of_each(top: list[tuple[str, float, bytes]]) -> dict[str, float]:
     """OpenAI's dict of alternatives: two tokens that decode alike keep the likelier."""
     out: dict[str, float] = {}
-    for token, logprob in pairs:
+    for token, logprob, _ in top:
         out.setdefault(token, logprob)
     return out
 

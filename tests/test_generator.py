@@ -326,6 +326,10 @@ def test_past_the_limits_a_typed_error_before_any_kernel(
             gen.generate(torch.ones((MAX_BATCH + 1, 3), dtype=torch.long), max_new_tokens=2)
         with pytest.raises(GenerationLimitError, match=r"max_length=40.*shorten"):
             gen.generate(torch.ones((1, MAX_LENGTH - 3), dtype=torch.long), max_new_tokens=4)
+        with pytest.raises(ValueError, match="repetition_penalty must be above 0"):
+            gen.generate(torch.ones((1, 3), dtype=torch.long), repetition_penalty=0.0)
+        with pytest.raises(ValueError, match="min_p must be in"):
+            gen.generate(torch.ones((1, 3), dtype=torch.long), do_sample=True, min_p=1.5)
         with pytest.raises(ValueError, match="pad on the left"):
             gen.generate(torch.ones((2, 3), dtype=torch.long), torch.tensor([[1, 1, 1], [1, 1, 0]]))
     finally:

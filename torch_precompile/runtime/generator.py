@@ -270,6 +270,10 @@ class Generator:
         asked = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k}
         asked.update(top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
         chosen = self.settings(**asked)
+        if not chosen["repetition_penalty"] > 0:
+            raise ValueError(
+                f"repetition_penalty must be above 0, got {chosen['repetition_penalty']}"
+            )
         sampler = Sampler(
             chosen["do_sample"],
             chosen["temperature"],

@@ -46,8 +46,6 @@ def build_app(
     """The ASGI app serving ``engine`` under the model name ``name``."""
     created = int(time.time())
     max_length = engine.spec.max_length
-    # The model's own sampling settings, for a request that leaves them out (as vLLM's).
-    defaults = {k: v for k, v in engine.spec.sampling if k != "do_sample"}
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", **engine.load()})
@@ -67,7 +65,7 @@ def build_app(
             max_length=max_length,
             encode=encode,
             render=render,
-            defaults=defaults,
+            defaults=engine.defaults,
         )
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()

@@ -71,10 +71,9 @@ def serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    own = {k: v for k, v in generator.spec.sampling if k != "do_sample"}
-    if own:  # as vLLM says it
+    if engine.defaults:  # as vLLM says it
         print(
-            f"the model's sampling settings, for requests that leave them out: {own}",
+            f"the model's sampling settings, for requests that leave them out: {engine.defaults}",
             file=sys.stderr,
             flush=True,
         )

@@ -52,7 +52,7 @@ class _Run:
         self.job, self.sink = job, sink
         sample = job.temperature > 0
         self.sampler = Sampler(
-            sample, job.temperature or 1.0, job.top_k, job.top_p, job.seed, device, job.min_p
+            sample, job.temperature or 1.0, job.top_k, job.top_p, job.seed, device, min_p=job.min_p
         )
         self.penalties = None
         if job.penalized:
@@ -110,6 +110,8 @@ class Engine:
         self.eos = set(spec.eos_token_id)
         self._stopped = False
         self._bytes = token_bytes(tokenizer) if tokenizer is not None else None
+        # The model's own sampling settings, for a request that leaves them out (as vLLM's).
+        self.defaults = {k: v for k, v in spec.sampling if k != "do_sample"}
 
     # -- the public side, called from the HTTP threads ------------------------------
 
@@ -307,7 +309,7 @@ class Engine:
 
     def _pieces(self, tokens: list[int]) -> list[tuple[str, bytes]]:
         """Each token's text, as logprobs show it, and its own bytes."""
-        if self.tokenizer is None or self._bytes is None:
+        if self._bytes is None:  # no tokenizer
             return [(f"token_id:{t}", f"token_id:{t}".encode()) for t in tokens]
         decode = self.tokenizer.decode
         return [(decode([t], skip_special_tokens=False), self._bytes(t)) for t in tokens]

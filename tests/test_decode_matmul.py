@@ -1,9 +1,12 @@
-"""The decode step's one-row ``addmm`` as a reduction (generation/decode_matmul.py).
+"""The decode step's one-row ``addmm`` and ``mm`` as reductions over a row computed
+once (generation/decode_matmul.py).
 
-The GPU build uses it under coordinate descent tuning; here the function itself
-is checked against ``torch.addmm`` (float32, and bfloat16 against the float64
-product rounded once), in a trace through the decomposition table as
-AOTAutograd applies it, and where the table holds it.
+The GPU build uses them under coordinate descent tuning; here the functions
+themselves are checked against ``torch.addmm`` and ``torch.mm`` (float32, and
+bfloat16 against the float64 product rounded once), in a trace through the
+decomposition table as AOTAutograd applies it (the row goes through
+``computed_once`` before the product), through the pipeline's stages with
+Inductor on the CPU against eager, and where the table holds them.
 """
 
 from __future__ import annotations
@@ -12,9 +15,15 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torch_precompile.generation.decode_matmul import decode_decompositions, one_row_addmm
+from torch_precompile import Precompile, _compat
+from torch_precompile.generation.decode_matmul import (
+    ADDMM,
+    MM,
+    decode_decompositions,
+    one_row_addmm,
+    one_row_mm,
+)
 
-ADDMM = torch.ops.aten.addmm.default
 CDT = {"coordinate_descent_tuning": True}
 
 
@@ -91,5 +100,79 @@ def test_used_on_a_gpu_under_coordinate_descent_tuning_only(
     options: dict | None, device: str, used: bool
 ) -> None:
     table = decode_decompositions(options, torch.device(device))
-    assert (ADDMM in table) is used
-    assert set(table) <= {ADDMM}
+    assert set(table) == ({ADDMM, MM} if used else set())
+
+
+def _marker() -> object:
+    """The operator ``computed_once`` leaves in a trace."""
+    traced = make_fx(_compat.computed_once)(torch.ones(1, 4))
+    (target,) = {n.target for n in traced.graph.nodes if n.op == "call_function"}
+    return target
+
+
+def test_one_row_mm_equals_mm_and_is_inductors_own_reduction() -> None:
+    _, x, w = _operands(torch.float32, seed=3)
+    got = one_row_mm(x, w)
+    assert got.shape == (1, 128) and torch.allclose(got, x @ w, rtol=1e-5, atol=1e-4)
+    # In bfloat16, the arithmetic of Inductor's own decomposition of a one-row mm
+    # (which the GPU build ran before): only where the row is computed changes.
+    _, x, w = _operands(torch.bfloat16, seed=4)
+    got = one_row_mm(x, w)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, (x.unsqueeze(2) * w.unsqueeze(0)).sum(dim=1))
+
+
+def test_more_rows_get_inductors_own_decomposition_of_mm() -> None:
+    # Inductor decomposes a tiny outer product on the CPU (a broadcast multiply): the
+    # table's mm must still do so, and give mm's answer.
+    a, b = torch.randn(3, 1), torch.randn(1, 4)
+    got = one_row_mm(a, b)
+    assert got is not NotImplemented and torch.equal(got, a * b)
+    assert torch.allclose(got, a @ b)
+    assert one_row_mm(torch.randn(2, 896), torch.randn(896, 8)) is NotImplemented
+
+
+class _MLP(torch.nn.Module):
+    """A decoder's MLP: the down projection reads ``silu(gate) * up``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(64, 256, bias=False)
+        self.up = torch.nn.Linear(64, 256, bias=False)
+        self.down = torch.nn.Linear(256, 64, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def test_in_a_trace_the_row_is_computed_once_before_each_product() -> None:
+    mlp, marker = _MLP().eval(), _marker()
+    with torch.no_grad():
+        for rows, kept in ((1, False), (3, True)):
+            x = torch.randn(rows, 64)
+            traced = make_fx(mlp, decomposition_table={MM: one_row_mm})(x)
+            nodes = [n for n in traced.graph.nodes if n.op == "call_function"]
+            assert (MM in {n.target for n in nodes}) is kept, rows
+            once = [n for n in nodes if n.target == marker]
+            # each of the three products reads its row through the marker (the down
+            # projection's row is silu(gate) * up, the others' the input)
+            assert len(once) == (0 if kept else 3), rows
+            if not kept:
+                assert any(n.args[0].target == torch.ops.aten.mul.Tensor for n in once)
+            assert torch.allclose(traced(x), mlp(x), rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_by_the_stages_with_the_table_equals_eager() -> None:
+    mlp = _MLP().eval()
+    x = torch.randn(1, 64)
+    table = {**_compat.default_decompositions(), MM: one_row_mm, ADDMM: one_row_addmm}
+    with torch.no_grad():
+        gm, _, guards = Precompile.dynamo(mlp, x)
+        joint = Precompile.aot_autograd(gm, guards, decompositions=table)
+        targets = {n.target for n in joint.joint_graph.graph.nodes if n.op == "call_function"}
+        assert MM not in targets and _marker() in targets
+        compiled, _ = Precompile.inductor(joint.joint_graph, joint.guards)
+        artifact = Precompile.precompile(compiled)
+        got = artifact(x)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    assert torch.allclose(got, mlp(x), rtol=1e-5, atol=1e-5)

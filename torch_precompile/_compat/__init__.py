@@ -78,6 +78,7 @@ from .hooks import hook_check, registered_global_hooks, registered_hooks
 from .joint import (
     compile_joint,
     compiled_function_uses_cudagraphs,
+    computed_once,
     default_decompositions,
     export_joint,
     inductor_options,
@@ -108,6 +109,7 @@ __all__ = [
     "compiled_function_signature",
     "compiled_function_uses_cudagraphs",
     "compiled_graph_callable",
+    "computed_once",
     "concrete_zeros_like",
     "default_decompositions",
     "deserialize_compiled_function",

@@ -354,6 +354,7 @@ CONTRACT: tuple[PrivateName, ...] = (
     _n(f"{_IND}.compile_fx:partition_fn"),
     _n(f"{_IND}.compile_fx:run_pre_grad_passes"),
     _n(f"{_IND}.decomposition:select_decomp_table"),
+    _n(f"{_IND}.inductor_prims:force_stride_order"),
     _n(f"{_IND}.virtualized:V.set_fake_mode"),
     _n(f"{_IND}.codegen.cpp:CppKernel", "check_bounds", "rename_indexing", "sexpr"),  # 2.11
     _n(f"{_IND}.codegen.common:Kernel", "loads", "compute", "cse"),

@@ -25,6 +25,15 @@ def default_decompositions() -> dict[Any, Callable[..., Any]]:
     return select_decomp_table()
 
 
+def computed_once(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a buffer of its own in the code Inductor generates, rather than computed
+    again inside every kernel that reads it (Inductor's ``force_stride_order`` prim at
+    ``t``'s own strides; in eager, and where ``t`` is a buffer already, ``t`` itself)."""
+    from torch._inductor import inductor_prims
+
+    return inductor_prims.force_stride_order(t, t.stride())
+
+
 @contextlib.contextmanager
 def _tracing(capture: Capture) -> Iterator[None]:
     from torch._guards import TracingContext

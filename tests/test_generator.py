@@ -292,6 +292,56 @@ def test_the_models_generation_config_is_the_default(
         GeneratorSpec.from_json({**old, "sampling": {"beam": 4}}, "x")
 
 
+def test_a_call_without_max_new_tokens_runs_as_long_as_transformers(
+    built: dict[str, dict[str, Any]],
+) -> None:
+    """Left out, max_new_tokens is the model's generation_config's, else up to its
+    max_length (the prompt included), else 20, as transformers' generate; a count the
+    call did not ask for stops where the cache ends."""
+    from torch_precompile.generation.compile import _length_fields
+
+    case = built["llama"]
+    model, loaded = case["model"], case["loaded"]
+    ids, mask = _prompts(2, 6, seed=6)
+    kept = model.generation_config
+    try:
+        for config, new in (({"max_new_tokens": 5}, 5), ({"max_length": 13}, 7), ({}, 20)):
+            model.generation_config = transformers.GenerationConfig(
+                bos_token_id=1, eos_token_id=None, pad_token_id=0, **config
+            )
+            spec = dataclasses.replace(loaded.spec, lengths=_length_fields(model))
+            assert dict(spec.lengths) == config
+            assert GeneratorSpec.from_json(json.loads(json.dumps(spec.to_json())), "x") == spec
+            gen = Generator(loaded.step, spec)
+            got = gen.generate(ids, mask, do_sample=False, eos_token_id=None)
+            with torch.no_grad():
+                hf = model.generate(ids, attention_mask=mask, do_sample=False)
+            assert got.shape == hf.shape == (2, 6 + new), (config, got.shape, hf.shape)
+            assert torch.equal(got, hf), config
+        # A prompt that reaches the model's max_length: refused, as transformers refuses it.
+        model.generation_config = transformers.GenerationConfig(max_length=6, pad_token_id=0)
+        spec = dataclasses.replace(loaded.spec, lengths=_length_fields(model))
+        gen = Generator(loaded.step, spec)
+        with pytest.raises(ValueError, match=r"max_length=6.*pass max_new_tokens"):
+            gen.generate(ids, mask)
+        with torch.no_grad(), pytest.raises(ValueError, match="max_length"):
+            model.generate(ids, attention_mask=mask, do_sample=False)
+        assert gen.generate(ids, mask, max_new_tokens=2, eos_token_id=None).shape == (2, 8)
+    finally:
+        model.generation_config = kept
+    # More than the cache holds, not asked for: up to the cache's end; asked for: refused.
+    spec = dataclasses.replace(loaded.spec, lengths=(("max_new_tokens", 99),))
+    long = Generator(loaded.step, spec)
+    assert long.generate(ids, mask, eos_token_id=None).shape == (2, MAX_LENGTH)
+    with pytest.raises(GenerationLimitError, match="shorten"):
+        long.generate(ids, mask, max_new_tokens=99)
+    # A record of a file from before: no lengths of the model's; a bad one is refused.
+    old = {k: v for k, v in loaded.spec.to_json().items() if k != "lengths"}
+    assert GeneratorSpec.from_json(old, "x").lengths == ()
+    with pytest.raises(ArtifactCorruptedError, match="not a generator record"):
+        GeneratorSpec.from_json({**old, "lengths": {"max_length": -1}}, "x")
+
+
 def test_top_k_1_is_greedy_and_a_streamer_sees_each_step(
     built: dict[str, dict[str, Any]],
 ) -> None:
@@ -460,6 +510,7 @@ def test_cli_prints_text_with_only_tokenizers_beside_torch(
     ), shown.stdout[:300]
     assert "eos_token_id 2, pad_token_id 0, tokenizer inside" in shown.stdout.splitlines()[1]
     assert "sampling defaults (the model's generation_config): none" in shown.stdout, shown.stdout
+    assert "new tokens when a call does not say: 20 (transformers')" in shown.stdout
     shown = subprocess.run(
         [sys.executable, "-m", "torch_precompile", "inspect", "--json", path],
         capture_output=True,
@@ -470,7 +521,7 @@ def test_cli_prints_text_with_only_tokenizers_beside_torch(
     assert data["generator"] == {
         "max_batch": MAX_BATCH, "max_length": MAX_LENGTH, "eos_token_id": [2],
         "pad_token_id": 0, "dtype": "float32", "device": "cpu", "model_type": "gpt2",
-        "tokenizer": True, "sampling": {},
+        "tokenizer": True, "sampling": {}, "lengths": {},
     }  # fmt: skip
 
 

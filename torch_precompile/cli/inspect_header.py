@@ -86,6 +86,7 @@ def _generator_record(path: str, info: Any) -> dict[str, Any]:
         "model_type": spec.model_type,
         "tokenizer": GENERATOR_TOKENIZER in names,
         "sampling": dict(spec.sampling),  # the model's generation_config settings
+        "lengths": dict(spec.lengths),
     }
     return {"generator": record}
 
@@ -95,12 +96,15 @@ def _generator_lines(record: dict[str, Any]) -> list[str]:
     g = printable_tree(record)
     eos = ", ".join(map(str, g["eos_token_id"])) or "none"
     own = ", ".join(f"{k} {v}" for k, v in g["sampling"].items()) or "none (transformers')"
+    lengths = ", ".join(f"{k} {v}" for k, v in g.get("lengths", {}).items())
+    lengths = lengths or "20 (transformers')"
     return [
         f"generator: {g['model_type'] or 'decoder'}, max_batch {g['max_batch']}, "
         f"max_length {g['max_length']}, {g['dtype']} on {g['device']}",
         f"  eos_token_id {eos}, pad_token_id {g['pad_token_id']}, tokenizer "
         f"{'inside' if g['tokenizer'] else 'not inside (token ids in and out)'}",
         f"  sampling defaults (the model's generation_config): {own}",
+        f"  new tokens when a call does not say: {lengths}",
     ]
 
 

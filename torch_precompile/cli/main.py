@@ -144,7 +144,12 @@ def _add_generate(sub: Any) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--prompt", help="the prompt text (the file must hold a tokenizer)")
     which.add_argument("--ids", help="the prompt's token ids, comma-separated: 1,2,3")
-    p.add_argument("--max-new-tokens", type=int, default=20, help="at most this many (default 20)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="at most this many (default: the model's generation_config, else 20)",
+    )
     how = p.add_mutually_exclusive_group()
     how.add_argument(
         "--do-sample",

@@ -23,7 +23,14 @@ from .. import _compat
 from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
 from .._errors import CaptureError
-from ..runtime.generator import SAMPLING_DEFAULTS, Generator, GeneratorSpec, sampling_settings
+from ..runtime.generator import (
+    LENGTH_KEYS,
+    SAMPLING_DEFAULTS,
+    Generator,
+    GeneratorSpec,
+    length_settings,
+    sampling_settings,
+)
 from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import decode_decompositions
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
@@ -339,6 +346,7 @@ def compile_generator(
         model_type=str(getattr(config, "model_type", "")),
         slots=not refused,
         sampling=_sampling_fields(model),
+        lengths=_length_fields(model),
         **_chat_fields(tokenizer),
     )
     return Generator(Precompile.precompile(variants), spec, tokenizer_json)
@@ -384,6 +392,16 @@ def _sampling_fields(model: Any) -> tuple[tuple[str, Any], ...]:
             ", ".join(f"{k}={v!r}" for k, v in ignored.items()),
         )
     return sampling_settings({key: own[key] for key in SAMPLING_DEFAULTS if key in own})
+
+
+def _length_fields(model: Any) -> tuple[tuple[str, int], ...]:
+    """How long the model's generation_config says a generation runs (``max_new_tokens``,
+    ``max_length``) where it says so, as transformers' ``generate`` reads it."""
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        return ()
+    own = config.to_diff_dict()  # what differs from GenerationConfig's defaults
+    return length_settings({key: own[key] for key in LENGTH_KEYS if key in own})
 
 
 def _chat_fields(tokenizer: Any) -> dict[str, Any]:

@@ -49,6 +49,12 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
 }
 
 
+# transformers' generate, when neither the call nor the model's generation_config says
+# how long: this many new tokens. The config's length settings a generator file records:
+LENGTH_KEYS = ("max_new_tokens", "max_length")
+DEFAULT_NEW_TOKENS = 20
+
+
 @dataclasses.dataclass(frozen=True)
 class GeneratorSpec:
     """What a generator file records beside its step: limits, cache layout, token ids."""
@@ -72,6 +78,9 @@ class GeneratorSpec:
     # The model's generation_config where it sets a key of SAMPLING_DEFAULTS (what
     # generate and serve use when a call leaves that setting out). Files before it: ().
     sampling: tuple[tuple[str, Any], ...] = ()
+    # The model's generation_config where it sets a key of LENGTH_KEYS (how many tokens
+    # a call that does not say generates). Files before it: ().
+    lengths: tuple[tuple[str, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "kind": "decoder-generator", "version": 1}
@@ -94,6 +103,7 @@ class GeneratorSpec:
                 chat_template=_optional_str(data.get("chat_template")),
                 chat_tokens=tuple((str(k), str(v)) for k, v in data.get("chat_tokens", ())),
                 sampling=sampling_settings(dict(data.get("sampling", ()))),
+                lengths=length_settings(dict(data.get("lengths", ()))),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ArtifactCorruptedError(
@@ -119,6 +129,20 @@ def sampling_settings(config: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
             value = float(value)
         out.append((key, value))
     return tuple(sorted(out))
+
+
+def length_settings(config: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The keys of :data:`LENGTH_KEYS` that ``config`` sets (not None), as token counts."""
+    found = []
+    for key, value in config.items():
+        if key not in LENGTH_KEYS:
+            raise ValueError(f"'{key}' is not a length setting")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{key} must be a number of tokens, got {value!r}")
+        found.append((key, value))
+    return tuple(sorted(found))
 
 
 def _optional_str(value: Any) -> str | None:
@@ -227,7 +251,7 @@ class Generator:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         *,
-        max_new_tokens: int = 20,
+        max_new_tokens: int | None = None,
         min_new_tokens: int = 0,
         do_sample: bool | None = None,
         temperature: float | None = None,
@@ -244,6 +268,7 @@ class Generator:
         output_logits: bool = False,
     ) -> torch.Tensor | GenerateOutput:
         """Generate up to ``max_new_tokens`` per row: ``(batch, prompt + new)`` token ids.
+        Left out (None), as many as :meth:`new_tokens` says: the model's.
 
         As transformers' ``generate``: rows padded on the left (``attention_mask``
         0), a row stops at an ``eos_token_id`` (default: the model's; ``None``:
@@ -266,7 +291,9 @@ class Generator:
 
         Calls on one generator from several threads run one at a time (``lock``).
         """
-        ids, mask = self._check(input_ids, attention_mask, max_new_tokens, min_new_tokens)
+        ids, mask, max_new_tokens = self._check(
+            input_ids, attention_mask, max_new_tokens, min_new_tokens
+        )
         asked = {"do_sample": do_sample, "temperature": temperature, "top_k": top_k}
         asked.update(top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
         chosen = self.settings(**asked)
@@ -303,6 +330,29 @@ class Generator:
             tuple(scores) if output_scores else None,
             tuple(logits) if output_logits else None,
         )
+
+    def new_tokens(self, prompt: int, asked: int | None = None) -> int:
+        """How many tokens a call with a prompt of ``prompt`` tokens generates at most, as
+        transformers' ``generate`` counts them: ``asked``; else the model's
+        ``max_new_tokens``; else up to its ``max_length``, the prompt included (a
+        ``ValueError`` when the prompt reaches it); else 20. A count the call did not ask
+        for stops where the generator's cache ends, as transformers' stops at the
+        model's ``max_position_embeddings``."""
+        if asked is not None:
+            return asked
+        own = dict(self.spec.lengths)
+        if "max_new_tokens" in own:
+            wanted = own["max_new_tokens"]
+        elif "max_length" in own:
+            wanted = own["max_length"] - prompt
+            if wanted <= 0:
+                raise ValueError(
+                    f"a prompt of {prompt} tokens reaches the model's max_length="
+                    f"{own['max_length']} (its generation_config): pass max_new_tokens"
+                )
+        else:
+            wanted = DEFAULT_NEW_TOKENS
+        return min(wanted, max(self.spec.max_length - prompt, 1))
 
     def settings(self, **asked: Any) -> dict[str, Any]:
         """Each sampling setting of :data:`SAMPLING_DEFAULTS`: as asked, else the model's
@@ -410,9 +460,11 @@ class Generator:
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        max_new_tokens: int,
+        max_new_tokens: int | None,
         min_new_tokens: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The call's ids and mask (long) and its ``max_new_tokens`` (:meth:`new_tokens`),
+        checked against the generator's limits before any kernel runs."""
         spec = self.spec
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise ValueError("input_ids must be a (batch, prompt) tensor of token ids")
@@ -429,6 +481,7 @@ class Generator:
                 f"{batch} rows asked for, the generator was built for at most max_batch="
                 f"{spec.max_batch}: split the batch, or build it again with a larger max_batch"
             )
+        max_new_tokens = self.new_tokens(prompt, max_new_tokens)
         if max_new_tokens < 0 or min_new_tokens < 0:
             raise ValueError("max_new_tokens and min_new_tokens must be 0 or more")
         if prompt + max_new_tokens > spec.max_length:
@@ -457,7 +510,7 @@ class Generator:
             raise ValueError(
                 "a row's last token is padding: pad on the left (tokenizer padding_side='left')"
             )
-        return input_ids.long(), mask
+        return input_ids.long(), mask, max_new_tokens
 
 
 def _eos_ids(value: int | Sequence[int] | None) -> list[int]:

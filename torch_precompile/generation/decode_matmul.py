@@ -42,12 +42,9 @@ def one_row_addmm(
     alpha: float = 1,
 ) -> Any:
     """``torch.addmm(bias, mat1, mat2, beta=, alpha=)`` as a reduction when ``mat1`` is
-    one row (a static size); ``NotImplemented`` otherwise (kept as it is)."""
-    rows = mat1.shape[0]
-    if type(rows) is not int or rows != 1:
-        return NotImplemented
-    if mat1.dtype != mat2.dtype or bias.dtype != mat1.dtype:
-        return NotImplemented
+    one row (a static size); Inductor's own decomposition of ``addmm`` otherwise."""
+    if not _one_row(mat1, mat2) or bias.dtype != mat1.dtype:
+        return _inductors(ADDMM, bias, mat1, mat2, beta=beta, alpha=alpha)
     row = computed_once(mat1)
     acc = (row.unsqueeze(2).float() * mat2.unsqueeze(0).float()).sum(dim=1)
     if alpha != 1:
@@ -60,12 +57,23 @@ def one_row_addmm(
 def one_row_mm(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
     """``mat1 @ mat2`` as a reduction over the row, computed once, when ``mat1`` is one
     row (a static size); Inductor's own decomposition of ``mm`` otherwise."""
-    rows = mat1.shape[0]
-    if type(rows) is not int or rows != 1 or mat1.dtype != mat2.dtype:
-        inductor = default_decompositions().get(MM)
-        return NotImplemented if inductor is None else inductor(mat1, mat2)
+    if not _one_row(mat1, mat2):
+        return _inductors(MM, mat1, mat2)
     row = computed_once(mat1)
     return (row.unsqueeze(2) * mat2.unsqueeze(0)).sum(dim=1)
+
+
+def _one_row(mat1: torch.Tensor, mat2: torch.Tensor) -> bool:
+    """Whether ``mat1`` is one row, a static size, of ``mat2``'s dtype."""
+    rows = mat1.shape[0]
+    return type(rows) is int and rows == 1 and mat1.dtype == mat2.dtype
+
+
+def _inductors(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """``op`` as Inductor's own decomposition table gives it (``NotImplemented`` where
+    that has none, or declines: the operator is then kept)."""
+    inductor = default_decompositions().get(op)
+    return NotImplemented if inductor is None else inductor(*args, **kwargs)
 
 
 def decode_decompositions(

@@ -34,7 +34,8 @@ from torch_precompile._errors import (  # noqa: E402
     GuardError,
 )
 from torch_precompile.generation import compile_generator  # noqa: E402
-from torch_precompile.runtime.generator import Generator, GeneratorSpec  # noqa: E402
+from torch_precompile.runtime.generator import Generator  # noqa: E402
+from torch_precompile.runtime.generator_spec import GeneratorSpec  # noqa: E402
 
 MAX_BATCH, MAX_LENGTH = 4, 40
 SMALL = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4)

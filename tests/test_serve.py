@@ -39,7 +39,8 @@ from torch_precompile import Precompile  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
 from torch_precompile.generation.compile import _cache_layout, _Step  # noqa: E402
 from torch_precompile.generation.slots import slots_work  # noqa: E402
-from torch_precompile.runtime.generator import Generator, GeneratorSpec  # noqa: E402
+from torch_precompile.runtime.generator import Generator  # noqa: E402
+from torch_precompile.runtime.generator_spec import GeneratorSpec  # noqa: E402
 
 SLOTS, MAX_LENGTH, VOCAB = 16, 96, 320
 TEMPLATE = (

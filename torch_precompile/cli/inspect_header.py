@@ -64,7 +64,7 @@ def _generator_record(path: str, info: Any) -> dict[str, Any]:
     SHA-256 as every section read here) and whether its tokenizer is inside; ``{}`` for
     a file of another kind."""
     from ..file.sections import GENERATOR, GENERATOR_TOKENIZER
-    from ..runtime.generator import GeneratorSpec
+    from ..runtime.generator_spec import GeneratorSpec
 
     names = {s["name"] for s in info.sections}
     if GENERATOR not in names:

@@ -23,10 +23,10 @@ from .. import _compat
 from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
 from .._errors import CaptureError
-from ..runtime.generator import (
+from ..runtime.generator import Generator
+from ..runtime.generator_spec import (
     LENGTH_KEYS,
     SAMPLING_DEFAULTS,
-    Generator,
     GeneratorSpec,
     length_settings,
     sampling_settings,

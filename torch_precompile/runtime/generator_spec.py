@@ -1,0 +1,125 @@
+"""What a generator file records beside its step (:class:`GeneratorSpec`): limits, cache
+layout, token ids, chat template, and the model's ``generation_config`` settings a call
+that leaves them out gets, as transformers' ``generate`` gives them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .._errors import ArtifactCorruptedError
+from ..file.sections import GENERATOR
+
+# transformers' generate: what neither the call nor the model's generation_config sets
+# (GenerationConfig's global defaults). The keys are the sampling settings a generator
+# file records from the model's generation_config.
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "do_sample": False,
+    "temperature": 1.0,
+    "top_k": 50,
+    "top_p": 1.0,
+    "min_p": None,
+    "repetition_penalty": 1.0,
+}
+
+
+# transformers' generate, when neither the call nor the model's generation_config says
+# how long: this many new tokens. The config's length settings a generator file records:
+LENGTH_KEYS = ("max_new_tokens", "max_length")
+DEFAULT_NEW_TOKENS = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratorSpec:
+    """What a generator file records beside its step: limits, cache layout, token ids."""
+
+    max_batch: int
+    max_length: int
+    kv_shapes: tuple[
+        tuple[int, int], ...
+    ]  # per cache tensor, keys and values of each layer: (heads, head_dim)
+    dtype: str  # the cache's dtype, e.g. "float32"
+    device: str
+    eos_token_id: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    model_type: str = ""
+    # A slot decode step (``start`` of shape ``(batch,)``, each row its own offset)
+    # is bundled: ``serve`` batches requests continuously. Files before it: False.
+    slots: bool = False
+    # The tokenizer's chat template (jinja) and the special tokens it names.
+    chat_template: str | None = None
+    chat_tokens: tuple[tuple[str, str], ...] = ()
+    # The model's generation_config where it sets a key of SAMPLING_DEFAULTS (what
+    # generate and serve use when a call leaves that setting out). Files before it: ().
+    sampling: tuple[tuple[str, Any], ...] = ()
+    # The model's generation_config where it sets a key of LENGTH_KEYS (how many tokens
+    # a call that does not say generates). Files before it: ().
+    lengths: tuple[tuple[str, int], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "kind": "decoder-generator", "version": 1}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> GeneratorSpec:
+        try:
+            if data.get("kind") != "decoder-generator" or data.get("version") != 1:
+                raise ValueError("not a version-1 decoder generator record")
+            return cls(
+                max_batch=int(data["max_batch"]),
+                max_length=int(data["max_length"]),
+                kv_shapes=tuple((int(h), int(d)) for h, d in data["kv_shapes"]),
+                dtype=str(data["dtype"]),
+                device=str(data["device"]),
+                eos_token_id=tuple(int(t) for t in data["eos_token_id"]),
+                pad_token_id=None if data["pad_token_id"] is None else int(data["pad_token_id"]),
+                model_type=str(data.get("model_type", "")),
+                slots=bool(data.get("slots", False)),
+                chat_template=_optional_str(data.get("chat_template")),
+                chat_tokens=tuple((str(k), str(v)) for k, v in data.get("chat_tokens", ())),
+                sampling=sampling_settings(dict(data.get("sampling", ()))),
+                lengths=length_settings(dict(data.get("lengths", ()))),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ArtifactCorruptedError(
+                f"{where}: the '{GENERATOR}' section is not a generator record ({exc}); "
+                "build the generator again with compile_generator and Precompile.save"
+            ) from None
+
+
+def sampling_settings(config: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The keys of :data:`SAMPLING_DEFAULTS` that ``config`` sets (not None), typed."""
+    out = []
+    for key, value in config.items():
+        if key not in SAMPLING_DEFAULTS:
+            raise ValueError(f"'{key}' is not a sampling setting")
+        if value is None:
+            continue
+        if key == "do_sample":
+            if not isinstance(value, bool):
+                raise ValueError(f"do_sample must be true or false, got {value!r}")
+        elif key == "top_k":
+            value = int(value)
+        else:
+            value = float(value)
+        out.append((key, value))
+    return tuple(sorted(out))
+
+
+def length_settings(config: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The keys of :data:`LENGTH_KEYS` that ``config`` sets (not None), as token counts."""
+    found = []
+    for key, value in config.items():
+        if key not in LENGTH_KEYS:
+            raise ValueError(f"'{key}' is not a length setting")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{key} must be a number of tokens, got {value!r}")
+        found.append((key, value))
+    return tuple(sorted(found))
+
+
+def _optional_str(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value

@@ -5,6 +5,7 @@ that leaves them out gets, as transformers' ``generate`` gives them."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from .._errors import ArtifactCorruptedError
@@ -88,35 +89,40 @@ class GeneratorSpec:
 
 def sampling_settings(config: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """The keys of :data:`SAMPLING_DEFAULTS` that ``config`` sets (not None), typed."""
-    out = []
-    for key, value in config.items():
-        if key not in SAMPLING_DEFAULTS:
-            raise ValueError(f"'{key}' is not a sampling setting")
-        if value is None:
-            continue
-        if key == "do_sample":
-            if not isinstance(value, bool):
-                raise ValueError(f"do_sample must be true or false, got {value!r}")
-        elif key == "top_k":
-            value = int(value)
-        else:
-            value = float(value)
-        out.append((key, value))
-    return tuple(sorted(out))
+    return _recorded(config, SAMPLING_DEFAULTS, "sampling", _sampling_value)
 
 
 def length_settings(config: dict[str, Any]) -> tuple[tuple[str, int], ...]:
     """The keys of :data:`LENGTH_KEYS` that ``config`` sets (not None), as token counts."""
+    return _recorded(config, LENGTH_KEYS, "length", _count)
+
+
+def _recorded(
+    config: dict[str, Any], keys: Any, kind: str, typed: Callable[[str, Any], Any]
+) -> tuple[tuple[str, Any], ...]:
+    """``config``'s settings among ``keys`` that are not None, ``typed``, sorted; a
+    ``ValueError`` for any other key."""
     found = []
     for key, value in config.items():
-        if key not in LENGTH_KEYS:
-            raise ValueError(f"'{key}' is not a length setting")
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{key} must be a number of tokens, got {value!r}")
-        found.append((key, value))
+        if key not in keys:
+            raise ValueError(f"'{key}' is not a {kind} setting")
+        if value is not None:
+            found.append((key, typed(key, value)))
     return tuple(sorted(found))
+
+
+def _sampling_value(key: str, value: Any) -> Any:
+    if key == "do_sample":
+        if not isinstance(value, bool):
+            raise ValueError(f"do_sample must be true or false, got {value!r}")
+        return value
+    return int(value) if key == "top_k" else float(value)
+
+
+def _count(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} must be a number of tokens, got {value!r}")
+    return value
 
 
 def _optional_str(value: Any) -> str | None:

@@ -62,28 +62,14 @@ def main() -> None:
     for name in filter(None, a.every_step.split(",")):
         gens[name].loop = every_step_loop(gens[name])
 
-    def synchronize() -> None:
-        if a.device == "cuda":
-            torch.cuda.synchronize()
-
     torch.manual_seed(0)
     ids = torch.randint(10, 1000, (1, a.prompt), device=a.device)
     mask = torch.ones_like(ids)
-    for g in gens.values():  # warm-up: CUDA graphs recorded, kernels loaded
-        g.generate(ids, mask, max_new_tokens=a.new_tokens, do_sample=False)
-    rates: dict[str, list[float]] = {name: [] for name in gens}
-    for r in range(a.rounds):
-        order = list(gens.items()) if r % 2 == 0 else list(reversed(gens.items()))
-        for name, g in order:
-            synchronize()
-            t0 = time.perf_counter()
-            g.generate(ids, mask, max_new_tokens=2, do_sample=False)
-            synchronize()
-            t1 = time.perf_counter()
-            g.generate(ids, mask, max_new_tokens=a.new_tokens, do_sample=False)
-            synchronize()
-            t2 = time.perf_counter()
-            rates[name].append((a.new_tokens - 2) / ((t2 - t1) - (t1 - t0)))
+
+    def run(g, n: int) -> None:
+        g.generate(ids, mask, max_new_tokens=n, do_sample=False)
+
+    rates = interleaved_rates(gens, run, rounds=a.rounds, new=a.new_tokens, device=a.device)
     results: dict = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
@@ -122,6 +108,36 @@ def main() -> None:
     if a.out:
         with open(a.out, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def interleaved_rates(
+    gens: dict, run, *, rounds: int, new: int, device: str, rows: int = 1
+) -> dict[str, list[float]]:
+    """Each generator's decode tokens/s, a figure a round: after a warm-up ``run(g,
+    new)`` each, per round and generator (in turn, the order reversed every other
+    round) ``run(g, 2)`` then ``run(g, new)``; ``(new - 2) * rows / (t(new) - t(2))``."""
+    import torch
+
+    def synchronize() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    for g in gens.values():  # warm-up: CUDA graphs recorded, kernels loaded
+        run(g, new)
+    rates: dict[str, list[float]] = {name: [] for name in gens}
+    for r in range(rounds):
+        order = list(gens.items()) if r % 2 == 0 else list(reversed(gens.items()))
+        for name, g in order:
+            synchronize()
+            t0 = time.perf_counter()
+            run(g, 2)
+            synchronize()
+            t1 = time.perf_counter()
+            run(g, new)
+            synchronize()
+            t2 = time.perf_counter()
+            rates[name].append((new - 2) * rows / ((t2 - t1) - (t1 - t0)))
+    return rates
 
 
 def every_step_loop(g):

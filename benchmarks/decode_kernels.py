@@ -1,10 +1,10 @@
 """Where a generator's decode time goes on a GPU: tokens/s and a per-kernel table.
 
-Loads every generator file into one process (as ``decode_ab.py``) and, per batch:
+Loads every generator file into one process and, per batch:
 
-- decode tokens/s: per round and file, ``generate`` of 2 tokens, then of 256;
-  ``254 * batch / (t(256) - t(2))``; the files alternate, the order reversed every
-  other round; the median of ``--rounds``;
+- decode tokens/s as ``decode_ab.py`` measures them (``interleaved_rates``: per round
+  and file, ``generate`` of 2 tokens, then of 256; ``254 * batch / (t(256) - t(2))``),
+  the median of ``--rounds``;
 - ``torch.profiler``'s CUDA kernels of a ``generate`` of ``--tokens + 1`` tokens less
   those of a 1-token ``generate`` (the prefill and the loop's setup): per decode token,
   each kernel's count and microseconds, their sums, the span from the first kernel's
@@ -25,6 +25,8 @@ import itertools
 import json
 import statistics
 import time
+
+from decode_ab import interleaved_rates
 
 PROMPT, NEW = 96, 256
 
@@ -64,21 +66,7 @@ def main() -> None:
         def run(g, n: int, ids=ids, mask=mask) -> None:
             g.generate(ids, mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
-        for g in gens.values():  # warm-up: CUDA graphs recorded, kernels loaded
-            run(g, NEW)
-        rates = collections.defaultdict(list)
-        for r in range(a.rounds):
-            order = list(gens.items()) if r % 2 == 0 else list(reversed(gens.items()))
-            for name, g in order:
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                run(g, 2)
-                torch.cuda.synchronize()
-                t1 = time.perf_counter()
-                run(g, NEW)
-                torch.cuda.synchronize()
-                t2 = time.perf_counter()
-                rates[name].append((NEW - 2) * batch / ((t2 - t1) - (t1 - t0)))
+        rates = interleaved_rates(gens, run, rounds=a.rounds, new=NEW, device="cuda", rows=batch)
         for name, g in gens.items():
             key = f"{name} b{batch}"
             out[f"{key} tokens/s"] = [round(x) for x in rates[name]]

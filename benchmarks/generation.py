@@ -28,13 +28,17 @@ initialised). Greedy tokens of each mode are compared with eager's.
 ``generator``: the generator artifact (``compile_generator``: the KV cache as
 plain tensors the file's runtime owns), loaded with ``Precompile.load(path)``
 and served by ``gen.generate`` in a process that never imports transformers
-(checked: the child records what it imported). ``floor``: ``import torch``,
+(checked: the child records what it imported); ``generator_warm``: the same
+with ``TORCH_PRECOMPILE_WARM_UP=1`` (the device's lazy set-up beside the load,
+``runtime/warm.py``; off by default). ``floor``: ``import torch``,
 the CUDA context and one kernel, what every mode pays. ``--batches 1,4``
 measures each batch size; a batch of more than one row is left-padded (row
 ``r`` starts with ``4 r`` pad tokens), as servers send it, and every row's
 tokens are compared with eager's. ``--parallel-builds`` builds the models'
 artifacts side by side before any measurement (the measurements stay one
 process at a time).
+``--layers N`` builds each model with N decoder layers (its own folder under
+``--workdir``), for quick checks of a size's per-process costs.
 ``--single-batch`` builds the batch-1 programs only (4 variants, not 8);
 ``--ours-mode reduce-overhead --ours-static`` builds and runs the precompile
 modes with CUDA graphs and a ``StaticCache`` (the match of ``hf_static``).
@@ -78,6 +82,7 @@ MODES = (
     "precompile_standalone",
     "precompile_shell",
     "generator",
+    "generator_warm",
 )
 PAD_STEP = 4  # row r of a batch starts with PAD_STEP * r pad tokens
 # The sizes users run, by their published configs (random init): Qwen2.5-0.5B,
@@ -134,7 +139,17 @@ SIZES = {
 HBM = {"H100": 3.35e12, "H200": 4.8e12}
 
 
-def make_config(name: str, tiny: bool):
+def make_config(name: str, tiny: bool, layers: int = 0):
+    """The model's config; ``layers`` (not 0): that many decoder layers instead."""
+    config = _config(name, tiny)
+    if layers:
+        for key in ("num_hidden_layers", "n_layer"):
+            if hasattr(config, key):
+                setattr(config, key, layers)
+    return config
+
+
+def _config(name: str, tiny: bool):
     import transformers
 
     if name == "gpt2":
@@ -173,7 +188,7 @@ def build_model(a, state_path: str | None, shell: bool = False):
     import torch
     import transformers
 
-    config = make_config(a.model, a.tiny)
+    config = make_config(a.model, a.tiny, a.layers)
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     torch.manual_seed(SEED)
     cls = {
@@ -296,7 +311,7 @@ def child_build(a) -> dict:
         path = os.path.join(a.dir, "artifact.pt")
         Precompile.save(path, artifact)
         out["artifact_bytes"] = os.path.getsize(path)
-    if "generator" in modes:
+    if any(m.startswith("generator") for m in modes):
         from torch_precompile.generation import compile_generator
 
         t = time.perf_counter()
@@ -501,7 +516,7 @@ def child_measure(a) -> dict:
         return child_check(a)
     if a.mode == "floor":
         return child_floor(a)
-    if a.mode == "generator":
+    if a.mode in ("generator", "generator_warm"):  # the warm-up asked for in its env
         return child_generator(a)
     import torch
     import transformers  # noqa: F401  (timed as a phase of its own)
@@ -630,6 +645,7 @@ def child_argv(a, role: str, model: str, workdir: str, mode: str, batch: int) ->
         + ["--prompt", str(a.prompt), "--device", a.device, "--batch", str(batch)]
         + ["--batches", a.batches, "--modes", a.modes]
         + (["--tiny"] if a.tiny else [])
+        + (["--layers", str(a.layers)] if a.layers else [])
         + (["--single-batch"] if a.single_batch else [])
         + (["--ours-static"] if a.ours_static else [])
         + (["--ours-mode", a.ours_mode] if a.ours_mode else [])
@@ -645,6 +661,9 @@ def start(a, role: str, model: str, workdir: str, mode: str = "", batch: int = 1
     """A child process with empty compiler caches, and what ``finish`` needs."""
     caches = tempfile.mkdtemp(prefix="caches-")
     env = child_env(caches)
+    env.pop("TORCH_PRECOMPILE_WARM_UP", None)  # the package's default, but in generator_warm
+    if mode == "generator_warm":
+        env["TORCH_PRECOMPILE_WARM_UP"] = "1"
     t0 = time.time()
     argv = [*child_argv(a, role, model, workdir, mode, batch), "--t0", repr(t0)]
     proc = subprocess.Popen(
@@ -722,7 +741,8 @@ def parent(a) -> None:
     workdirs = {m: tempfile.mkdtemp(prefix=f"gen-{m}-") for m in models}
     builds = {}
     if a.workdir:  # builds kept there, and reused when already made (--modes '' builds only)
-        workdirs = {m: os.path.join(a.workdir, m) for m in models}
+        layers = f"-{a.layers}-layers" if a.layers else ""
+        workdirs = {m: os.path.join(a.workdir, m + layers) for m in models}
         for m, d in workdirs.items():
             os.makedirs(d, exist_ok=True)
             if os.path.exists(os.path.join(d, "build.json")):
@@ -882,6 +902,9 @@ def main() -> None:
         "--parallel-builds", action="store_true", help="build every model before measuring"
     )
     p.add_argument("--tiny", action="store_true", help="tiny configs, for a quick end-to-end check")
+    p.add_argument(
+        "--layers", type=int, default=0, help="decoder layers of each model (0: its own)"
+    )
     p.add_argument("--single-batch", action="store_true", help="build the batch-1 programs only")
     p.add_argument("--ours-mode", default=None, help="compile_for_generation's mode")
     p.add_argument(

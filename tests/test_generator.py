@@ -722,3 +722,80 @@ def test_fused_projections_are_one_matmul_a_group_and_the_same_function() -> Non
         torch.testing.assert_close(view(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
     # q/k/v, o, gate/up, down a layer and the head: 4 * layers + 1 matmuls, from 7 * layers + 1
     assert (_matmuls(view, ids), _matmuls(model, ids)) == (4 * layers + 1, 7 * layers + 1)
+
+
+def _warm_up_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("torch_precompile-warm-up")]
+
+
+def test_the_warm_up_beside_a_load_changes_no_result_and_a_failure_only_logs(
+    built: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The device's lazy set-up (runtime/warm.py), asked for with
+    TORCH_PRECOMPILE_WARM_UP=1, runs on CUDA only; here it is allowed on the CPU:
+    it runs the libraries and the decode loop, greedy and sampled, on its
+    stand-in (two threads), load waits for them, and the loaded generator's
+    logits are the first load's. A warm-up that fails logs why and the load goes
+    on; a failed load waits for it too; unset or 0, it does not run."""
+    from torch_precompile import file as container
+    from torch_precompile.file.sections import WEIGHTS
+    from torch_precompile.runtime import warm
+
+    case = built["llama"]
+    ids, mask = _prompts(MAX_BATCH, 7, seed=5)
+    want = case["loaded"].generate(ids, mask, max_new_tokens=5, eos_token_id=None, **_LOGITS)
+    records = logging.getLogger("torch_precompile")
+    seen: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    records.addHandler(handler)
+    level = records.level
+    records.setLevel(logging.DEBUG)
+    monkeypatch.setattr(warm, "WARMED", ("cpu",))
+    try:
+        Precompile.load(case["path"])
+        assert seen == []  # off unless asked for
+        monkeypatch.setenv("TORCH_PRECOMPILE_WARM_UP", "1")
+        loaded = Precompile.load(case["path"])
+        assert _warm_up_threads() == []
+        assert sorted(m.split(": ")[0] for m in seen) == [
+            "generator warm-up (libraries) on cpu",
+            "generator warm-up (loop) on cpu",
+        ]
+        assert all(k in " ".join(seen) for k in ("'libraries'", "'greedy'", "'sampled'"))
+        got = loaded.generate(ids, mask, max_new_tokens=5, eos_token_id=None, **_LOGITS)
+        assert torch.equal(want.sequences, got.sequences)
+        for step, (w, g) in enumerate(zip(want.logits, got.logits)):
+            assert torch.equal(w, g), (step, (w - g).abs().max())
+
+        def fails(*args: Any) -> None:
+            raise RuntimeError("CUDA error: out of memory")
+
+        warm_libraries = warm._libraries
+        monkeypatch.setattr(warm, "_libraries", fails)
+        seen.clear()
+        again = Precompile.load(case["path"])
+        stopped = "generator warm-up (libraries) on cpu stopped: RuntimeError: CUDA error: out"
+        assert len(seen) == 2 and f"{stopped} of memory" in seen, seen
+        assert torch.equal(
+            again.generate(ids, mask, max_new_tokens=5, eos_token_id=None), got.sequences
+        )
+
+        monkeypatch.setattr(warm, "_libraries", warm_libraries)
+        data = bytearray(Path(case["path"]).read_bytes())
+        with container.open_artifact(case["path"]) as reader:
+            entry = next(s for s in reader.info.sections if s["name"] == WEIGHTS)
+            data[reader.info.data_start + entry["offset"] + entry["length"] // 2] ^= 0x40
+        (tmp_path / "flipped.pt").write_bytes(bytes(data))
+        seen.clear()
+        with pytest.raises(ArtifactCorruptedError):
+            Precompile.load(tmp_path / "flipped.pt")
+        assert _warm_up_threads() == [] and len(seen) == 2, seen
+
+        monkeypatch.setenv("TORCH_PRECOMPILE_WARM_UP", "0")
+        seen.clear()
+        Precompile.load(case["path"])
+        assert not [m for m in seen if "warm-up" in m]
+    finally:
+        records.removeHandler(handler)
+        records.setLevel(level)

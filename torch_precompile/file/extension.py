@@ -38,6 +38,12 @@ class FileExtension:
         return None
 
     @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        """Around the rest of the load, from its weights to what it returns: work that
+        may run beside it (ended, and waited for, when the block exits, failed or not)."""
+        yield
+
+    @contextlib.contextmanager
     def deserializing(self) -> Iterator[None]:
         """Around the rebuilding of the compiled functions."""
         yield

@@ -16,22 +16,16 @@ of its attention mask, less one), so a padded row computes as it would alone.
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .._errors import ArtifactCorruptedError, GenerationLimitError
-from ..file.extension import FileExtension
-from ..file.sections import GENERATOR, GENERATOR_TOKENIZER
+from .._errors import GenerationLimitError
 from .generator_spec import DEFAULT_NEW_TOKENS, SAMPLING_DEFAULTS, GeneratorSpec
 from .loop import LoopCall
 from .sampling import Penalties, Sampler
-
-if TYPE_CHECKING:
-    from ..file.opened import OpenedFile
 
 # Without a streamer, whether every row has finished is read back from the
 # device every this many tokens only (the extra tokens are cut off).
@@ -414,40 +408,3 @@ def _streamer_calls(streamer: Any) -> tuple[Callable[[torch.Tensor], Any] | None
     if hasattr(streamer, "put"):
         return streamer.put, getattr(streamer, "end", None)
     return streamer, None
-
-
-class GeneratorFile(FileExtension):
-    """A generator's file: its step's file, with the generator's records (its spec,
-    and its tokenizer when built with one); load returns the :class:`Generator`."""
-
-    def __init__(self, path: str, spec_json: bytes, tokenizer: bytes | None) -> None:
-        self.path, self.spec_json, self.tokenizer = path, spec_json, tokenizer
-
-    @classmethod
-    def parts_to_save(cls, obj: Any) -> tuple[Any, dict[str, bytes]] | None:
-        if not isinstance(obj, Generator):
-            return None
-        sections = {GENERATOR: json.dumps(obj.spec.to_json()).encode()}
-        if obj.tokenizer_json is not None:
-            sections[GENERATOR_TOKENIZER] = obj.tokenizer_json
-        return obj.step, sections
-
-    @classmethod
-    def for_file(cls, file: OpenedFile, model: Any, mesh: Any) -> GeneratorFile | None:
-        sections = file.sections
-        if GENERATOR not in sections:
-            return None
-        tokenizer = None
-        if GENERATOR_TOKENIZER in sections:
-            tokenizer = bytes(sections[GENERATOR_TOKENIZER])
-        return cls(file.path, bytes(sections[GENERATOR]), tokenizer)
-
-    def loaded(self, artifact: Any) -> Generator:
-        try:
-            data = json.loads(self.spec_json)
-        except ValueError as exc:
-            raise ArtifactCorruptedError(
-                f"{self.path}: the '{GENERATOR}' section is not JSON ({exc}); build the "
-                "generator again with compile_generator and Precompile.save"
-            ) from None
-        return Generator(artifact, GeneratorSpec.from_json(data, self.path), self.tokenizer)

@@ -5,6 +5,6 @@ from __future__ import annotations
 
 from ..distributed.binding import DistributedFile
 from ..file.extension import FileExtension
-from ..runtime.generator import GeneratorFile
+from ..runtime.generator_file import GeneratorFile
 
 EXTENSIONS: tuple[type[FileExtension], ...] = (GeneratorFile, DistributedFile)

@@ -86,27 +86,31 @@ def _load(path: str, model: Any, mesh: Any, verify_key: bytes | str | None) -> A
     if torch_file and key is None:
         with f:
             return _load_torch_file(path, f.read(), model)
-    with OpenedFile.open(path, f, key) as file:
-        with _trace.phase("header"):
-            _system.check_compatible(file.header.system, file.header.device_type, path=path)
-            extensions = [e for kind in EXTENSIONS if (e := kind.for_file(file, model, mesh))]
-            if mesh is not None and file.header.distributed is None:
-                log.warning("%s: not a distributed artifact; mesh= is ignored", path)
-        with _trace.phase("weights"):
-            bound = _bind(file, model, extensions)
-        with _trace.phase("guards"):
-            guards = [Guards.from_json(list(record.guards)) for record in file.header.variants]
-            if model is not None and file.header.kind == "module":
-                _check_model(file, guards, model)
-        variants = _variants(file, guards, bound, extensions, model)
-    artifact = bundle_variants(variants) if file.header.bundle else variants[0]
-    artifact = dataclasses.replace(  # the loaded artifact, with where and how long it took
-        artifact,
-        timings={**artifact.timings, "load": time.perf_counter() - start},
-        _origin={"path": os.path.abspath(path), "created": file.header.created},
-    )
-    for extension in extensions:  # a generator's file: the generator around its step
-        artifact = extension.loaded(artifact)
+    # What runs beside the load (a generator's warm-up) ends, and is waited for, here.
+    with contextlib.ExitStack() as beside:
+        with OpenedFile.open(path, f, key) as file:
+            with _trace.phase("header"):
+                _system.check_compatible(file.header.system, file.header.device_type, path=path)
+                extensions = [e for kind in EXTENSIONS if (e := kind.for_file(file, model, mesh))]
+                if mesh is not None and file.header.distributed is None:
+                    log.warning("%s: not a distributed artifact; mesh= is ignored", path)
+            for extension in extensions:
+                beside.enter_context(extension.loading())
+            with _trace.phase("weights"):
+                bound = _bind(file, model, extensions)
+            with _trace.phase("guards"):
+                guards = [Guards.from_json(list(r.guards)) for r in file.header.variants]
+                if model is not None and file.header.kind == "module":
+                    _check_model(file, guards, model)
+            variants = _variants(file, guards, bound, extensions, model)
+        artifact = bundle_variants(variants) if file.header.bundle else variants[0]
+        artifact = dataclasses.replace(  # the loaded artifact, with where and how long it took
+            artifact,
+            timings={**artifact.timings, "load": time.perf_counter() - start},
+            _origin={"path": os.path.abspath(path), "created": file.header.created},
+        )
+        for extension in extensions:  # a generator's file: the generator around its step
+            artifact = extension.loaded(artifact)
     return artifact
 
 

@@ -139,7 +139,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     small = dataclasses.replace(generator.spec, max_batch=2, chat_template=None)
     Precompile.save(root / "small.pt", Generator(generator.step, small, generator.tokenizer_json))
     # The same step where the model's generation_config set sampling settings.
-    own = dataclasses.replace(generator.spec, sampling=(("temperature", 0.8), ("top_k", 1)))
+    own = dataclasses.replace(
+        generator.spec,
+        sampling=(("temperature", 0.8), ("top_k", 1)),
+        lengths=(("max_new_tokens", 5),),
+    )
     Precompile.save(root / "own.pt", Generator(generator.step, own, generator.tokenizer_json))
     return {
         "path": path,
@@ -521,8 +525,10 @@ def test_the_models_sampling_settings_fill_what_a_request_leaves_out(
     server: Server, built: dict[str, Any]
 ) -> None:
     """As vLLM's server: settings the file recorded from the model's generation_config
-    (here top_k 1) are a request's defaults; a request's own settings win. min_p 1
-    keeps only the likeliest token."""
+    (here top_k 1, max_new_tokens 5) are a request's defaults; a request's own
+    settings win. min_p 1 keeps only the likeliest token. A chat that leaves out
+    max_tokens runs to the model's max_new_tokens (to the cache's end without one),
+    a completion to OpenAI's 16."""
     own = Server(built["own"])
     try:
         body = {"prompt": "the cat sat", "max_tokens": 12, "seed": 3, "ignore_eos": True}
@@ -539,9 +545,24 @@ def test_the_models_sampling_settings_fill_what_a_request_leaves_out(
         assert plain != greedy
         assert ids(own, temperature=1.0, top_k=-1) == plain
         assert ids(server, min_p=1.0) == greedy
+
+        def lengths(where: Server, path: str, **extra: Any) -> tuple[int, int]:
+            name = "own" if where is own else "tiny"
+            ask = {"model": name, "ignore_eos": True, "temperature": 0, **extra}
+            status, answer = where.request("POST", path, ask)
+            assert status == 200, answer
+            return answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"]
+
+        chat = {"messages": [{"role": "user", "content": "the cat"}]}
+        assert lengths(own, "/v1/chat/completions", **chat)[1] == 5
+        assert lengths(own, "/v1/chat/completions", **chat, max_tokens=7)[1] == 7
+        assert lengths(own, "/v1/completions", prompt="the cat")[1] == 16
+        prompt, new = lengths(server, "/v1/chat/completions", **chat)
+        assert new == MAX_LENGTH - prompt > 16
     finally:
         log = own.stop()
     assert "the model's sampling settings" in log and "'top_k': 1" in log, log
+    assert "'max_tokens': 5" in log, log
     shown = subprocess.run(
         [sys.executable, "-m", "torch_precompile", "inspect", str(built["own"])],
         capture_output=True,

@@ -110,8 +110,11 @@ class Engine:
         self.eos = set(spec.eos_token_id)
         self._stopped = False
         self._bytes = token_bytes(tokenizer) if tokenizer is not None else None
-        # The model's own sampling settings, for a request that leaves them out (as vLLM's).
+        # The model's own sampling settings and max_new_tokens, for a request that leaves
+        # them out (as vLLM's, which reads the same generation_config).
         self.defaults = {k: v for k, v in spec.sampling if k != "do_sample"}
+        if "max_new_tokens" in dict(spec.lengths):
+            self.defaults["max_tokens"] = dict(spec.lengths)["max_new_tokens"]
 
     # -- the public side, called from the HTTP threads ------------------------------
 

@@ -156,7 +156,10 @@ def read_job(
     renders and tokenizes a chat (each raises ``ApiError`` when the file
     cannot: no tokenizer, no template). ``defaults`` are the model's sampling
     settings (``temperature``, ``top_k``, ``top_p``, ``min_p``,
-    ``repetition_penalty``) for a request that leaves them out, as vLLM's.
+    ``repetition_penalty``) and its ``max_new_tokens`` (as ``max_tokens``) for a
+    request that leaves them out, as vLLM's: a chat without ``max_tokens`` runs to
+    the model's ``max_new_tokens`` (else to the end of the cache), a completion to
+    OpenAI's 16.
     """
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -177,7 +180,11 @@ def read_job(
     asked = next((_field(body, n, (int,)) for n in names if body.get(n) is not None), None)
     if asked is not None and asked < 1:
         raise ApiError(400, f"'max_tokens' must be 1 or more, got {asked}", param="max_tokens")
-    default = room if chat else min(_COMPLETION_DEFAULT, room)
+    own = (defaults or {}).get("max_tokens")  # the model's max_new_tokens
+    if not chat:  # OpenAI's default, as vLLM's completions keep it
+        default = min(_COMPLETION_DEFAULT, room)
+    else:
+        default = room if own is None else min(own, room)
     max_tokens = default if asked is None else asked
     if max_tokens > room or room < 1:
         raise ApiError(

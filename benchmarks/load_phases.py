@@ -30,6 +30,13 @@ Usage (from the repository root)::
     python benchmarks/load_phases.py --runs 5 --baseline /work/main  # before/after
     python benchmarks/load_phases.py --preimport transformers.modeling_outputs
     python benchmarks/load_phases.py --stack 8 --runs 3 --baseline ../before  # a GPU
+    python benchmarks/load_phases.py --file gen.pt --runs 7 --baseline ../before --collect-first
+
+Each load also reports the cyclic collections that ran inside it (generation and
+time) and how many objects it leaves to the collector. A process's first full
+collection comes when the allocation counts since start say so: it can fall inside
+one version's load and after the other's; ``--collect-first`` runs it before the
+load in every child, so that both sides are compared on their own work.
 
 The children import this checkout's torch_precompile; ``--baseline DIR`` also
 runs the load with the one in ``DIR`` (another checkout), interleaved. Timings are
@@ -139,10 +146,25 @@ if case == "ours":
     except ImportError:  # a version without the trace: totals only
         import contextlib
         recording = contextlib.nullcontext
+    import gc
+    if os.environ.get("LP_COLLECT_FIRST"):  # the process's full collection, done before
+        gc.collect()
+    tracked = len(gc.get_objects())
+    collections = []  # (generation, seconds) of each collection inside the load
+    def _seen(phase, info, began=[0.0]):
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            collections.append((info["generation"], time.perf_counter() - began[0]))
+    gc.callbacks.append(_seen)
     with recording() as trace:
         t = time.perf_counter()
         art = Precompile.load(path)
         out["load_s"] = time.perf_counter() - t
+    gc.callbacks.remove(_seen)
+    out["collections"] = collections
+    gc.collect()
+    out["objects_left"] = len(gc.get_objects()) - tracked
     out["events"] = [] if trace is None else [vars(e) for e in trace.events]
     out["hashed_bytes"], out["hash_objects"] = hashed["bytes"], hashed["calls"]
     out["file_size"] = os.path.getsize(path)
@@ -247,6 +269,11 @@ def _report_ours(runs: list[dict[str, Any]], which: str) -> None:
         f"({last['hashed_bytes'] / last['file_size']:.2f}x the file)"
     )
     print(f"  compiler modules imported by the load: {last['heavy_modules'] or 'none'}")
+    if "collections" in last:
+        each = [", ".join(f"gen{g} {t * 1e3:.1f} ms" for g, t in r["collections"]) for r in runs]
+        print(f"  cyclic collections inside the load, each run: {each}")
+        left = statistics.median(r["objects_left"] for r in runs)
+        print(f"  objects the load leaves to the collector: {left:,.0f}")
 
 
 def main() -> None:
@@ -267,10 +294,18 @@ def main() -> None:
     parser.add_argument(
         "--stack", type=float, help="build a CUDA artifact of about this many GB of weights"
     )
+    parser.add_argument(
+        "--collect-first",
+        action="store_true",
+        help="gc.collect() before the load: the process's first full collection (due when "
+        "the counts since import say, not when the load does) then falls in neither side",
+    )
     args = parser.parse_args()
     config = json.dumps(CONFIG)
     if args.preimport:
         os.environ["LP_PREIMPORT"] = args.preimport
+    if args.collect_first:
+        os.environ["LP_COLLECT_FIRST"] = "1"
     work = ""
     path = args.file
     if args.stack:

@@ -248,8 +248,10 @@ def test_a_saved_emission_of_another_version_is_written_again(files: dict[str, P
     from torch_precompile.lean import guards
 
     art = Precompile.load(files["bundle"])
-    loaded = art.variants[1].compiled_function._artifacts.guard_manager.lean_guards
-    written = guards.LeanGuards(loaded.spec)  # no saved code: written here
+    function = art.variants[1].compiled_function
+    loaded = function._artifacts.guard_manager.lean_guards
+    tree = pickle.loads(function.lean_section)["lean_guards"]  # the saved guard tree
+    written = guards.LeanGuards(tree)  # no saved code: written here
     assert written.source == loaded.source and "return False" in written.source
     assert written.emitted.tensor_checks == loaded.emitted.tensor_checks
     blob = guards.prepared(written)
@@ -267,7 +269,7 @@ def test_a_saved_emission_of_another_version_is_written_again(files: dict[str, P
     other = pickle.dumps({**pickle.loads(blob), "version": guards.EMITTED_VERSION + 1})
     for stale in (other, b"\x80\x05junk", None):
         assert guards._saved_emission({"prepared": stale}) is None
-        again = guards.LeanGuards(loaded.spec, {"prepared": stale})
+        again = guards.LeanGuards(tree, {"prepared": stale})
         assert again.source == written.source
 
 

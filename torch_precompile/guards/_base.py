@@ -9,6 +9,7 @@ without the stage) or None; the stage is appended once, by :meth:`Guard.error`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -85,16 +86,17 @@ class Guard:
         return data
 
     @staticmethod
-    def from_json(data: Mapping[str, Any]) -> Guard:
-        """A guard from its JSON entry (typed, or the untyped entries of format-1 files)."""
-        cls = _kinds().get(str(data.get("kind")), Note)
+    def from_json(data: Mapping[str, Any], kinds: Mapping[str, type[Guard]] | None = None) -> Guard:
+        """A guard from its JSON entry (typed, or the untyped entries of format-1 files).
+        ``kinds``: :func:`guard_kinds`, found once where many entries are read."""
+        cls = (guard_kinds() if kinds is None else kinds).get(str(data.get("kind")), Note)
         if "expected" in data or "subject" in data:
             return cls._from_untyped(data)
         return cls._from_typed(data)
 
     @classmethod
     def _from_typed(cls, data: Mapping[str, Any]) -> Guard:
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = _field_names(cls)
         return cls(**{k: _frozen(v) for k, v in data.items() if k in fields})
 
     @classmethod
@@ -102,7 +104,7 @@ class Guard:
         return Note(data["phase"], data["expr"], str(data.get("kind", "note")))
 
 
-def _kinds() -> dict[str, type[Guard]]:
+def guard_kinds() -> dict[str, type[Guard]]:
     """Every guard class by its ``kind`` (the subclasses defined in this package)."""
     found: dict[str, type[Guard]] = {}
     todo = list(Guard.__subclasses__())
@@ -112,6 +114,12 @@ def _kinds() -> dict[str, type[Guard]]:
         if cls is not Note:
             found[cls.kind] = cls
     return found
+
+
+@functools.cache
+def _field_names(cls: type[Guard]) -> frozenset[str]:
+    """A guard class's dataclass fields (a class's fields never change)."""
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 def _jsonable(value: Any) -> Any:

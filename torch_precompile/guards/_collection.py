@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ._base import PHASES, Guard
+from ._base import PHASES, Guard, guard_kinds
 
 
 class Guards(Sequence[Guard]):
@@ -73,7 +73,8 @@ class Guards(Sequence[Guard]):
 
     @classmethod
     def from_json(cls, data: Sequence[Mapping[str, Any]], capture_id: str | None = None) -> Guards:
-        return cls([Guard.from_json(d) for d in data], capture_id=capture_id)
+        kinds = guard_kinds()  # once: a generator's file holds thousands of entries
+        return cls([Guard.from_json(d, kinds) for d in data], capture_id=capture_id)
 
     def __str__(self) -> str:
         lines = []

@@ -97,14 +97,19 @@ def identity_of(value: Any) -> Identity | None:
     return None
 
 
-@functools.cache
 def installed_library(module: str) -> tuple[str, str] | None:
     """(distribution, version) of the installed package that provides ``module``, or
     None (the standard library, a script's module, a package without metadata).
 
     Read from the package's metadata, without importing it.
     """
-    top = module.split(".", 1)[0]
+    return _installed(module.split(".", 1)[0])
+
+
+@functools.cache
+def _installed(top: str) -> tuple[str, str] | None:
+    """:func:`installed_library` of a top-level package (its metadata read once: a
+    generator's guards name a dozen modules of one library)."""
     try:
         return top, importlib.metadata.version(top)
     except (importlib.metadata.PackageNotFoundError, ValueError):

@@ -62,8 +62,11 @@ class LeanGuards:
 
     def __init__(self, spec: dict[str, Any], code: Any = None) -> None:
         """``code``: the check compiled at save (:mod:`.pycode`), with the emission it
-        compiled (:func:`prepared`); each is used where it fits, else made here."""
-        self.spec = spec  # what a re-save writes again
+        compiled (:func:`prepared`); each is used where it fits, else made here.
+
+        ``spec`` is not kept: a re-save writes the section it was read from again
+        (``LeanCompiledFunction.lean_section``), and kept, a 24-layer generator's five
+        trees were 100,000 lists for the cyclic collector to walk."""
         emitted = _saved_emission(code) or _Emitter(spec).emitted()
         self.emitted = emitted
         self._alias_groups = emitted.alias_groups

@@ -351,7 +351,8 @@ def test_import_adds_no_compiler_modules() -> None:
 def test_kernel_directories_unused_for_two_weeks_are_pruned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Loading prunes other artifacts' kernel directories no load used for two weeks."""
+    """A load that adds a kernel directory prunes the other artifacts' that no load used
+    for two weeks; a load whose directory is there already scans nothing."""
     import tempfile
     import time
 
@@ -371,8 +372,11 @@ def test_kernel_directories_unused_for_two_weeks_are_pruned(
     again = Path(shipped.kernel_dir(section))
     assert again == first and first.is_dir()
     assert first.stat().st_mtime > old + 60  # marked as used
+    assert stale.exists()  # nothing was added: nothing scanned
+    other = Path(shipped.kernel_dir({"k": b"another artifact's kernel"}))
+    assert other.is_dir() and other != first
     assert not stale.exists()
-    assert (recent / "kx.so").exists()
+    assert (recent / "kx.so").exists() and first.is_dir()
 
 
 def test_calls_under_inference_mode(saved: dict[str, Path]) -> None:

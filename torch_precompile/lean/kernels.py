@@ -67,17 +67,20 @@ def kernel_dir(kernels: Mapping[str, bytes | memoryview]) -> str:
     digest = _kernels_digest(kernels)
     root = kernel_root()
     path = os.path.join(root, digest)
+    made = False
     try:
         os.makedirs(root, mode=0o700, exist_ok=True)
         _check_private(root)
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, mode=0o700)
+            made = True
         _check_private(path)
         _check_exec(path)
         os.utime(path)  # in use: pruning goes by this time
     except OSError as exc:
         raise KernelDirectoryError(getattr(exc, "filename", None) or root, _os_cause(exc)) from exc
-    _prune_kernel_dirs(root, keep=digest)
+    if made:  # the root grows only here: prune then, not at every load (a stat a directory)
+        _prune_kernel_dirs(root, keep=digest)
     return path
 
 

@@ -60,14 +60,18 @@ class LeanGuards:
     the way Dynamo's guard manager does.
     """
 
-    def __init__(self, spec: dict[str, Any], code: Any = None) -> None:
-        """``code``: the check compiled at save (:mod:`.pycode`), with the emission it
+    def __init__(self, spec: dict[str, Any] | bytes, code: Any = None) -> None:
+        """``spec``: the saved guard tree, or its pickle (unpickled only if it is used);
+        ``code``: the check compiled at save (:mod:`.pycode`), with the emission it
         compiled (:func:`prepared`); each is used where it fits, else made here.
 
         ``spec`` is not kept: a re-save writes the section it was read from again
         (``LeanCompiledFunction.lean_section``), and kept, a 24-layer generator's five
         trees were 100,000 lists for the cyclic collector to walk."""
-        emitted = _saved_emission(code) or _Emitter(spec).emitted()
+        emitted = _saved_emission(code)
+        if emitted is None:
+            tree = pickle.loads(spec) if isinstance(spec, bytes) else spec
+            emitted = _Emitter(tree).emitted()
         self.emitted = emitted
         self._alias_groups = emitted.alias_groups
         self._same_groups = emitted.same_groups

@@ -384,9 +384,3 @@ def lean_guard_spec(reading: GuardReading) -> dict[str, Any] | None:
     except Exception as exc:  # NoLeanGuards, or a guard whose value cannot be read
         log.debug("no lean guards: %s: %s", type(exc).__name__, exc, exc_info=True)
         return None
-
-
-def lean_guards_of(guard_manager: Any) -> dict[str, Any] | None:
-    """The lean-guard spec ``guard_manager`` was loaded with (a lean load's tiered
-    manager), or None."""
-    return getattr(getattr(guard_manager, "lean_guards", None), "spec", None)

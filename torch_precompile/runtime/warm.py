@@ -12,13 +12,13 @@ loop's kernels the rest), after a load that reads no weight into any of it.
 :func:`warm_up` does that set-up on a stand-in: a matmul, an ``addmm``, a batched
 matmul and an attention in the generator's dtype and head size, then the
 decode loop itself, greedy and sampled, around a step that returns zeros (a
-cache of one row and a few positions). It reads no weight, so it runs on a
-thread beside the load (:func:`beside_load`; the libraries on one thread, the loop
-on another): the load waits for them before it returns, and the first call finds
-the set-up done. It leaves behind only what
-CUDA keeps (loaded kernels, handles); a failure is logged, never raised, and the
-first call then sets up what the warm-up did not. Off a GPU there is nothing
-to gain and it does not run.
+cache of one row and a few positions). It reads no weight, so it runs beside
+the load (:func:`beside_load`: the libraries on one thread, the loop on
+another); the load waits for both before it returns, and the first call finds
+the set-up done. It leaves behind only what CUDA keeps (loaded kernels,
+handles); a failure is logged, never raised, and the first call then sets up
+what the warm-up did not. Off a GPU there is nothing to gain and it does not
+run.
 
 Off unless ``TORCH_PRECOMPILE_WARM_UP=1``: measured on an H200 (docs/generation.md,
 "The first token's lazy set-up"), a first version on one thread took 0.75 s
@@ -58,7 +58,7 @@ _POSITIONS = 4  # the stand-in's cache: a prompt of 2, and 2 new tokens
 def beside_load(spec: GeneratorSpec) -> list[threading.Thread]:
     """The warm-up of ``spec``'s device, started on threads (join them before the
     generator is used): the libraries on one, the decode loop on another, as their
-    set-up overlaps. None unless asked for (see the module docstring) on a GPU."""
+    set-up overlaps. No thread unless asked for (see the module docstring), on a GPU."""
     if os.environ.get("TORCH_PRECOMPILE_WARM_UP") != "1":
         return []
     if torch.device(spec.device).type not in WARMED:

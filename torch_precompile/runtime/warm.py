@@ -142,8 +142,10 @@ def _vocab(spec: GeneratorSpec) -> int:
 
 
 def _lap(device: torch.device, began: float) -> float:
+    """Seconds since ``began``, this thread's kernels done. Its stream only: a device-wide
+    synchronize would also wait for the load's weight copies, on their own streams."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
     return time.perf_counter() - began
 
 

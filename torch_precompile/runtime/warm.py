@@ -9,9 +9,9 @@ H200 that was 0.52 s of the first token of a Llama-3.2-3B-shaped generator
 (four layers, torch.profiler: ``aten::mm`` 166 ms, cuDNN attention 69 ms, the
 loop's kernels the rest), after a load that reads no weight into any of it.
 
-:func:`warm_up` does that set-up on a stand-in: a matmul, an ``addmm``, a batched
-matmul and an attention in the generator's dtype and head size, then the
-decode loop itself, greedy and sampled, around a step that returns zeros (a
+The warm-up (:data:`PARTS`) does that set-up on a stand-in: a matmul, an
+``addmm``, a batched matmul and an attention in the generator's dtype and head
+size, then the decode loop itself, greedy and sampled, around a step that returns zeros (a
 cache of one row and a few positions). It reads no weight, so it runs beside
 the load (:func:`beside_load`: the libraries on one thread, the loop on
 another); the load waits for both before it returns, and the first call finds
@@ -87,12 +87,6 @@ def _logged(part: str, spec: GeneratorSpec) -> None:
         )
     else:
         log.debug("generator warm-up (%s) on %s: %s", part, spec.device, seconds)
-
-
-def warm_up(spec: GeneratorSpec) -> dict[str, float]:
-    """Run every part of the set-up for ``spec``'s device on this thread; seconds of each
-    (``libraries``, then each of :data:`RUNS`)."""
-    return {k: v for part in PARTS.values() for k, v in part(spec).items()}
 
 
 def warm_libraries(spec: GeneratorSpec) -> dict[str, float]:

@@ -113,8 +113,9 @@ class Engine:
         # The model's own sampling settings and max_new_tokens, for a request that leaves
         # them out (as vLLM's, which reads the same generation_config).
         self.defaults = {k: v for k, v in spec.sampling if k != "do_sample"}
-        if "max_new_tokens" in dict(spec.lengths):
-            self.defaults["max_tokens"] = dict(spec.lengths)["max_new_tokens"]
+        own = dict(spec.lengths).get("max_new_tokens")
+        if own is not None:
+            self.defaults["max_tokens"] = own
 
     # -- the public side, called from the HTTP threads ------------------------------
 

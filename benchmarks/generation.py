@@ -28,9 +28,9 @@ initialised). Greedy tokens of each mode are compared with eager's.
 ``generator``: the generator artifact (``compile_generator``: the KV cache as
 plain tensors the file's runtime owns), loaded with ``Precompile.load(path)``
 and served by ``gen.generate`` in a process that never imports transformers
-(checked: the child records what it imported); ``generator_warm``: the same
-with ``TORCH_PRECOMPILE_WARM_UP=1`` (the device's lazy set-up beside the load,
-``runtime/warm.py``; off by default). ``floor``: ``import torch``,
+(checked: the child records what it imported), the device's lazy set-up run
+beside the load (``runtime/warm.py``, on by default on CUDA); ``generator_cold``:
+the same without it (``TORCH_PRECOMPILE_WARM_UP=0``). ``floor``: ``import torch``,
 the CUDA context and one kernel, what every mode pays. ``--batches 1,4``
 measures each batch size; a batch of more than one row is left-padded (row
 ``r`` starts with ``4 r`` pad tokens), as servers send it, and every row's
@@ -82,7 +82,7 @@ MODES = (
     "precompile_standalone",
     "precompile_shell",
     "generator",
-    "generator_warm",
+    "generator_cold",
 )
 PAD_STEP = 4  # row r of a batch starts with PAD_STEP * r pad tokens
 # The sizes users run, by their published configs (random init): Qwen2.5-0.5B,
@@ -345,6 +345,21 @@ def child_floor(a) -> dict:
     return {"first_token_s": time.time() - a.t0, "tokens_per_s": 0.0, "tokens": []}
 
 
+def trace_summary(trace) -> dict:
+    """A load's trace: every phase; the reads and checksums of 1 MB or more, and the
+    count, bytes and seconds of all of them."""
+    out: dict = {"phase": [[e.name, round(e.seconds, 4)] for e in trace.of("phase")]}
+    for kind in ("read", "hash"):
+        events = trace.of(kind)
+        out[kind] = [[e.name, e.nbytes, round(e.seconds, 4)] for e in events if e.nbytes >= 1 << 20]
+        out[kind + "_all"] = [
+            len(events),
+            sum(e.nbytes for e in events),
+            round(sum(e.seconds for e in events), 4),
+        ]
+    return out
+
+
 def child_generator(a) -> dict:
     """The generator artifact, served by torch and torch_precompile alone."""
     import torch
@@ -370,10 +385,7 @@ def child_generator(a) -> dict:
             profiler.disable()
     load_s = time.perf_counter() - began
     extra = {"load_profile": _stats(profiler, "cumulative", 40)} if profiler else {}
-    load_trace = {
-        kind: [[e.name, e.nbytes, round(e.seconds, 4)] for e in trace.of(kind)][:12]
-        for kind in ("phase", "read", "hash")
-    }
+    load_trace = trace_summary(trace)
     phases["load"] = time.time() - a.t0
 
     def run(n: int):
@@ -516,7 +528,7 @@ def child_measure(a) -> dict:
         return child_check(a)
     if a.mode == "floor":
         return child_floor(a)
-    if a.mode in ("generator", "generator_warm"):  # the warm-up asked for in its env
+    if a.mode in ("generator", "generator_cold"):  # the warm-up set in its env by start()
         return child_generator(a)
     import torch
     import transformers  # noqa: F401  (timed as a phase of its own)
@@ -560,10 +572,7 @@ def child_measure(a) -> dict:
                 if a.mode == "precompile"
                 else Precompile.load(path)
             )
-        extra_result["load_trace"] = {
-            kind: [[e.name, e.nbytes, round(e.seconds, 4)] for e in trace.of(kind)]
-            for kind in ("phase", "read", "hash")
-        }
+        extra_result["load_trace"] = trace_summary(trace)
         if profile is not None:
             profile.disable()
             text = io.StringIO()
@@ -661,9 +670,9 @@ def start(a, role: str, model: str, workdir: str, mode: str = "", batch: int = 1
     """A child process with empty compiler caches, and what ``finish`` needs."""
     caches = tempfile.mkdtemp(prefix="caches-")
     env = child_env(caches)
-    env.pop("TORCH_PRECOMPILE_WARM_UP", None)  # the package's default, but in generator_warm
-    if mode == "generator_warm":
-        env["TORCH_PRECOMPILE_WARM_UP"] = "1"
+    env.pop("TORCH_PRECOMPILE_WARM_UP", None)  # the package's default, but in generator_cold
+    if mode == "generator_cold":
+        env["TORCH_PRECOMPILE_WARM_UP"] = "0"
     t0 = time.time()
     argv = [*child_argv(a, role, model, workdir, mode, batch), "--t0", repr(t0)]
     proc = subprocess.Popen(

@@ -731,12 +731,12 @@ def _warm_up_threads() -> list[threading.Thread]:
 def test_the_warm_up_beside_a_load_changes_no_result_and_a_failure_only_logs(
     built: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The device's lazy set-up (runtime/warm.py), asked for with
-    TORCH_PRECOMPILE_WARM_UP=1, runs on CUDA only; here it is allowed on the CPU:
-    it runs the libraries and the decode loop, greedy and sampled, on its
-    stand-in (two threads), load waits for them, and the loaded generator's
-    logits are the first load's. A warm-up that fails logs why and the load goes
-    on; a failed load waits for it too; unset or 0, it does not run."""
+    """The device's lazy set-up (runtime/warm.py) runs by default on CUDA only (not
+    on the CPU); here it is allowed on the CPU: it runs the libraries and the decode
+    loop, greedy and sampled, on its stand-in (two threads), load waits for them,
+    and the loaded generator's logits are the first load's. A warm-up that fails
+    logs why and the load goes on; a failed load waits for it too;
+    TORCH_PRECOMPILE_WARM_UP=0 turns it off."""
     from torch_precompile import file as container
     from torch_precompile.file.sections import WEIGHTS
     from torch_precompile.runtime import warm
@@ -751,12 +751,12 @@ def test_the_warm_up_beside_a_load_changes_no_result_and_a_failure_only_logs(
     records.addHandler(handler)
     level = records.level
     records.setLevel(logging.DEBUG)
-    monkeypatch.setattr(warm, "WARMED", ("cpu",))
+    monkeypatch.delenv("TORCH_PRECOMPILE_WARM_UP", raising=False)
     try:
         Precompile.load(case["path"])
-        assert seen == []  # off unless asked for
-        monkeypatch.setenv("TORCH_PRECOMPILE_WARM_UP", "1")
-        loaded = Precompile.load(case["path"])
+        assert seen == []  # a CPU generator is not warmed
+        monkeypatch.setattr(warm, "WARMED", ("cpu",))
+        loaded = Precompile.load(case["path"])  # on by default where warmed
         assert _warm_up_threads() == []
         assert sorted(m.split(": ")[0] for m in seen) == [
             "generator warm-up (libraries) on cpu",

@@ -161,7 +161,8 @@ class OpenedFile:
         checksum explain it, and the file is closed."""
         if exc is None:
             try:
-                self._reader.finish()  # the weights' checksum, computed while copied out
+                with _trace.phase("checksums"):  # waits for the weights' copies and hashes
+                    self._reader.finish()  # the weights' checksum, computed while copied out
             except BaseException:
                 self._reader.close()
                 raise

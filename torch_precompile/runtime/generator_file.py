@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ArtifactCorruptedError
+from ..file import trace as _trace
 from ..file.extension import FileExtension
 from ..file.sections import GENERATOR, GENERATOR_TOKENIZER
 from .generator import Generator
@@ -64,8 +65,9 @@ class GeneratorFile(FileExtension):
         try:
             yield
         finally:
-            for thread in threads:
-                thread.join()
+            with _trace.phase("warm-up wait"):
+                for thread in threads:
+                    thread.join()
 
     def loaded(self, artifact: Any) -> Generator:
         return Generator(artifact, self.spec, self.tokenizer)

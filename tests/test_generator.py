@@ -432,6 +432,28 @@ def test_a_loaded_generator_saved_again_gives_the_same_logits(
         assert torch.equal(w, g), (step, (w - g).abs().max())
 
 
+def test_a_prompt_sliced_from_a_wider_tensor_is_served_as_a_fresh_one(
+    built: dict[str, dict[str, Any]],
+) -> None:
+    """``tokens[:, :n]`` has the wider tensor's strides, even for one row (whose
+    ``is_contiguous()`` is then True); the steps' guards were captured on fresh
+    tensors and refused it (GuardError on the first call). Now one row and several
+    rows of such a slice give the fresh prompt's tokens and logits."""
+    loaded = built["llama"]["loaded"]
+    for batch in (1, MAX_BATCH):
+        ids, mask = _prompts(batch, 7, seed=13)
+        wide_ids = torch.zeros((batch, 19), dtype=ids.dtype)
+        wide_mask = torch.zeros((batch, 19), dtype=mask.dtype)
+        wide_ids[:, :7], wide_mask[:, :7] = ids, mask
+        sliced, sliced_mask = wide_ids[:, :7], wide_mask[:, :7]
+        assert sliced.stride() == (19, 1) and sliced.is_contiguous() == (batch == 1)
+        want = loaded.generate(ids, mask, max_new_tokens=4, eos_token_id=None, **_LOGITS)
+        got = loaded.generate(sliced, sliced_mask, max_new_tokens=4, eos_token_id=None, **_LOGITS)
+        assert torch.equal(want.sequences, got.sequences), batch
+        for step, (w, g) in enumerate(zip(want.logits, got.logits)):
+            assert torch.equal(w, g), (batch, step, (w - g).abs().max())
+
+
 def test_serves_without_transformers_or_the_compiler_and_a_seed_reproduces(
     built: dict[str, dict[str, Any]],
 ) -> None:

@@ -266,7 +266,7 @@ class Generator:
         if pad is None:
             pad = eos[0] if eos else 0
         device = torch.device(spec.device)
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = _row_major(ids.to(device)), mask.to(device)
         batch, prompt = ids.shape
         kept_scores: list[torch.Tensor] = []
         kept_logits: list[torch.Tensor] = []
@@ -392,6 +392,16 @@ class Generator:
                 "a row's last token is padding: pad on the left (tokenizer padding_side='left')"
             )
         return input_ids.long(), mask, max_new_tokens
+
+
+def _row_major(t: torch.Tensor) -> torch.Tensor:
+    """``t``, copied if its strides are not a fresh tensor's: a slice of a wider tensor
+    (``tokens[:, :n]``, even of one row) has others, which the steps' guards refuse."""
+    if t.stride() == torch.empty(t.shape, device="meta").stride():
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
 
 
 def _eos_ids(value: int | Sequence[int] | None) -> list[int]:

@@ -168,6 +168,33 @@ def test_partitions_are_each_recorded() -> None:
     assert lean_cudagraphs.STATS["recorded"] == before + 1
 
 
+def test_calls_not_recorded_run_as_compiled_and_others_still_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Inside ``not_recorded`` (a generator's prefill) a runner neither warms up, records
+    nor replays a layout, however often it comes; outside, its second call records.
+    On a machine without CUDA that recording fails and says so (the runner then
+    runs as compiled): the attempt is what is checked there."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    w, b = torch.randn(16, 8, device=device), torch.randn(8, device=device)
+    runner = CUDAGraphRunner(_affine, static_inputs=(1, 2), device_index=0)
+    before = dict(lean_cudagraphs.STATS)
+    with caplog.at_level("WARNING", logger="torch_precompile"):
+        for _ in range(3):
+            x = torch.randn(4, 16, device=device)
+            with lean_cudagraphs.not_recorded():
+                (out,) = runner.call_list([x, w, b])
+            torch.testing.assert_close(out, x @ w + b)
+        assert before == lean_cudagraphs.STATS and not caplog.records
+        for _ in range(2):
+            (out,) = runner.call_list([x, w, b])
+            torch.testing.assert_close(out, x @ w + b)
+    if device == "cuda":
+        assert lean_cudagraphs.STATS["recorded"] == before["recorded"] + 1
+    else:
+        assert "CUDA graph recording failed" in caplog.text
+
+
 # ------------------------------------------ Triton kernels after a lean load (GPU)
 
 _FRESH = textwrap.dedent(

@@ -454,6 +454,35 @@ def test_a_prompt_sliced_from_a_wider_tensor_is_served_as_a_fresh_one(
             assert torch.equal(w, g), (batch, step, (w - g).abs().max())
 
 
+def test_the_prefill_alone_runs_outside_cuda_graphs(
+    built: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``mode="reduce-overhead"`` each layout of a step is recorded into a CUDA
+    graph with its own memory, and every prompt length is another layout of the
+    prefill (lean/cudagraphs.py): the generator runs its prefill, and only it, in
+    ``not_recorded``; each decode step is left to its recording."""
+    from torch_precompile.lean import cudagraphs
+    from torch_precompile.runtime.generator import Generator
+
+    loaded = built["llama"]["loaded"]
+    calls: list[tuple[bool, int]] = []
+    loop = Generator.loop
+
+    def spied(self: Any, fixed: Any) -> Any:
+        run = loop(self, fixed)
+
+        def call(*moving: Any) -> Any:
+            calls.append((cudagraphs._NOT_RECORDED.get(), moving[0].shape[1]))
+            return run(*moving)
+
+        return call
+
+    monkeypatch.setattr(Generator, "loop", spied)
+    ids, mask = _prompts(2, 9, seed=3)
+    loaded.generate(ids, mask, max_new_tokens=4, eos_token_id=None)
+    assert calls == [(True, 9), (False, 1), (False, 1), (False, 1)]
+
+
 def test_serves_without_transformers_or_the_compiler_and_a_seed_reproduces(
     built: dict[str, dict[str, Any]],
 ) -> None:

@@ -705,6 +705,27 @@ def test_the_engine_gives_each_row_generates_logprobs_at_every_batch(
         assert got[key][1] == pytest.approx(logprobs, abs=1e-4), key
 
 
+def test_the_engine_prefills_outside_cuda_graphs(built: dict[str, Any]) -> None:
+    """Each prompt length is another layout of the prefill, which reduce-overhead would
+    record into a CUDA graph with its own memory (lean/cudagraphs.py): the engine
+    prefills in ``not_recorded``, and its logits are ``generate``'s first step's."""
+    from torch_precompile.lean import cudagraphs
+    from torch_precompile.serve.engine import Engine
+
+    gen = Precompile.load(built["path"])
+    engine = Engine(gen, max_queue=4)
+    step, flags = engine.step, []
+    engine.step = lambda *a: flags.append(cudagraphs._NOT_RECORDED.get()) or step(*a)  # type: ignore[method-assign]
+    prompt = [11, 42, 7, 300, 5]
+    with torch.no_grad():  # as the engine's loop runs it
+        logits = engine._prefill_logits(0, prompt)
+    want = gen.generate(
+        torch.tensor([prompt]), max_new_tokens=1, return_dict_in_generate=True, output_logits=True
+    )
+    assert flags == [True]
+    torch.testing.assert_close(logits, want.logits[0].float(), rtol=1e-5, atol=1e-5)
+
+
 def test_sigterm_ends_it_with_status_0_and_a_taken_port_with_1(built: dict[str, Any]) -> None:
     """SIGTERM (a container's stop) ends the server cleanly; a second server on the same
     port says it cannot listen and exits 1, rather than loading and serving nothing."""

@@ -15,6 +15,7 @@ of its attention mask, less one), so a padded row computes as it would alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from .._errors import GenerationLimitError
+from ..lean.cudagraphs import not_recorded
 from .generator_spec import DEFAULT_NEW_TOKENS, SAMPLING_DEFAULTS, GeneratorSpec
 from .loop import LoopCall
 from .sampling import Penalties, Sampler
@@ -288,7 +290,9 @@ class Generator:
         run = self.loop(cache)
         penalties = None
         for i in range(max_new_tokens):
-            logits = run(step_ids, full, step_pos, start)[:, -1, :].float()
+            # The prefill runs without CUDA graphs: one a prompt length would pile up.
+            with not_recorded() if i == 0 else _RECORDED:
+                logits = run(step_ids, full, step_pos, start)[:, -1, :].float()
             if keep[1]:
                 kept_logits.append(logits.clone())
             scores = logits
@@ -392,6 +396,9 @@ class Generator:
                 "a row's last token is padding: pad on the left (tokenizer padding_side='left')"
             )
         return input_ids.long(), mask, max_new_tokens
+
+
+_RECORDED = contextlib.nullcontext()  # a decode step: replayed from its CUDA graph
 
 
 def _row_major(t: torch.Tensor) -> torch.Tensor:

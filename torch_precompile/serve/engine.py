@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..lean.cudagraphs import not_recorded
 from ..runtime.generator import Generator
 from ..runtime.sampling import Penalties, Sampler
 from .detokenizer import IncrementalText, token_bytes
@@ -249,7 +250,8 @@ class Engine:
         positions = torch.arange(n, device=self.device)[None]
         start = torch.zeros((), dtype=torch.long, device=self.device)
         rows = [t[slot : slot + 1] for t in self.cache]
-        return self.step(ids, mask, positions, start, *rows)[:, -1, :].float()
+        with not_recorded():  # no CUDA graph a prompt length (lean/cudagraphs.py)
+            return self.step(ids, mask, positions, start, *rows)[:, -1, :].float()
 
     def _decode_logits(self, batch: int) -> torch.Tensor:
         """One decode step of the first ``batch`` slots (views of their rows)."""

@@ -61,6 +61,36 @@ def test_generate_keeps_the_forward_signature(built) -> None:
     assert "forward" not in model.__dict__
 
 
+def test_the_prefill_alone_runs_outside_cuda_graphs(built, monkeypatch) -> None:
+    """Every prompt length is another layout of the prefill, which reduce-overhead would
+    record into a CUDA graph with its own memory (lean/cudagraphs.py): inside
+    ``generate_with`` the prefill, and no decode step, runs in ``not_recorded``."""
+    import contextlib
+
+    from torch_precompile.generation import generate_with, hf
+
+    _, model, loaded = built
+    entered: list[int] = []
+    calls = loaded.__call__
+
+    @contextlib.contextmanager
+    def spy():
+        entered.append(len(seen))
+        yield
+
+    seen: list[int] = []
+    monkeypatch.setattr(hf, "not_recorded", spy)
+    monkeypatch.setattr(
+        type(loaded),
+        "__call__",
+        lambda self, *a, **k: seen.append(k["input_ids"].shape[1]) or calls(*a, **k),
+    )
+    x = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad(), generate_with(model, loaded):
+        model.generate(x, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert seen == [6, 1, 1, 1] and entered == [0], (seen, entered)
+
+
 def test_a_cache_of_another_class_is_refused_naming_both(built) -> None:
     from torch_precompile.generation import generate_with
 

@@ -40,6 +40,7 @@ import torch
 
 from .._api import Precompile, PrecompiledArtifact
 from .._errors import CaptureError, GuardError
+from ..lean.cudagraphs import not_recorded
 from ..stages.snapshot import Snapshot, swapped_forward
 
 log = logging.getLogger("torch_precompile")
@@ -318,7 +319,12 @@ def generate_with(model: torch.nn.Module, artifact: PrecompiledArtifact) -> Iter
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         _check_cache(expected, kwargs.get("past_key_values"))
-        return artifact(*args, **_with_mask(kwargs))
+        kwargs = _with_mask(kwargs)
+        ids = kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.ndim == 2 and ids.shape[1] > 1:
+            with not_recorded():  # a prefill: no CUDA graph a prompt length (lean/cudagraphs.py)
+                return artifact(*args, **kwargs)
+        return artifact(*args, **kwargs)
 
     with swapped_forward(model, _signed(forward, model.forward)), _no_auto_compile(model):
         yield

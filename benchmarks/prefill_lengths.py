@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from generation import SIZES
+
 
 def build(path: str, layers: int, max_length: int) -> dict:
     import torch
@@ -32,18 +34,8 @@ def build(path: str, layers: int, max_length: int) -> dict:
     from torch_precompile import Precompile
     from torch_precompile.generation import compile_generator
 
-    config = transformers.LlamaConfig(
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_hidden_layers=layers,
-        num_attention_heads=24,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        rope_theta=500000.0,
-        tie_word_embeddings=True,
-        bos_token_id=128000,
-        eos_token_id=128001,
-    )
+    kind, fields = SIZES["llama3b"]  # generation.py's Llama-3.2-3B shape
+    config = getattr(transformers, kind)(**{**fields, "num_hidden_layers": layers})
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM(config)

@@ -517,3 +517,54 @@ def test_a_cuda_file_loads_its_weights_checked_and_a_flipped_byte_is_the_typed_e
         bad.write_bytes(bytes(data))
         with pytest.raises(ArtifactCorruptedError, match="section 'weights' fails its SHA-256"):
             Precompile.load(bad)
+
+
+# ------------------------------------- a generator's prefill: the kernels it was built with
+
+
+@needs_cuda
+def test_a_gpu_generators_prefill_runs_no_cudnn_attention_nor_a_rotary_gemm(
+    tmp_path: Path,
+) -> None:
+    """Built in bfloat16 (where torch 2.11 on an H200 picks cuDNN's attention, which plans
+    each new prompt length): the loaded prefill launches no cuDNN kernel and no ``mm`` over
+    an inner dimension of one (the rotary product, a broadcast multiply), and its logits
+    are eager's at each prompt length."""
+    transformers = pytest.importorskip("transformers")
+    from test_generator import SMALL
+    from torch.profiler import ProfilerActivity, profile
+
+    from torch_precompile.generation import compile_generator
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        num_key_value_heads=2, **{**SMALL, "hidden_size": 256, "num_attention_heads": 4}
+    )
+    model = transformers.LlamaForCausalLM(config).cuda().to(torch.bfloat16).eval()
+    Precompile.save(tmp_path / "g.pt", compile_generator(model, max_batch=2, max_length=64))
+    gen = Precompile.load(tmp_path / "g.pt")
+    for rows, length in ((1, 5), (1, 17), (2, 11), (1, 30)):
+        ids = torch.randint(3, 1000, (rows, length), device="cuda")
+        with profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True
+        ) as p:
+            ran = gen.generate(
+                ids, max_new_tokens=1, return_dict_in_generate=True, output_logits=True
+            )
+            torch.cuda.synchronize()
+        names = {e.key for e in p.key_averages()}
+        assert not [n for n in names if "cudnn" in n.lower()], length
+        inner_one = [
+            e.input_shapes
+            for e in p.events()
+            if e.name in ("aten::mm", "aten::bmm")
+            and e.input_shapes[:1]
+            and e.input_shapes[0][-1:] == [1]
+        ]
+        assert not inner_one, (length, inner_one)
+        with torch.no_grad():
+            want = model(ids).logits[:, -1].float()
+        got = ran.logits[0].float()
+        off = (got - want).abs().max()  # bfloat16: two orders of sums, logits of ~10
+        assert off <= 0.02 * want.abs().max() + 0.05, (length, off, want.abs().max())
+        assert torch.equal(got.argmax(-1), want.argmax(-1))

@@ -1,5 +1,6 @@
-"""The decode step's one-row ``addmm`` and ``mm`` as reductions over a row computed
-once (generation/decode_matmul.py).
+"""A generator step's small matmuls (generation/decode_matmul.py): the decode step's
+one-row ``addmm`` and ``mm`` as reductions over a row computed once, and a product
+over an inner dimension of one (the rotary embedding's) as a broadcast multiply.
 
 The GPU build uses them under coordinate descent tuning; here the functions
 themselves are checked against ``torch.addmm`` and ``torch.mm`` (float32, and
@@ -18,10 +19,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch_precompile import Precompile, _compat
 from torch_precompile.generation.decode_matmul import (
     ADDMM,
+    BMM,
     MM,
-    decode_decompositions,
     one_row_addmm,
     one_row_mm,
+    outer_product,
+    step_decompositions,
 )
 
 CDT = {"coordinate_descent_tuning": True}
@@ -96,11 +99,19 @@ def test_two_rows_or_mixed_dtypes_are_left_to_addmm() -> None:
         (None, "cuda", False),  # untuned, a reduction is slower than cuBLAS
     ],
 )
-def test_used_on_a_gpu_under_coordinate_descent_tuning_only(
+def test_one_row_reductions_on_a_gpu_under_coordinate_descent_tuning_only(
     options: dict | None, device: str, used: bool
 ) -> None:
-    table = decode_decompositions(options, torch.device(device))
-    assert set(table) == ({ADDMM, MM} if used else set())
+    decode = step_decompositions(options, torch.device(device), prefill=False)
+    assert decode == ({ADDMM: one_row_addmm, MM: one_row_mm} if used else {})
+    prefill = step_decompositions(options, torch.device(device), prefill=True)
+    on_gpu = device != "cpu"
+    assert set(prefill) == ({ADDMM} if used else set()) | ({MM, BMM} if on_gpu else set())
+    if on_gpu:  # mm: the one-row reduction only when tuned, as Inductor's own otherwise
+        _, x, w = _operands(torch.float32)
+        assert (prefill[MM](x, w) is NotImplemented) is not used
+        product = prefill[MM](torch.randn(3, 1), torch.randn(1, 4))
+        assert product is not NotImplemented
 
 
 def _marker() -> object:
@@ -176,3 +187,35 @@ def test_compiled_by_the_stages_with_the_table_equals_eager() -> None:
         got = artifact(x)
     got = got[0] if isinstance(got, (tuple, list)) else got
     assert torch.allclose(got, mlp(x), rtol=1e-5, atol=1e-5)
+
+
+def test_an_inner_dimension_of_one_is_the_broadcast_product_bit_for_bit() -> None:
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16):
+        a = (torch.randn(64, 1, generator=g) * 1e3).to(dtype)  # a rotary's inv_freq...
+        b = torch.arange(300.0).reshape(1, 300).to(dtype)  # ...and positions
+        got = outer_product(a, b)
+        assert got.dtype == dtype and torch.equal(got, a @ b), dtype
+        a3, b3 = a.expand(3, 64, 1), b.expand(3, 1, 300)  # bmm, a batch of three
+        assert torch.equal(outer_product(a3, b3), torch.bmm(a3, b3)), dtype
+    assert outer_product(torch.randn(4, 2), torch.randn(2, 3)) is NotImplemented
+    assert outer_product(torch.randn(4, 1), torch.randn(1, 3).double()) is NotImplemented
+
+
+def test_in_a_trace_the_rotary_product_leaves_no_matmul() -> None:
+    """The rotary embedding's frequencies as transformers computes them (float32,
+    ``inv_freq[None, :, None] @ positions[:, None, :]``), traced through the GPU
+    table: no ``mm`` or ``bmm`` is left, and the values are eager's exactly."""
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 128, 2).float() / 128))
+
+    def freqs(positions: torch.Tensor) -> torch.Tensor:
+        expanded = inv_freq[None, :, None].expand(positions.shape[0], -1, 1)
+        return (expanded @ positions[:, None, :].float()).transpose(1, 2)
+
+    table = step_decompositions(None, torch.device("cuda"), prefill=True)
+    for batch in (1, 3):
+        positions = torch.arange(96).repeat(batch, 1)
+        traced = make_fx(freqs, decomposition_table=table)(positions)
+        targets = {n.target for n in traced.graph.nodes if n.op == "call_function"}
+        assert not targets & {MM, BMM, torch.ops.aten.matmul.default}, (batch, targets)
+        assert torch.equal(traced(positions), freqs(positions)), batch

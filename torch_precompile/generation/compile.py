@@ -23,6 +23,7 @@ from .. import _compat
 from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
 from .._errors import CaptureError
+from ..runtime.attention_backends import without_cudnn
 from ..runtime.generator import Generator
 from ..runtime.generator_spec import (
     LENGTH_KEYS,
@@ -32,7 +33,7 @@ from ..runtime.generator_spec import (
     sampling_settings,
 )
 from .decode_attention import grouped_decode_attention, groups_on
-from .decode_matmul import decode_decompositions
+from .decode_matmul import step_decompositions
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
 from .torch_only import refuse_foreign_ops, torch_only_decompositions
 from .views import fused_projections, own_copy
@@ -315,19 +316,26 @@ def compile_generator(
             for tensor in examples[-1][4:]:
                 _compat.mark_static_address(tensor)
     variants = []
-    decompositions = {**torch_only_decompositions(), **decode_decompositions(options, device)}
+    tables = {
+        prefill: {**torch_only_decompositions(), **step_decompositions(options, device, prefill)}
+        for prefill in (True, False)
+    }
     # On a GPU a decode step's grouped-query attention reads the cache's own heads
     # (decode_attention.py); a tensor-parallel step's heads are its shards', left as traced.
     grouped = groups_on(device) and world == 1
     with torch.no_grad(), _compat.inductor_options(options), _dropped_guards_once():
         for args in examples:
             b, s = args[0].shape
+            prefill = s > 1
             log.info("generator: compiling the step at batch %d, length %d", b, s)
-            variants.append(
-                _compile_step(
-                    step, args, mode, options, decompositions, fused > 0, grouped, verbose
+            # A prefill meets every prompt length: no attention plan per length
+            # (attention_backends.py). A decode step's attention is as torch picks.
+            with without_cudnn(device) if prefill else contextlib.nullcontext():
+                variants.append(
+                    _compile_step(
+                        step, args, mode, options, tables[prefill], fused > 0, grouped, verbose
+                    )
                 )
-            )
     config = model.config
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:

@@ -1,5 +1,14 @@
-"""A decode step's one-row matmuls, as reductions Inductor can tune and fuse.
+"""A generator step's small matmuls, as kernels Inductor generates and fuses.
 
+A prefill's matmul over an inner dimension of one (the rotary embedding's
+``inv_freq @ positions``, in float32) is the broadcast product it is
+(:func:`outer_product`), on a GPU always: left to cuBLAS, its first call in a
+process took 51-69 ms of a Llama-3.2-3B shape's first prefill on an H200
+(torch.profiler, docs/generation.md), a warmed-up cuBLAS notwithstanding. The
+product is one multiplication an element, rounded once, as cuBLAS's is, and
+Inductor fuses it into the cosines and sines that read it.
+
+A decode step's one-row matmuls become reductions Inductor can tune and fuse.
 Under ``coordinate_descent_tuning`` Inductor turns a one-row ``mm`` on a GPU
 into a Triton reduction (``(a.unsqueeze(2) * b.unsqueeze(0)).sum(1)``), tuned
 to read the weight at memory speed and fused with what surrounds it. Two
@@ -17,11 +26,12 @@ things here change how:
   us a layer for 8.7 MB of weight on an H200.
 
 The build uses both where Inductor would decompose ``mm``: on a GPU, with
-coordinate descent tuning, at a static one-row batch.
+coordinate descent tuning, at a static one-row batch (:func:`step_decompositions`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +40,34 @@ import torch
 from .._compat.joint import computed_once, default_decompositions
 
 MM = torch.ops.aten.mm.default
+BMM = torch.ops.aten.bmm.default
 ADDMM = torch.ops.aten.addmm.default
+
+
+def outer_product(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
+    """``mat1 @ mat2`` (``mm`` or ``bmm``) over an inner dimension of one (a static size)
+    as the broadcast product ``mat1 * mat2``; ``NotImplemented`` otherwise."""
+    inner, rows = mat1.shape[-1], mat2.shape[-2]
+    static = type(inner) is int and type(rows) is int
+    if static and inner == rows == 1 and mat1.dtype == mat2.dtype:
+        return mat1 * mat2
+    return NotImplemented
+
+
+def prefill_mm(mat1: torch.Tensor, mat2: torch.Tensor, *, tuned: bool = False) -> Any:
+    """A GPU prefill's ``mm``: :func:`outer_product` over an inner dimension of one, else
+    :func:`one_row_mm` when ``tuned`` (coordinate descent tuning), else Inductor's own."""
+    product = outer_product(mat1, mat2)
+    if product is not NotImplemented:
+        return product
+    return one_row_mm(mat1, mat2) if tuned else _inductors(MM, mat1, mat2)
+
+
+def prefill_bmm(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
+    """A GPU prefill's ``bmm``: :func:`outer_product` over an inner dimension of one, else
+    Inductor's own."""
+    product = outer_product(mat1, mat2)
+    return product if product is not NotImplemented else _inductors(BMM, mat1, mat2)
 
 
 def one_row_addmm(
@@ -76,12 +113,19 @@ def _inductors(op: Any, *args: Any, **kwargs: Any) -> Any:
     return NotImplemented if inductor is None else inductor(*args, **kwargs)
 
 
-def decode_decompositions(
-    options: dict[str, Any] | None, device: torch.device
+def step_decompositions(
+    options: dict[str, Any] | None, device: torch.device, prefill: bool
 ) -> dict[Any, Callable[..., Any]]:
     """The decompositions a step compiled on ``device`` with these Inductor ``options``
-    adds: :func:`one_row_addmm` and :func:`one_row_mm` on a GPU under coordinate descent
-    tuning, else none."""
-    if device.type in ("cpu", "mps") or not (options or {}).get("coordinate_descent_tuning"):
+    adds, off a GPU none. Under coordinate descent tuning :func:`one_row_addmm` and
+    :func:`one_row_mm`; a ``prefill`` step's ``mm`` and ``bmm`` take the
+    :func:`outer_product` first (:func:`prefill_mm`, :func:`prefill_bmm`). A decode step
+    keeps the table its measured speed was built with (docs/generation.md)."""
+    if device.type in ("cpu", "mps"):
         return {}
-    return {ADDMM: one_row_addmm, MM: one_row_mm}
+    tuned = bool((options or {}).get("coordinate_descent_tuning"))
+    table: dict[Any, Callable[..., Any]] = {ADDMM: one_row_addmm, MM: one_row_mm} if tuned else {}
+    if prefill:
+        table[MM] = functools.partial(prefill_mm, tuned=tuned)
+        table[BMM] = prefill_bmm
+    return table

@@ -41,6 +41,7 @@ import torch
 from .._api import Precompile, PrecompiledArtifact
 from .._errors import CaptureError, GuardError
 from ..lean.cudagraphs import not_recorded
+from ..runtime.attention_backends import without_cudnn
 from ..stages.snapshot import Snapshot, swapped_forward
 
 log = logging.getLogger("torch_precompile")
@@ -137,14 +138,18 @@ def compile_for_generation(
                 full = forward_calls(model, ids, new_tokens=1, **generate_kwargs)[0]
                 examples.append(("prefill, cache full", batch, ids.shape[1], full))
     variants = []
+    device = next(model.parameters(), input_ids).device
     with torch.no_grad():
         for program, batch, prompt_len, kwargs in examples:
             log.info("generation: compiling %s (batch %d, prompt %d)", program, batch, prompt_len)
-            variants.append(
-                Precompile.compile(
-                    model, (), kwargs, dynamic=True, size_one=False, mode=mode, verbose=verbose
+            # A prefill meets every prompt length: no attention plan per length.
+            prefill = program.startswith("prefill")
+            with without_cudnn(device) if prefill else contextlib.nullcontext():
+                variants.append(
+                    Precompile.compile(
+                        model, (), kwargs, dynamic=True, size_one=False, mode=mode, verbose=verbose
+                    )
                 )
-            )
     batches = (1,) if single_batch else (many, 1)
 
     own_forward = model.__dict__.get("forward")

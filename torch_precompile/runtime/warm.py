@@ -2,12 +2,13 @@
 
 A process's first ``generate`` on a GPU pays once for what CUDA and its
 libraries set up at first use: cuBLAS's handle at the first matmul, the
-attention library's (cuDNN's) at the first attention, and each of torch's own
+attention kernel's at the first attention, and each of torch's own
 kernels the decode loop launches (``masked_fill_``, ``where``, ``argmax``,
 ...), loaded from its module at its first launch, about 10 ms apiece. On an
 H200 that was 0.52 s of the first token of a Llama-3.2-3B-shaped generator
 (four layers, torch.profiler: ``aten::mm`` 166 ms, cuDNN attention 69 ms, the
-loop's kernels the rest), after a load that reads no weight into any of it.
+loop's kernels the rest; files built since use no cuDNN attention,
+``attention_backends.py``), after a load that reads no weight into any of it.
 
 The warm-up (:data:`PARTS`) does that set-up on a stand-in: a matmul, an
 ``addmm``, a batched matmul and an attention in the generator's dtype and head
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 
 from ..file import trace as _trace
+from .attention_backends import without_cudnn
 from .generator import Generator
 from .generator_spec import GeneratorSpec
 
@@ -91,8 +93,8 @@ def _logged(part: str, spec: GeneratorSpec) -> None:
 
 
 def warm_libraries(spec: GeneratorSpec) -> dict[str, float]:
-    """The first matmuls (cuBLAS) and attention (cuDNN or flash, as torch picks for the
-    step's dtype and head size)."""
+    """The first matmuls (cuBLAS) and attention (the kernel torch picks for the step's
+    dtype and head size, cuDNN's left out as in the build)."""
     device = torch.device(spec.device)
     heads, dim = spec.kv_shapes[0] if spec.kv_shapes else (1, 64)
     began = time.perf_counter()
@@ -127,7 +129,8 @@ def _libraries(device: torch.device, dtype: torch.dtype, heads: int, dim: int) -
     torch.bmm(x[None], w[None])
     q = torch.ones((1, heads, 8, dim), dtype=dtype, device=device)
     causal = torch.ones((8, 8), dtype=torch.bool, device=device).tril()
-    torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=causal)
+    with without_cudnn(device):  # as the steps were built
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=causal)
 
 
 def _vocab(spec: GeneratorSpec) -> int:

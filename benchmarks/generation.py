@@ -446,23 +446,32 @@ def hbm_share(meta: dict, steps_per_s: float) -> float | None:
 
 
 def decode_profile(run, a) -> dict:
-    """Where a decode token goes on the GPU: kernels and busy time per token (profiler)."""
+    """Where a decode token goes on the GPU (profiler): a one-token run (the prefill and
+    its token) and a run of ``n`` tokens; per decode token, the kernels and busy time of
+    the longer run less the shorter's, over ``n - 1``. Kernels named by their time in the
+    decode tokens."""
     from torch.profiler import ProfilerActivity, profile
 
     n = 33
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            run(n)
-            sync(a.device)
-        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        busy_us = sum(e.device_time for e in kernels)
+        counted = []
+        for tokens in (1, n):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                run(tokens)
+                sync(a.device)
+            counted.append([e for e in prof.events() if e.device_type.name == "CUDA"])
+        prefill, longer = counted
         top: dict = {}
-        for e in kernels:
-            top[e.name[:60]] = top.get(e.name[:60], 0.0) + e.device_time
+        for sign, kernels in ((1, longer), (-1, prefill)):
+            for e in kernels:
+                top[e.name[:60]] = top.get(e.name[:60], 0.0) + sign * e.device_time
+        busy_us = sum(e.device_time for e in longer) - sum(e.device_time for e in prefill)
         return {
             "profile_tokens": n,
-            "kernels_per_token": len(kernels) / n,
-            "gpu_busy_ms_per_token": busy_us / n / 1e3,
+            "prefill_kernels": len(prefill),
+            "prefill_gpu_busy_ms": sum(e.device_time for e in prefill) / 1e3,
+            "kernels_per_token": (len(longer) - len(prefill)) / (n - 1),
+            "gpu_busy_ms_per_token": busy_us / (n - 1) / 1e3,
             "top_kernels_us": dict(sorted(top.items(), key=lambda kv: -kv[1])[:8]),
         }
     except Exception as e:  # the profile is extra: a failure is reported, not fatal

@@ -242,7 +242,9 @@ def compile_generator(
     bias or without, a tuned Triton reduction rather than a cuBLAS GEMV:
     ``decode_matmul.py``). On a GPU each decode step's grouped-query attention
     reads the cache's key/value heads without repeating them
-    (``decode_attention.py``).
+    (``decode_attention.py``), and the prefill is traced without cuDNN's attention,
+    which plans each new prompt length (``runtime/attention_backends.py``; kept when
+    it is the only backend enabled).
 
     ``fuse_projections=True`` (not for a tensor-parallel model) traces the step
     through a view of the model whose attention ``q/k/v_proj`` and MLP

@@ -93,15 +93,9 @@ def test_builds_trace_each_prefill_inside_it_and_decode_steps_as_torch_picks(
     monkeypatch.setattr(generator_compile, "without_cudnn", as_on_cuda)
     monkeypatch.setattr(hf, "without_cudnn", as_on_cuda)
     monkeypatch.setattr(_compat, "fullgraph_capture", recorded)
-    config = transformers.LlamaConfig(
-        num_hidden_layers=1,
-        hidden_size=32,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        vocab_size=64,
-        max_position_embeddings=64,
-    )
+    from test_generator import SMALL
+
+    config = transformers.LlamaConfig(num_key_value_heads=2, **SMALL)
     model = transformers.LlamaForCausalLM(config).eval()
     for build in (
         lambda: compile_generator(model, max_batch=1, max_length=16),

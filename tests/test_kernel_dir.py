@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -445,3 +447,124 @@ def test_prune_touches_only_kernel_directories(
         os.utime(d, (old, old))
     shipped.kernel_dir(SECTION)
     assert not stale.exists() and other.is_dir()
+
+
+# ------------------------------------------------------ kernel files written ahead
+
+
+def _elf(machine: int) -> bytes:
+    """The first bytes of an ELF file for ``machine`` (64-bit, little-endian)."""
+    head = bytearray(b"\x7fELF\x02\x01\x01" + bytes(9))
+    head += (3).to_bytes(2, "little") + machine.to_bytes(2, "little")
+    return bytes(head) + bytes(44)
+
+
+def test_kernel_suffix_reads_the_elf_machine(saved: dict[str, Path]) -> None:
+    """A CUDA ELF binary is a ``.cubin``; the artifact's real shared objects, and anything
+    not ELF, are ``.so`` (as the loaders name them)."""
+    from torch_precompile.file.layout import open_regular
+    from torch_precompile.file.opened import OpenedFile
+
+    path = str(saved["artifact"])
+    with OpenedFile.open(path, open_regular(path), None) as file:
+        suffixes = {shipped.kernel_suffix(file.kernels[key]) for key in file.kernels}
+    assert suffixes == {".so"}
+    assert shipped.kernel_suffix(_elf(shipped.EM_CUDA)) == ".cubin"
+    assert shipped.kernel_suffix(_elf(62)) == ".so"  # x86-64
+    assert shipped.kernel_suffix(b"\xcf\xfa\xed\xfe" + bytes(40)) == ".so"  # Mach-O
+
+
+class _Counted(dict):
+    """Kernels by key that count reads of their bytes, per thread; their digests and
+    lengths known without a read, as a file's kernels are (``ShippedKernels``)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.reads: list[tuple[str, bool]] = []
+
+    def __getitem__(self, key: str) -> Any:
+        self.reads.append((key, threading.current_thread() is threading.main_thread()))
+        return super().__getitem__(key)
+
+    def sha256(self, key: str) -> str:
+        return hashlib.sha256(dict.__getitem__(self, key)).hexdigest()
+
+    def length(self, key: str) -> int:
+        return len(dict.__getitem__(self, key))
+
+
+def test_files_ahead_writes_every_kernel_once_and_the_loader_reads_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``files_ahead`` writes each kernel on its thread, with the suffix its loader uses
+    and its exact bytes; ``kernel_file`` then reads no kernel. A second load into the same
+    directory reads none either."""
+    monkeypatch.setenv("TORCH_PRECOMPILE_KERNEL_DIR", str(tmp_path / "root"))
+    cubin, so = _elf(shipped.EM_CUDA) + b"cubin", _elf(62) + b"shared object"
+    kernels = _Counted({"a" * 64: cubin, "b" * 64: so})
+    with shipped.files_ahead(kernels):
+        pass
+    assert sorted(kernels.reads) == [("a" * 64, False), ("b" * 64, False)]
+    directory = shipped.kernel_dir(kernels)
+    kernels.reads.clear()
+    for key, suffix, data in (("a" * 64, ".cubin", cubin), ("b" * 64, ".so", so)):
+        assert Path(shipped.kernel_file(directory, key, kernels, suffix)).read_bytes() == data
+    assert sorted(os.listdir(directory)) == ["k" + "a" * 40 + ".cubin", "k" + "b" * 40 + ".so"]
+    with shipped.files_ahead(kernels):
+        pass
+    assert kernels.reads == []
+
+
+def test_files_ahead_fails_quietly_and_the_loader_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel directory that cannot be made: ``files_ahead`` raises nothing (the load
+    goes on), and the loader's own call raises the typed error as before."""
+    monkeypatch.setenv("TORCH_PRECOMPILE_KERNEL_DIR", str(tmp_path / "root"))
+
+    def refuse(path: Any, mode: int = 0o777, *a: Any, **k: Any) -> None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(os, "mkdir", refuse)
+    monkeypatch.setattr(os, "makedirs", refuse)
+    kernels = {"a" * 64: _elf(62)}
+    with shipped.files_ahead(kernels):
+        pass
+    with pytest.raises(KernelDirectoryError, match="not writable"):
+        shipped.kernel_dir(kernels)
+
+
+def test_a_load_writes_the_kernel_files_ahead(
+    saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lean load into an empty kernel directory: every shipped kernel's file is written
+    by the load's writer thread (none by the graph's loader on the main thread, which
+    waits here until the writer is done), and the answer is eager's."""
+    monkeypatch.setenv("TORCH_PRECOMPILE_KERNEL_DIR", str(tmp_path / "root"))
+    writers: list[str] = []
+    real = shipped._materialize
+    done = threading.Event()
+
+    def materialize(*args: Any, **kwargs: Any) -> str:
+        writers.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    real_files_ahead = shipped.files_ahead
+
+    @contextlib.contextmanager
+    def waited(kernels: Any) -> Iterator[None]:
+        with real_files_ahead(kernels):
+            deadline = time.monotonic() + 60
+            while len(writers) < len(kernels) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            done.set()
+            yield
+
+    monkeypatch.setattr(shipped, "_materialize", materialize)
+    monkeypatch.setattr("torch_precompile.lean.files_ahead", waited)
+    art = Precompile.load(saved["artifact"])
+    io = torch.load(saved["io"])
+    with torch.no_grad():
+        assert torch.allclose(art(io["ids"]), io["expected"], atol=1e-4)
+    assert done.is_set() and type(art.compiled_function).__name__ == "LeanCompiledFunction"
+    assert len(writers) == 6 and set(writers) == {"torch_precompile-kernel-files"}, writers

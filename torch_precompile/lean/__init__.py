@@ -40,7 +40,7 @@ from .compiled_function import (
 from .dynamo_fallback import hook_guards_enabled
 from .guard_types import LEAN_TYPES, frame_local, named_class, shape_expr_ok
 from .inference import RUNTIME_SPEC_VERSION, InferenceSpec
-from .kernels import KernelLoader, kernel_dir, kernel_key
+from .kernels import KernelLoader, files_ahead, kernel_dir, kernel_key
 from .subclasses import (
     SUBCLASS_SPEC_VERSION,
     SubclassSpec,
@@ -61,6 +61,7 @@ __all__ = [
     "SubclassSpec",
     "bound_mesh",
     "current_mesh",
+    "files_ahead",
     "frame_local",
     "hook_guards_enabled",
     "kernel_dir",

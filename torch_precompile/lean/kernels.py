@@ -4,7 +4,9 @@ An artifact ships each kernel's shared object as one file section; here the
 kernels are a mapping ``{key: bytes}`` (:func:`kernel_key` names a kernel by its
 argument types and source), whatever the file layout. PyTorch's full path loads
 them through ``_compat/codecache.py`` (:func:`shipped_cpp_kernels`), with the
-:class:`KernelLoader` defined here."""
+:class:`KernelLoader` defined here. A load writes every kernel's file (shared
+objects, and Triton cubins for ``triton_kernels.py``) on a thread while it goes on
+(:func:`files_ahead`), so a graph's loader finds them there."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .._errors import KernelDirectoryError
@@ -115,12 +117,17 @@ def kernel_file(
     length there already holds this kernel, which is then not read at all.
     """
     path = _kernel_path(directory, key, suffix)
-    try:
-        if os.stat(path).st_size == _kernel_length(kernels, key):
-            return path
-    except OSError:
-        pass
+    if _present(path, kernels, key):
+        return path
     return _materialize(directory, key, memoryview(kernels[key]), suffix)
+
+
+def _present(path: str, kernels: Mapping[str, bytes | memoryview], key: str) -> bool:
+    """Whether ``path`` holds kernel ``key`` already (a whole file of its length)."""
+    try:
+        return os.stat(path).st_size == _kernel_length(kernels, key)
+    except OSError:
+        return False
 
 
 def _kernel_path(directory: str, key: str, suffix: str) -> str:
@@ -228,6 +235,52 @@ def _materialize(directory: str, key: str, data: memoryview, suffix: str = ".so"
             raise KernelDirectoryError(directory, _os_cause(exc)) from exc
         raise
     return path
+
+
+EM_CUDA = 190  # the ELF machine of a CUDA binary (a Triton cubin)
+SUFFIXES = (".cubin", ".so")
+
+
+def kernel_suffix(data: bytes | memoryview) -> str:
+    """The file suffix the loaders give kernel ``data``: ``.cubin`` for a CUDA ELF
+    binary (its ``e_machine``), ``.so`` for a shared object."""
+    head = bytes(memoryview(data)[:20])
+    cuda = head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == EM_CUDA
+    return ".cubin" if cuda else ".so"
+
+
+@contextlib.contextmanager
+def files_ahead(kernels: Mapping[str, bytes | memoryview]) -> Iterator[None]:
+    """Write every kernel's file (:func:`kernel_file`) on a thread while the load goes
+    on; waited for on exit.
+
+    A graph's loader then finds its kernels' files already there and reads none
+    (on an H200, writing them took half of a generator's kernel loading). A kernel
+    the loader asks for first it writes itself; both rename a whole file into
+    place, so either copy is the kernel. A failure stops the thread quietly: the
+    loader meets it again and raises :class:`KernelDirectoryError` as before.
+    """
+    if not kernels:
+        yield
+        return
+
+    def write_all() -> None:
+        try:
+            directory = kernel_dir(kernels)
+            for key in kernels:
+                paths = (_kernel_path(directory, key, suffix) for suffix in SUFFIXES)
+                if not any(_present(path, kernels, key) for path in paths):
+                    data = memoryview(kernels[key])
+                    _materialize(directory, key, data, kernel_suffix(data))
+        except Exception as exc:  # the loader meets it again, and says so
+            log.debug("writing kernel files ahead stopped: %s: %s", type(exc).__name__, exc)
+
+    thread = threading.Thread(target=write_all, name="torch_precompile-kernel-files", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 class KernelLoader:

@@ -88,7 +88,7 @@ def _load(path: str, model: Any, mesh: Any, verify_key: bytes | str | None) -> A
             return _load_torch_file(path, f.read(), model)
     # What runs beside the load (a generator's warm-up) ends, and is waited for, here.
     with contextlib.ExitStack() as beside:
-        with OpenedFile.open(path, f, key) as file:
+        with OpenedFile.open(path, f, key) as file, contextlib.ExitStack() as reading:
             with _trace.phase("header"):
                 _system.check_compatible(file.header.system, file.header.device_type, path=path)
                 extensions = [e for kind in EXTENSIONS if (e := kind.for_file(file, model, mesh))]
@@ -96,6 +96,8 @@ def _load(path: str, model: Any, mesh: Any, verify_key: bytes | str | None) -> A
                     log.warning("%s: not a distributed artifact; mesh= is ignored", path)
             for extension in extensions:
                 beside.enter_context(extension.loading())
+            if _compat.shipped_kernels_enabled():  # the kernels' files, written meanwhile
+                reading.enter_context(lean.files_ahead(file.kernels))
             with _trace.phase("weights"):
                 bound = _bind(file, model, extensions)
             with _trace.phase("guards"):

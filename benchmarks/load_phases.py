@@ -31,6 +31,7 @@ Usage (from the repository root)::
     python benchmarks/load_phases.py --preimport transformers.modeling_outputs
     python benchmarks/load_phases.py --stack 8 --runs 3 --baseline ../before  # a GPU
     python benchmarks/load_phases.py --file gen.pt --runs 7 --baseline ../before --collect-first
+    python benchmarks/load_phases.py --runs 7 --baseline ../before --fresh-kernel-dir
 
 Each load also reports the cyclic collections that ran inside it (generation and
 time) and how many objects it leaves to the collector. A process's first full
@@ -49,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import textwrap
@@ -197,12 +199,21 @@ print(json.dumps(out))
 
 
 def _run(source: str, *args: str, package: str = str(REPO)) -> dict[str, Any]:
-    """Run ``source`` in a fresh process importing torch_precompile from ``package``."""
+    """Run ``source`` in a fresh process importing torch_precompile from ``package``
+    (``LP_FRESH_KERNEL_DIR``: with a kernel directory of its own, empty)."""
     env = child_env() | {"PYTHONPATH": package}
+    fresh = None
+    if os.environ.get("LP_FRESH_KERNEL_DIR"):
+        fresh = tempfile.mkdtemp(prefix="lp-kernels-")
+        env["TORCH_PRECOMPILE_KERNEL_DIR"] = fresh
     # ``-c`` puts the cwd first on sys.path: run from elsewhere, so ``package`` is found.
-    stdout = run_child(
-        textwrap.dedent(source), *args, env=env, timeout=1200, cwd=tempfile.gettempdir()
-    )
+    try:
+        stdout = run_child(
+            textwrap.dedent(source), *args, env=env, timeout=1200, cwd=tempfile.gettempdir()
+        )
+    finally:
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
     return last_json(stdout) if stdout.strip() else {}
 
 
@@ -295,6 +306,12 @@ def main() -> None:
         "--stack", type=float, help="build a CUDA artifact of about this many GB of weights"
     )
     parser.add_argument(
+        "--fresh-kernel-dir",
+        action="store_true",
+        help="each load writes its kernels' files into an empty directory of its own, as "
+        "the first load on a machine does (by default the files of the first run stay)",
+    )
+    parser.add_argument(
         "--collect-first",
         action="store_true",
         help="gc.collect() before the load: the process's first full collection (due when "
@@ -306,6 +323,8 @@ def main() -> None:
         os.environ["LP_PREIMPORT"] = args.preimport
     if args.collect_first:
         os.environ["LP_COLLECT_FIRST"] = "1"
+    if args.fresh_kernel_dir:
+        os.environ["LP_FRESH_KERNEL_DIR"] = "1"
     work = ""
     path = args.file
     if args.stack:

@@ -44,6 +44,10 @@ def kernel_key(argtypes: Sequence[str], source_code: str) -> str:
 
 
 KERNEL_DIR_ENV = "TORCH_PRECOMPILE_KERNEL_DIR"
+# A kernel's file is named by its kind: what the loaders pass, what files_ahead writes.
+SHARED_OBJECT, CUBIN = ".so", ".cubin"
+SUFFIXES = (CUBIN, SHARED_OBJECT)
+EM_CUDA = 190  # the ELF machine of a CUDA binary (a Triton cubin)
 _DIGEST_NAME = re.compile(r"[0-9a-f]{24}")
 
 
@@ -108,7 +112,7 @@ def _kernel_length(kernels: Mapping[str, bytes | memoryview], key: str) -> int:
 
 
 def kernel_file(
-    directory: str, key: str, kernels: Mapping[str, bytes | memoryview], suffix: str = ".so"
+    directory: str, key: str, kernels: Mapping[str, bytes | memoryview], suffix: str = SHARED_OBJECT
 ) -> str:
     """The file of kernel ``key`` in ``directory`` (:func:`kernel_dir`), written if absent.
 
@@ -207,7 +211,7 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _IMPORT_LOCK = threading.Lock()
 
 
-def _materialize(directory: str, key: str, data: memoryview, suffix: str = ".so") -> str:
+def _materialize(directory: str, key: str, data: memoryview, suffix: str = SHARED_OBJECT) -> str:
     """Write one shared object unless an identical file is already there.
 
     Threads and processes may materialise the same kernel at once: each writes
@@ -237,16 +241,12 @@ def _materialize(directory: str, key: str, data: memoryview, suffix: str = ".so"
     return path
 
 
-EM_CUDA = 190  # the ELF machine of a CUDA binary (a Triton cubin)
-SUFFIXES = (".cubin", ".so")
-
-
 def kernel_suffix(data: bytes | memoryview) -> str:
     """The file suffix the loaders give kernel ``data``: ``.cubin`` for a CUDA ELF
     binary (its ``e_machine``), ``.so`` for a shared object."""
     head = bytes(memoryview(data)[:20])
     cuda = head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == EM_CUDA
-    return ".cubin" if cuda else ".so"
+    return CUBIN if cuda else SHARED_OBJECT
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .kernels import KernelLoader, kernel_file, kernel_key
+from .kernels import CUBIN, KernelLoader, kernel_file, kernel_key
 
 TRITON_SPEC_VERSION = 1
 BUILTIN_NAMES = frozenset(dir(builtins))
@@ -109,7 +109,7 @@ class KernelAndTritonLoader(KernelLoader):
             # The driver loads modules into the device's primary context: make it exist.
             torch.zeros(1, device=f"cuda:{device}")
             self._devices.add(device)
-        path = kernel_file(self._directory, cubin, self._kernels, suffix=".cubin")
+        path = kernel_file(self._directory, cubin, self._kernels, suffix=CUBIN)
         loaded = torch._C._StaticCudaLauncher._load_kernel(  # type: ignore[attr-defined]
             path, spec["name"], spec["shared"], device
         )

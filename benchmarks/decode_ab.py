@@ -60,7 +60,7 @@ def main() -> None:
         name, _, path = spec.partition("=")
         gens[name] = Precompile.load(path)
     for name in filter(None, a.every_step.split(",")):
-        gens[name].loop = every_step_loop(gens[name])
+        gens[name]._loop = every_step_loop(gens[name])  # what generate steps through
 
     torch.manual_seed(0)
     ids = torch.randint(10, 1000, (1, a.prompt), device=a.device)
@@ -141,7 +141,7 @@ def interleaved_rates(
 
 
 def every_step_loop(g):
-    """``Generator.loop`` as it was before ``LoopCall``: the full path at every step."""
+    """``Generator._loop`` as it was before ``LoopCall``: the full path at every step."""
 
     def loop(fixed):
         fixed = tuple(fixed)

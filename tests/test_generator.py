@@ -14,6 +14,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -466,7 +467,7 @@ def test_the_prefill_alone_runs_outside_cuda_graphs(
 
     loaded = built["llama"]["loaded"]
     calls: list[tuple[bool, int]] = []
-    loop = Generator.loop
+    loop = Generator._loop
 
     def spied(self: Any, fixed: Any) -> Any:
         run = loop(self, fixed)
@@ -477,7 +478,7 @@ def test_the_prefill_alone_runs_outside_cuda_graphs(
 
         return call
 
-    monkeypatch.setattr(Generator, "loop", spied)
+    monkeypatch.setattr(Generator, "_loop", spied)
     ids, mask = _prompts(2, 9, seed=3)
     loaded.generate(ids, mask, max_new_tokens=4, eos_token_id=None)
     assert calls == [(True, 9), (False, 1), (False, 1), (False, 1)]
@@ -666,7 +667,7 @@ def test_a_decode_loop_checks_the_guards_once_a_layout_and_still_sees_torchs_sta
     def every_step(fixed: Any) -> Any:
         return lambda *moving: gen.run_step(*moving, *fixed)
 
-    monkeypatch.setattr(gen, "loop", every_step)
+    monkeypatch.setattr(gen, "_loop", every_step)
     checks.clear()
     every = gen.generate(ids, mask, max_new_tokens=20, eos_token_id=None, **_LOGITS)
     assert len(checks) >= 20
@@ -779,13 +780,64 @@ def _warm_up_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("torch_precompile-warm-up")]
 
 
+def _set_after(event: threading.Event, seconds: float) -> None:
+    time.sleep(seconds)
+    event.set()
+
+
+def test_the_prefill_runs_beside_the_warm_up_and_every_other_step_after_it(
+    built: dict[str, dict[str, Any]],
+) -> None:
+    """A loaded generator's warm-up threads (``beside``) may still run when load
+    returns: ``generate``'s prefill, which records no CUDA graph, goes on beside them;
+    its first decode step, ``run_step``, ``loop`` and the raw step wait for them."""
+    loaded = built["llama"]["loaded"]
+    ids, mask = _prompts(1, 5, seed=9)
+    want = loaded.generate(ids, mask, max_new_tokens=3, eos_token_id=None)
+    prefill_done, warm_done = threading.Event(), threading.Event()
+
+    def warm_up_until_the_prefill_ends() -> None:
+        prefill_done.wait(timeout=20)  # were the prefill to wait for this thread: 20 s
+        time.sleep(0.2)
+        warm_done.set()
+
+    beside = threading.Thread(target=warm_up_until_the_prefill_ends)
+    beside.start()
+    generator = Generator(loaded.step, loaded.spec, beside=[beside])
+    seen: list[bool] = []
+
+    def put(token: torch.Tensor) -> None:
+        seen.append(warm_done.is_set())
+        prefill_done.set()
+
+    got = generator.generate(ids, mask, max_new_tokens=3, eos_token_id=None, streamer=put)
+    assert seen == [False, True, True]  # the prefill beside it, each decode step after
+    assert torch.equal(got, want)
+
+    for call in ("run_step", "loop", "__call__"):
+        done = threading.Event()
+        beside = threading.Thread(target=_set_after, args=(done, 0.2))
+        beside.start()
+        generator = Generator(loaded.step, loaded.spec, beside=[beside])
+        cache = [t[:1] for t in generator.cache()]
+        if call == "loop":
+            generator.loop(cache)
+        else:
+            full = torch.zeros((1, loaded.spec.max_length), dtype=torch.long)
+            full[:, :5] = 1
+            start = torch.zeros((), dtype=torch.long)
+            with torch.no_grad():
+                getattr(generator, call)(ids, full, torch.arange(5)[None], start, *cache)
+        assert done.is_set(), call
+
+
 def test_the_warm_up_beside_a_load_changes_no_result_and_a_failure_only_logs(
     built: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The device's lazy set-up (runtime/warm.py) runs by default on CUDA only (not
     on the CPU); here it is allowed on the CPU: it runs the libraries and the decode
-    loop, greedy and sampled, on its stand-in (two threads), load waits for them,
-    and the loaded generator's logits are the first load's. A warm-up that fails
+    loop, greedy and sampled, on its stand-in (two threads), the loaded generator
+    waits for them, and its logits are the first load's. A warm-up that fails
     logs why and the load goes on; a failed load waits for it too;
     TORCH_PRECOMPILE_WARM_UP=0 turns it off."""
     from torch_precompile import file as container
@@ -808,6 +860,7 @@ def test_the_warm_up_beside_a_load_changes_no_result_and_a_failure_only_logs(
         assert seen == []  # a CPU generator is not warmed
         monkeypatch.setattr(warm, "WARMED", ("cpu",))
         loaded = Precompile.load(case["path"])  # on by default where warmed
+        loaded.settle()
         assert _warm_up_threads() == []
         assert sorted(m.split(": ")[0] for m in seen) == [
             "generator warm-up (libraries) on cpu",
@@ -826,6 +879,7 @@ def test_the_warm_up_beside_a_load_changes_no_result_and_a_failure_only_logs(
         monkeypatch.setattr(warm, "_libraries", fails)
         seen.clear()
         again = Precompile.load(case["path"])
+        again.settle()
         stopped = "generator warm-up (libraries) on cpu stopped: RuntimeError: CUDA error: out"
         assert len(seen) == 2 and f"{stopped} of memory" in seen, seen
         assert torch.equal(

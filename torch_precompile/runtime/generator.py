@@ -61,15 +61,28 @@ class Generator:
     ``generate`` from its first step to its last (threads sharing a generator
     each get their own result, one after another). Whoever drives the cache
     another way (a scheduler stepping ``step`` itself) holds ``lock`` too.
+
+    ``beside``: threads still setting the device up when the generator is made (a
+    load's warm-up, ``warm.py``). A step that may record a CUDA graph waits for them
+    (a capture fails if another thread synchronises or allocates meanwhile): every
+    step but ``generate``'s prefill, which records none.
     """
 
-    def __init__(self, step: Any, spec: GeneratorSpec, tokenizer_json: bytes | None = None) -> None:
+    def __init__(
+        self,
+        step: Any,
+        spec: GeneratorSpec,
+        tokenizer_json: bytes | None = None,
+        *,
+        beside: Sequence[threading.Thread] = (),
+    ) -> None:
         self.step = step
         self.spec = spec
         self.tokenizer_json = tokenizer_json
         self.lock = threading.Lock()
         self._cache: list[torch.Tensor] | None = None
         self._runtime = getattr(step, "runtime", None)
+        self._beside = tuple(beside)
 
     def __repr__(self) -> str:
         s = self.spec
@@ -80,7 +93,15 @@ class Generator:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The raw step (see the class docstring)."""
+        self.settle()
         return self.step(*args, **kwargs)
+
+    def settle(self) -> None:
+        """Wait for the work started beside the generator's load (``beside``) to end."""
+        if self._beside:
+            for thread in self._beside:
+                thread.join()
+            self._beside = ()  # after every join: a caller that sees () may go on
 
     def run_step(self, *args: Any) -> Any:
         """The step on inputs made by this package (the decode loop's, the server's).
@@ -88,6 +109,7 @@ class Generator:
         Their strides are already contiguous ones, so the artifact's own call, which
         makes them so (a Python pass over every cache tensor, each token), is skipped.
         """
+        self.settle()
         if self._runtime is None:
             return self.step(*args)
         return self._runtime(args, {})
@@ -98,6 +120,10 @@ class Generator:
         artifact's guards are checked at the loop's first call of each input layout,
         not at every step (:class:`~torch_precompile.runtime.loop.LoopCall`), so
         one loop's steps must not change the model in between."""
+        self.settle()
+        return self._loop(fixed)
+
+    def _loop(self, fixed: Sequence[torch.Tensor]) -> Callable[..., Any]:
         if self._runtime is None:
             fixed = tuple(fixed)
             return lambda *moving: self.step(*moving, *fixed)
@@ -287,9 +313,11 @@ class Generator:
         start = torch.zeros((), dtype=torch.long, device=device)
         step_ids, step_pos = ids, positions
         steps = max_new_tokens
-        run = self.loop(cache)
+        run = self._loop(cache)
         penalties = None
         for i in range(max_new_tokens):
+            if i == 1:  # the prefill ran beside a load's warm-up; a decode step may record
+                self.settle()
             # The prefill runs without CUDA graphs: one a prompt length would pile up.
             with not_recorded() if i == 0 else _RECORDED:
                 logits = run(step_ids, full, step_pos, start)[:, -1, :].float()

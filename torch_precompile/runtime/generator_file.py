@@ -3,14 +3,16 @@
 :class:`GeneratorFile` is the file extension (``file/extension.py``) that saves a
 :class:`~.generator.Generator` as its step's artifact plus two sections (its
 spec, and its tokenizer when built with one), and that loads it back: the
-record is read and checked with the header, the device's lazy set-up runs
-beside the load of the step (``warm.py``), and load returns the generator.
+record is read and checked with the header, the device's lazy set-up starts
+beside the load of the step (``warm.py``), and load returns the generator, which
+waits for that set-up before a step that may record a CUDA graph.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +33,7 @@ class GeneratorFile(FileExtension):
 
     def __init__(self, path: str, spec: GeneratorSpec, tokenizer: bytes | None) -> None:
         self.path, self.spec, self.tokenizer = path, spec, tokenizer
+        self._beside: list[threading.Thread] = []
 
     @classmethod
     def parts_to_save(cls, obj: Any) -> tuple[Any, dict[str, bytes]] | None:
@@ -60,14 +63,16 @@ class GeneratorFile(FileExtension):
 
     @contextlib.contextmanager
     def loading(self) -> Iterator[None]:
-        """The device's lazy set-up (``warm.py``) beside the step's load, waited for."""
-        threads = beside_load(self.spec)
+        """The device's lazy set-up (``warm.py``) beside the step's load. A load that
+        succeeds hands it on to the generator (:meth:`loaded`), a failed one waits for it."""
+        self._beside = beside_load(self.spec)
         try:
             yield
-        finally:
+        except BaseException:
             with _trace.phase("warm-up wait"):
-                for thread in threads:
+                for thread in self._beside:
                     thread.join()
+            raise
 
     def loaded(self, artifact: Any) -> Generator:
-        return Generator(artifact, self.spec, self.tokenizer)
+        return Generator(artifact, self.spec, self.tokenizer, beside=self._beside)

@@ -371,8 +371,7 @@ def test_past_the_limits_a_typed_error_before_any_kernel(
 ) -> None:
     gen: Generator = built["gpt2"]["loaded"]
     calls: list[int] = []
-    step = gen.step
-    gen.step = lambda *a, **k: calls.append(1)  # type: ignore[method-assign]
+    gen._loop = lambda *a, **k: calls.append(1)  # type: ignore[method-assign]  # the steps' entry
     try:
         with pytest.raises(GenerationLimitError, match=r"max_batch=4.*split the batch"):
             gen.generate(torch.ones((MAX_BATCH + 1, 3), dtype=torch.long), max_new_tokens=2)
@@ -385,7 +384,7 @@ def test_past_the_limits_a_typed_error_before_any_kernel(
         with pytest.raises(ValueError, match="pad on the left"):
             gen.generate(torch.ones((2, 3), dtype=torch.long), torch.tensor([[1, 1, 1], [1, 1, 0]]))
     finally:
-        gen.step = step  # type: ignore[method-assign]
+        del gen._loop
     assert calls == []
 
 
@@ -592,8 +591,7 @@ def test_float_ids_and_an_empty_row_are_refused_before_any_kernel(
 ) -> None:
     gen: Generator = built["llama"]["loaded"]
     calls: list[int] = []
-    step = gen.step
-    gen.step = lambda *a, **k: calls.append(1)  # type: ignore[method-assign]
+    gen._loop = lambda *a, **k: calls.append(1)  # type: ignore[method-assign]  # the steps' entry
     try:
         with pytest.raises(TypeError, match=r"dtype torch.float32.*integers"):
             gen.generate(torch.tensor([[157.7, 3.0]]), max_new_tokens=2)
@@ -601,7 +599,7 @@ def test_float_ids_and_an_empty_row_are_refused_before_any_kernel(
         with pytest.raises(ValueError, match=r"all zeros in row\(s\) \[1\]"):
             gen.generate(ids, torch.tensor([[1, 1, 1], [0, 0, 0]]), max_new_tokens=2)
     finally:
-        gen.step = step  # type: ignore[method-assign]
+        del gen._loop
     assert calls == []
 
 
@@ -790,7 +788,7 @@ def test_the_prefill_runs_beside_the_warm_up_and_every_other_step_after_it(
 ) -> None:
     """A loaded generator's warm-up threads (``beside``) may still run when load
     returns: ``generate``'s prefill, which records no CUDA graph, goes on beside them;
-    its first decode step, ``run_step``, ``loop`` and the raw step wait for them."""
+    its first decode step, ``run_step``, ``loop``, the raw step and ``step`` wait for them."""
     loaded = built["llama"]["loaded"]
     ids, mask = _prompts(1, 5, seed=9)
     want = loaded.generate(ids, mask, max_new_tokens=3, eos_token_id=None)
@@ -814,7 +812,7 @@ def test_the_prefill_runs_beside_the_warm_up_and_every_other_step_after_it(
     assert seen == [False, True, True]  # the prefill beside it, each decode step after
     assert torch.equal(got, want)
 
-    for call in ("run_step", "loop", "__call__"):
+    for call in ("run_step", "loop", "__call__", "step"):
         done = threading.Event()
         beside = threading.Thread(target=_set_after, args=(done, 0.2))
         beside.start()
@@ -822,6 +820,8 @@ def test_the_prefill_runs_beside_the_warm_up_and_every_other_step_after_it(
         cache = [t[:1] for t in generator.cache()]
         if call == "loop":
             generator.loop(cache)
+        elif call == "step":
+            assert generator.step is loaded.step
         else:
             full = torch.zeros((1, loaded.spec.max_length), dtype=torch.long)
             full[:, :5] = 1

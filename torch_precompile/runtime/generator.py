@@ -65,7 +65,7 @@ class Generator:
     ``beside``: threads still setting the device up when the generator is made (a
     load's warm-up, ``warm.py``). A step that may record a CUDA graph waits for them
     (a capture fails if another thread synchronises or allocates meanwhile): every
-    step but ``generate``'s prefill, which records none.
+    step but ``generate``'s prefill, which records none; reading ``step`` waits too.
     """
 
     def __init__(
@@ -76,7 +76,7 @@ class Generator:
         *,
         beside: Sequence[threading.Thread] = (),
     ) -> None:
-        self.step = step
+        self._step = step
         self.spec = spec
         self.tokenizer_json = tokenizer_json
         self.lock = threading.Lock()
@@ -93,8 +93,13 @@ class Generator:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The raw step (see the class docstring)."""
-        self.settle()
         return self.step(*args, **kwargs)
+
+    @property
+    def step(self) -> Any:
+        """The raw step, the artifact (see the class docstring), once :meth:`settle` returns."""
+        self.settle()
+        return self._step
 
     def settle(self) -> None:
         """Wait for the work started beside the generator's load (``beside``) to end."""
@@ -111,7 +116,7 @@ class Generator:
         """
         self.settle()
         if self._runtime is None:
-            return self.step(*args)
+            return self._step(*args)
         return self._runtime(args, {})
 
     def loop(self, fixed: Sequence[torch.Tensor]) -> Callable[..., Any]:
@@ -126,7 +131,7 @@ class Generator:
     def _loop(self, fixed: Sequence[torch.Tensor]) -> Callable[..., Any]:
         if self._runtime is None:
             fixed = tuple(fixed)
-            return lambda *moving: self.step(*moving, *fixed)
+            return lambda *moving: self._step(*moving, *fixed)
         return LoopCall(self._runtime, fixed)
 
     def cache(self) -> list[torch.Tensor]:

@@ -233,3 +233,18 @@ def test_copy_checked_keeps_its_source_alive_while_it_copies() -> None:
         gc.collect()
         assert check.matches()
         assert bytes(out.numpy()) == data[lo:hi]
+
+
+def test_the_copying_threads_leave_two_cores_to_a_gpu_load_and_take_every_core_on_the_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The weights' copying and hashing threads: on the CPU one per core (at most 16);
+    for a GPU two cores fewer on a host of more than four (the load's own thread and the
+    warm-up run beside them), never fewer than one, never more than the leaves."""
+    from torch_precompile.lean.standin import h2d
+
+    rows = [(1, 1, 1), (2, 2, 2), (4, 4, 4), (5, 5, 3), (16, 16, 14), (32, 16, 16)]
+    for n, on_cpu, on_gpu in rows:
+        monkeypatch.setattr(h2d, "cores", lambda n=n: n)
+        assert (h2d._workers(False, 1000), h2d._workers(True, 1000)) == (on_cpu, on_gpu), n
+        assert h2d._workers(True, 3) == min(3, on_gpu)

@@ -56,7 +56,20 @@ def copy_to_device(source: torch.Tensor, device: str | torch.device) -> torch.Te
 
 
 PIECE = 4 << 20  # bytes staged and hashed at a time: within a core's share of the cache
-SLOTS = 3  # pinned pieces per worker: one filling, the others in flight
+SLOTS = 2  # pinned pieces per worker: one filling while the other is in flight
+# Cores a GPU load leaves to its own thread and to the device's work beside it (the
+# warm-up, the driver): on a 16-core H200 host 14 workers loaded a 3B-shaped file 5-8%
+# sooner than 16, with the warm-up and without (docs/generation.md).
+LEFT = 2
+
+
+def _workers(gpu: bool, leaves: int) -> int:
+    """The copying and hashing threads: every core on the CPU, on a GPU all but
+    :data:`LEFT` (on hosts of more than twice that), at most 16."""
+    n = cores()
+    if gpu and n > 2 * LEFT:
+        n -= LEFT
+    return max(1, min(n, 16, leaves))
 
 
 def _bytes_at(address: int, n: int) -> memoryview:
@@ -78,8 +91,8 @@ def copy_checked(
     lo, hi = span
     n, chunk = section.numel(), check.chunk
     out = torch.empty(hi - lo, dtype=torch.uint8, device=target)
-    workers = min(cores(), 16, check.leaves)
     gpu = target.type == "cuda"
+    workers = _workers(gpu, check.leaves)
     pinned = torch.empty(workers * SLOTS * PIECE if gpu else 0, dtype=torch.uint8, pin_memory=gpu)
     states: list[_Worker] = []  # one per pool thread (GPU copies only)
     local = threading.local()

@@ -138,6 +138,7 @@ if case == "ours":
     from torch_precompile import Precompile
     t1 = time.perf_counter()
     out["import_package_s"] = t1 - t_torch
+    out["package_file"] = torch_precompile.__file__
     if os.environ.get("LP_PREIMPORT"):  # the model's library, imported before the load
         import importlib
         for name in os.environ["LP_PREIMPORT"].split(","):
@@ -214,7 +215,11 @@ def _run(source: str, *args: str, package: str = str(REPO)) -> dict[str, Any]:
     finally:
         if fresh is not None:
             shutil.rmtree(fresh, ignore_errors=True)
-    return last_json(stdout) if stdout.strip() else {}
+    out = last_json(stdout) if stdout.strip() else {}
+    imported = out.get("package_file")
+    if imported and not Path(imported).resolve().is_relative_to(Path(package).resolve()):
+        raise SystemExit(f"the child imported torch_precompile from {imported}, not from {package}")
+    return out
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -318,6 +323,10 @@ def main() -> None:
         "the counts since import say, not when the load does) then falls in neither side",
     )
     args = parser.parse_args()
+    if args.baseline:  # the children run elsewhere: an absolute path, holding the package
+        args.baseline = os.path.abspath(args.baseline)
+        if not os.path.isdir(os.path.join(args.baseline, "torch_precompile")):
+            parser.error(f"--baseline {args.baseline} holds no torch_precompile package")
     config = json.dumps(CONFIG)
     if args.preimport:
         os.environ["LP_PREIMPORT"] = args.preimport

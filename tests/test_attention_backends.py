@@ -70,12 +70,12 @@ def test_builds_trace_each_prefill_inside_it_and_decode_steps_as_torch_picks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """compile_generator and compile_for_generation capture every prefill inside
-    ``without_cudnn`` for the model's device (a CPU model here, given CUDA's flags),
-    and every decode step outside it."""
+    ``without_cudnn`` for the model's device (through ``tracing_attention``; a CPU model
+    here, given CUDA's flags), and every decode step outside it."""
     transformers = pytest.importorskip("transformers")
     from torch_precompile import _compat
-    from torch_precompile.generation import compile as generator_compile
-    from torch_precompile.generation import compile_for_generation, compile_generator, hf
+    from torch_precompile.generation import compile_for_generation, compile_generator
+    from torch_precompile.runtime import attention_backends
 
     devices: list[str] = []
     captured: list[tuple[bool, bool]] = []  # (a prefill, cuDNN enabled)
@@ -90,8 +90,7 @@ def test_builds_trace_each_prefill_inside_it_and_decode_steps_as_torch_picks(
         captured.append((_prefill(args, kwargs), torch.backends.cuda.cudnn_sdp_enabled()))
         return capture(model, args, kwargs, *rest)
 
-    monkeypatch.setattr(generator_compile, "without_cudnn", as_on_cuda)
-    monkeypatch.setattr(hf, "without_cudnn", as_on_cuda)
+    monkeypatch.setattr(attention_backends, "without_cudnn", as_on_cuda)
     monkeypatch.setattr(_compat, "fullgraph_capture", recorded)
     from test_generator import SMALL
 

@@ -23,7 +23,7 @@ from .. import _compat
 from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
 from .._errors import CaptureError
-from ..runtime.attention_backends import without_cudnn
+from ..runtime.attention_backends import tracing_attention
 from ..runtime.generator import Generator
 from ..runtime.generator_spec import (
     LENGTH_KEYS,
@@ -330,9 +330,7 @@ def compile_generator(
             b, s = args[0].shape
             prefill = s > 1
             log.info("generator: compiling the step at batch %d, length %d", b, s)
-            # A prefill meets every prompt length: no attention plan per length
-            # (attention_backends.py). A decode step's attention is as torch picks.
-            with without_cudnn(device) if prefill else contextlib.nullcontext():
+            with tracing_attention(device, prefill):
                 variants.append(
                     _compile_step(
                         step, args, mode, options, tables[prefill], fused > 0, grouped, verbose

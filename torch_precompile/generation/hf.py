@@ -41,7 +41,7 @@ import torch
 from .._api import Precompile, PrecompiledArtifact
 from .._errors import CaptureError, GuardError
 from ..lean.cudagraphs import not_recorded
-from ..runtime.attention_backends import without_cudnn
+from ..runtime.attention_backends import tracing_attention
 from ..stages.snapshot import Snapshot, swapped_forward
 
 log = logging.getLogger("torch_precompile")
@@ -142,9 +142,7 @@ def compile_for_generation(
     with torch.no_grad():
         for program, batch, prompt_len, kwargs in examples:
             log.info("generation: compiling %s (batch %d, prompt %d)", program, batch, prompt_len)
-            # A prefill meets every prompt length: no attention plan per length.
-            prefill = program.startswith("prefill")
-            with without_cudnn(device) if prefill else contextlib.nullcontext():
+            with tracing_attention(device, prefill=program.startswith("prefill")):
                 variants.append(
                     Precompile.compile(
                         model, (), kwargs, dynamic=True, size_one=False, mode=mode, verbose=verbose

@@ -37,3 +37,11 @@ def without_cudnn(device: torch.device | str) -> contextlib.AbstractContextManag
         if on
     ]
     return sdpa_kernel(enabled) if enabled else contextlib.nullcontext()
+
+
+def tracing_attention(
+    device: torch.device | str, prefill: bool
+) -> contextlib.AbstractContextManager[Any]:
+    """The backends a step is traced with: a prefill's without cuDNN's (it meets every
+    prompt length), a decode step's as torch picks (one fixed cache length)."""
+    return without_cudnn(device) if prefill else contextlib.nullcontext()

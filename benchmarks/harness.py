@@ -28,15 +28,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def child_env(cache: str | os.PathLike[str] | None = None, **extra: str) -> dict[str, str]:
-    """This process's environment with the repository first on the path.
+    """This process's environment with the repository first on the path, and Python's
+    bytecode caches allowed (``PYTHONDONTWRITEBYTECODE`` dropped), as a pip install
+    leaves them: they are not compiler caches.
 
     With ``cache``: every compiler cache and temporary directory under it
     (``inductor/``, ``triton/``, ``tmp/``, ``xdg/``), and no inherited
-    ``TORCHINDUCTOR_*`` or ``TRITON_*`` setting. Python's bytecode caches stay
-    allowed, as a pip install leaves them: they are not compiler caches.
+    ``TORCHINDUCTOR_*`` or ``TRITON_*`` setting.
     """
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path)
+    # Set on this machine and the lent GPU ones: each child compiled this package's
+    # source again (here 0.23 s of "import torch_precompile", against 0.06 s).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if cache is not None:
         env = {k: v for k, v in env.items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
         root = Path(cache)
@@ -48,7 +52,6 @@ def child_env(cache: str | os.PathLike[str] | None = None, **extra: str) -> dict
             TMPDIR=str(root / "tmp"),
             XDG_CACHE_HOME=str(root / "xdg"),
         )
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update(extra)
     return env
 

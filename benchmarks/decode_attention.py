@@ -1,4 +1,4 @@
-"""Decode attention of a Qwen2.5-0.5B layer, five ways, each in one CUDA graph.
+"""Decode attention of a Qwen2.5-0.5B layer, six ways, each in one CUDA graph.
 
 One query token a row, 14 query heads sharing 2 key/value heads (head_dim 64)
 over a static cache of 352 positions with a boolean mask, bf16; 24 layers
@@ -16,6 +16,8 @@ from float32 attention:
 - ``manual``: the same as sums Inductor can fuse (no matmul);
 - ``manual_mm``: the same with two matmuls and a float32 softmax, what
   ``decode_attention.py`` writes into the graph;
+- ``flex``: ``flex_attention`` with ``enable_gqa=True`` and the mask as a
+  ``score_mod`` (compiled only: Inductor's decoding template, one query position);
 
 eager (with each SDPA backend forced where it applies) and under
 ``torch.compile`` with ``coordinate_descent_tuning`` as the generator builds.
@@ -23,6 +25,7 @@ eager (with each SDPA backend forced where it applies) and under
 Usage (a CUDA machine)::
 
     python benchmarks/decode_attention.py --batch 1
+    python benchmarks/decode_attention.py --batch 1 --only manual_mm,flex  # compiled ways
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import flex_attention
 from torch.profiler import ProfilerActivity, profile
 
 LENGTH, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 352, 14, 2, 64, 24
@@ -45,6 +49,7 @@ GROUP = HEADS // KV_HEADS
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--only", default="", help="the compiled ways to measure (no eager), by name")
     a = p.parse_args()
     faulthandler.dump_traceback_later(225)
     torch.manual_seed(0)
@@ -94,6 +99,12 @@ def main() -> None:
         s = (grouped @ k.transpose(-1, -2)).float() / math.sqrt(HEAD_DIM)
         weights = torch.softmax(s.masked_fill(~m, float("-inf")), -1).to(q.dtype)
         return (weights @ v).reshape(b, HEADS, 1, HEAD_DIM)
+
+    def flex(q, k, v, m):
+        def masked(score, row, head, q_idx, kv_idx):
+            return torch.where(m[row, 0, 0, kv_idx], score, -float("inf"))
+
+        return flex_attention(q, k, v, score_mod=masked, enable_gqa=True)
 
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
         exact = chain(current)(
@@ -148,18 +159,23 @@ def main() -> None:
         SDPBackend.FLASH_ATTENTION,
         SDPBackend.MATH,
     )
-    for name, one in (("current", current), ("gqa", gqa), ("packed", packed)):
-        measure(f"{name} eager", chain(one), None)
-        for backend in backends:
-            measure(f"{name} {backend.name}", chain(one), backend)
-    measure("manual_mm eager", chain(manual_mm), None)
+    only = [w for w in a.only.split(",") if w]
+    if not only:
+        for name, one in (("current", current), ("gqa", gqa), ("packed", packed)):
+            measure(f"{name} eager", chain(one), None)
+            for backend in backends:
+                measure(f"{name} {backend.name}", chain(one), backend)
+        measure("manual_mm eager", chain(manual_mm), None)
     options = {"coordinate_descent_tuning": True}
     for name, one in (
         ("current", current),
         ("packed", packed),
         ("manual", manual),
         ("manual_mm", manual_mm),
+        ("flex", flex),
     ):
+        if only and name not in only:
+            continue
         torch.compiler.reset()
         measure(
             f"{name} compiled", torch.compile(chain(one), options=options, fullgraph=True), None

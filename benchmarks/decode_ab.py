@@ -21,6 +21,7 @@ Usage (a CUDA machine, files built with the same ``max_length``)::
 
     python benchmarks/decode_ab.py fused=/tmp/a/generator.pt plain=/tmp/b/generator.pt \\
         --prompt 96 --new-tokens 256 --rounds 8 --kernels --out decode_ab.json
+    python benchmarks/decode_ab.py fused=... plain=... --batch 8  # rows of the same length
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main() -> None:
     p.add_argument("files", nargs="+", help="NAME=PATH of each generator file")
     p.add_argument("--prompt", type=int, default=96)
     p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--batch", type=int, default=1, help="rows a generate (tokens/s counts all)")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--device", default="cuda", help="where the files' generators run")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (CPU files)")
@@ -63,13 +65,15 @@ def main() -> None:
         gens[name]._loop = every_step_loop(gens[name])  # what generate steps through
 
     torch.manual_seed(0)
-    ids = torch.randint(10, 1000, (1, a.prompt), device=a.device)
+    ids = torch.randint(10, 1000, (a.batch, a.prompt), device=a.device)
     mask = torch.ones_like(ids)
 
     def run(g, n: int) -> None:
         g.generate(ids, mask, max_new_tokens=n, do_sample=False)
 
-    rates = interleaved_rates(gens, run, rounds=a.rounds, new=a.new_tokens, device=a.device)
+    rates = interleaved_rates(
+        gens, run, rounds=a.rounds, new=a.new_tokens, device=a.device, rows=a.batch
+    )
     results: dict = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
@@ -77,6 +81,7 @@ def main() -> None:
         "files": a.files,
         "every_step": a.every_step,
         "prompt": a.prompt,
+        "batch": a.batch,
         "new_tokens": a.new_tokens,
         "rounds": a.rounds,
         "decode_tokens_per_s": {n: statistics.median(v) for n, v in rates.items()},

@@ -26,7 +26,11 @@ transformers = pytest.importorskip("transformers")
 from conftest import run_script  # noqa: E402
 
 from tests.fixtures.bpe import byte_level_bpe  # noqa: E402
-from tests.fixtures.hf_models import assert_same_logits, generator_families  # noqa: E402
+from tests.fixtures.hf_models import (  # noqa: E402
+    assert_same_logits,
+    assert_step_close,
+    generator_families,
+)
 from torch_precompile import Precompile  # noqa: E402
 from torch_precompile._errors import (  # noqa: E402
     ArtifactCorruptedError,
@@ -125,7 +129,7 @@ def _same_as_transformers(case: dict[str, Any], ids: Any, mask: Any, new: int, *
     got = case["loaded"].generate(ids, mask, max_new_tokens=new, **kw, **_LOGITS)
     assert_same_logits(want, got, str(kw))
     for step, (w, g) in enumerate(zip(want.scores, got.scores)):
-        assert torch.allclose(w, g, atol=1e-4), (step, (w - g).abs().max())
+        assert_step_close(w, g, f"{kw} step {step} scores")
     return want
 
 

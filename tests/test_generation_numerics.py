@@ -20,6 +20,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from tests.fixtures.hf_models import assert_step_close  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
 from torch_precompile.generation.numerics import (  # noqa: E402
@@ -124,3 +125,32 @@ def test_a_near_tie_passes_and_names_where() -> None:
     assert found == Divergence(1, 6, 9, True, True) and found.close
     with pytest.raises(AssertionError, match=r"bf16 chose 9 \(not in reference's top-k"):
         check_logprobs_close([5, 6], [[5], [6, 1]], [5, 9], [[5], [9, 6]], name_1="bf16")
+
+
+def test_step_close_bounds_rounding_at_the_rows_scale_and_refuses_real_differences() -> None:
+    """The fp32 comparison of a generation step (``assert_step_close``): rounding at the
+    row's scale passes (1.5e-4 at a small logit of a row whose largest is 19, as a CPU with
+    AVX-512 gave); a logit scale of 1.001 or 1/16, swapped rows, one logit off by 1e-3
+    and a processor's ``-inf`` at another place are refused."""
+    torch.manual_seed(0)
+    e = torch.randn(3, 1000) * 6
+    e[0, 0], e[0, 1] = 19.0, 4.5
+    rounded = e.clone()
+    rounded[0, 1] += 1.5e-4
+    assert_step_close(e, rounded, "rounding")
+    one_off = e.clone()
+    one_off[1, 5] += 1e-3
+    masked = e.clone()
+    masked[2, 3] = -float("inf")
+    masked_elsewhere = masked.clone()
+    masked_elsewhere[2, 3], masked_elsewhere[2, 4] = e[2, 3], -float("inf")
+    assert_step_close(masked, masked.clone(), "the same -inf")
+    for label, eager, ours in [
+        ("scale 1.001", e, e * 1.001),
+        ("scale 1/16", e, e / 16),
+        ("rows swapped", e, e[[1, 0, 2]]),
+        ("one logit", e, one_off),
+        ("-inf elsewhere", masked, masked_elsewhere),
+    ]:
+        with pytest.raises(AssertionError, match=label):
+            assert_step_close(eager, ours, label)

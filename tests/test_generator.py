@@ -230,7 +230,7 @@ def test_sampled_scores_are_transformers_warped_logits(built: dict[str, dict[str
             **warp,
             **_LOGITS,
         )
-    assert torch.allclose(hf.scores[0], got.scores[0], atol=1e-4)
+    assert_step_close(hf.scores[0], got.scores[0], "first step scores")
     _same_as_transformers(case, ids, mask, 10, eos_token_id=None, repetition_penalty=1.3)
 
 
@@ -266,7 +266,7 @@ def test_the_models_generation_config_is_the_default(
         got = gen.generate(ids, mask, max_new_tokens=1, seed=1, **_LOGITS)
         with torch.no_grad():
             hf = model.generate(ids, attention_mask=mask, max_new_tokens=1, **_LOGITS)
-        assert torch.allclose(hf.scores[0], got.scores[0], atol=1e-4)
+        assert_step_close(hf.scores[0], got.scores[0], "first step scores")
         assert ((~torch.isinf(got.scores[0])).sum(-1) <= 10).all()
         # Asked for greedy: the model's repetition penalty stays, as transformers'.
         _same_as_transformers({**case, "loaded": gen}, ids, mask, 8, do_sample=False)
@@ -277,7 +277,7 @@ def test_the_models_generation_config_is_the_default(
     assert ((~torch.isinf(got.scores[0])).sum(-1) == 50).all()
     with torch.no_grad():
         hf = model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=True, **_LOGITS)
-    assert torch.allclose(hf.scores[0], got.scores[0], atol=1e-4)
+    assert_step_close(hf.scores[0], got.scores[0], "first step scores")
     # What the generator does not apply is named at build; what changes nothing is not.
     records = _Records()
     logging.getLogger("torch_precompile").addHandler(records)

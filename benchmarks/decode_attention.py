@@ -17,7 +17,7 @@ from float32 attention:
 - ``manual_mm``: the same with two matmuls and a float32 softmax, what
   ``decode_attention.py`` writes into the graph;
 - ``flex``: ``flex_attention`` with ``enable_gqa=True`` and the mask as a
-  ``score_mod`` (compiled only: Inductor's decoding template, one query position);
+  ``score_mod``, no block mask (compiled only);
 
 eager (with each SDPA backend forced where it applies) and under
 ``torch.compile`` with ``coordinate_descent_tuning`` as the generator builds.

@@ -29,10 +29,11 @@ Usage (from the repository root)::
     python benchmarks/coldstart.py                 # both models, all cases, 3 runs
     python benchmarks/coldstart.py --models tiny_mlp --cases eager ours --runs 1
     python benchmarks/coldstart.py --cases eager ours aot_compile precompile --runs 2 \
-        --out benchmarks/results/coldstart_cpu_torch2.14.json --readme
+        --out benchmarks/results/coldstart_cpu_torch2.14.json --log
 
 It prints markdown tables and writes ``benchmarks/results/coldstart_cpu.json``
-(rewritten after each case); ``--readme`` also puts the tables into docs/benchmarks.md and
+(rewritten after each case); ``--log`` (or ``--readme``) also adds the tables to
+docs/measurements.md as a new entry at the top, and
 ``--from-json FILE`` renders an earlier run without running anything.
 Only one process runs at a time; timings on a machine shared with other work
 are noisy.
@@ -372,20 +373,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per child process")
     parser.add_argument(
+        "--log",
         "--readme",
+        dest="log",
         action="store_true",
-        help="also write the tables into docs/benchmarks.md (between markers)",
+        help="also add the tables to docs/measurements.md, as a new entry at the top",
     )
     parser.add_argument(
-        "--from-json", metavar="JSON", help="only print (and --readme) the tables of an earlier run"
+        "--from-json", metavar="JSON", help="only print (and --log) the tables of an earlier run"
     )
     ns = parser.parse_args(argv)
     if ns.from_json:
         report = json.loads(Path(ns.from_json).read_text())
         text = render(report)
         print(text)
-        if ns.readme:
-            update_readme(text, report["machine"]["torch"])
+        if ns.log:
+            add_to_log(text, report)
         return 0
     cases = ["eager", *[c for c in ns.cases if c != "eager"]]  # ratios need eager
 
@@ -408,8 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     report = json.loads(Path(ns.out).read_text())
     text = render(report)
     print(text)
-    if ns.readme:
-        update_readme(text, report["machine"]["torch"])
+    if ns.log:
+        add_to_log(text, report)
     print(f"wrote {ns.out}")
     return 0
 
@@ -431,18 +434,26 @@ def render(report: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def update_readme(text: str, torch_version: str) -> None:
-    """Put ``text`` into docs/benchmarks.md between the markers of this torch's minor version."""
-    minor = ".".join(torch_version.split(".")[:2])
-    readme = REPO / "docs" / "benchmarks.md"
-    start = f"<!-- coldstart-table torch-{minor} -->"
-    end = f"<!-- /coldstart-table torch-{minor} -->"
-    content = readme.read_text()
-    if start not in content or end not in content:
-        raise SystemExit(f"docs/benchmarks.md has no {start} ... {end} block")
-    head, rest = content.split(start, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}\n{text}\n{end}{tail}")
+def add_to_log(text: str, report: dict[str, Any]) -> None:
+    """Put ``text`` into docs/measurements.md as a new entry, above the newest one."""
+    log = REPO / "docs" / "measurements.md"
+    day = report["created"][:10]
+    host = report["machine"]
+    command = " ".join(["python benchmarks/coldstart.py", *sys.argv[1:]])
+    cpus = host.get("cpus", host.get("cpu_count", "?"))
+    entry = (
+        f"### Cold start on the CPU, torch {host['torch']} ({day})\n\n"
+        f"*`{command}`; {cpus} CPUs, torch {host['torch']}.*\n\n{text}\n\n"
+    )
+    content = log.read_text()
+    head, dated, rest = content.partition("\n## ")
+    if not dated:
+        raise SystemExit("docs/measurements.md has no dated section (## YYYY-MM-DD)")
+    if rest.startswith(day):  # today's section: the entry goes first in it
+        heading, _, body = rest.partition("\n\n")
+        log.write_text(f"{head}\n## {heading}\n\n{entry}{body}")
+    else:
+        log.write_text(f"{head}\n## {day}\n\n{entry}## {rest}")
 
 
 def _write_report(out: str, runs: int, overhead: dict[str, float], results: dict[str, Any]) -> None:

@@ -251,7 +251,7 @@ def compile_generator(
     ``gate/up_proj`` are one matmul each (``views.py``): three fewer kernels a
     layer, the same function (bf16 sums in another order). The build then holds
     those weights twice. Not the default: on an H200 it decoded the Qwen2.5-0.5B
-    shape 8% slower, though its kernels were busy 10% less (docs/generation.md).
+    shape 8% slower, though its kernels were busy 10% less (docs/measurements.md).
     """
     if max_batch < 1 or max_length < 2:
         raise ValueError(

@@ -4,7 +4,7 @@ A prefill's matmul over an inner dimension of one (the rotary embedding's
 ``inv_freq @ positions``, in float32) is the broadcast product it is
 (:func:`outer_product`), on a GPU always: left to cuBLAS, its first call in a
 process took 51-69 ms of a Llama-3.2-3B shape's first prefill on an H200
-(torch.profiler, docs/generation.md), a warmed-up cuBLAS notwithstanding. The
+(torch.profiler, docs/measurements.md), a warmed-up cuBLAS notwithstanding. The
 product is one multiplication an element, rounded once, as cuBLAS's is, and
 Inductor fuses it into the cosines and sines that read it.
 
@@ -120,7 +120,7 @@ def step_decompositions(
     adds, off a GPU none. Under coordinate descent tuning :func:`one_row_addmm` and
     :func:`one_row_mm`; a ``prefill`` step's ``mm`` and ``bmm`` take the
     :func:`outer_product` first (:func:`prefill_mm`, :func:`prefill_bmm`). A decode step
-    keeps the table its measured speed was built with (docs/generation.md)."""
+    keeps the table its measured speed was built with (docs/measurements.md)."""
     if device.type in ("cpu", "mps"):
         return {}
     tuned = bool((options or {}).get("coordinate_descent_tuning"))

@@ -5,7 +5,7 @@ the choice is built into the file. On an H200 (torch 2.11) it picked cuDNN's,
 which builds a plan for each new sequence length at its first call: the first
 call of each new prompt length took 50-80 ms on a four-layer Llama-3.2-3B shape,
 against 8-15 ms with the memory-efficient kernel picked instead, and the same
-2-3 ms after (docs/generation.md, "The prefill's attention and the rotary
+2-3 ms after (docs/measurements.md, "The prefill's attention and the rotary
 product"). A server meets every prompt length. So a prefill is traced with the
 backends the process has enabled, cuDNN's left out; where cuDNN's is the only
 one enabled, that is the caller's choice, and it is kept. A decode step's

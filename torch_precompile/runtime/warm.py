@@ -25,7 +25,7 @@ sets up what the warm-up did not. Off a GPU there is nothing to gain and it does
 not run.
 
 On by default on CUDA; ``TORCH_PRECOMPILE_WARM_UP=0`` turns it off. Measured on an
-H200 (docs/generation.md, "The first token's lazy set-up"; fresh processes, medians
+H200 (docs/measurements.md, "The first token's lazy set-up"; fresh processes, medians
 of 3 to 5 in three runs): a Llama-3.2-3B-shaped generator's first token came 0.17-0.23
 s sooner (floor + 1.35-1.54 s without, + 1.12-1.36 s with), a Qwen2.5-0.5B's 0.08 s.
 The load itself takes about 0.1 s longer (the threads share the host), and from its

@@ -59,7 +59,7 @@ PIECE = 4 << 20  # bytes staged and hashed at a time: within a core's share of t
 SLOTS = 2  # pinned pieces per worker: one filling while the other is in flight
 # Cores a GPU load leaves to its own thread and to the device's work beside it (the
 # warm-up, the driver): on a 16-core H200 host 14 workers loaded a 3B-shaped file 5-8%
-# sooner than 16, with the warm-up and without (docs/generation.md).
+# sooner than 16, with the warm-up and without (docs/measurements.md).
 LEFT = 2
 
 

@@ -6,7 +6,8 @@ forward around them, so its writes go into the caller's tensors and nothing
 is allocated), returning the last position's logits. Four variants are bundled,
 batch 1 and 2..N by prompt 1 (a decode step, or a one-token prompt) and 2..L,
 and a fifth where the model allows it: the slot decode step of ``serve``
-(``start`` of shape ``(batch,)``, ``slots.py``).
+(``start`` of shape ``(batch,)``, ``slots.py``). A file of ``max_batch=1`` holds the
+batch-1 programs only (three).
 """
 
 from __future__ import annotations
@@ -304,7 +305,8 @@ def compile_generator(
             _compat.mark_static_address(tensor)
         return (ids, mask, positions, start, *cache)
 
-    sizes = [(b, s) for b in (batch, 1) for s in (prompt, 1)]
+    # A file of one row needs no program for more (a batch past max_batch is refused).
+    sizes = [(b, s) for b in ((1,) if max_batch == 1 else (batch, 1)) for s in (prompt, 1)]
     if world > 1:
         # Tensor parallel: DTensor's sharding rules guard a prompt's rows on whether
         # they split evenly over the mesh (``Ne(Mod(batch, 2), 0)``), so the prefill

@@ -24,7 +24,27 @@ if str(ROOT) not in sys.path:
 
 from tests.fixtures.hf_models import assert_same_output  # noqa: E402, F401 (for the tests)
 from tests.fixtures.models import build_transformer  # noqa: E402
+from tests.fixtures.store import Store, store_root  # noqa: E402
+from tests.fixtures.timing import order_by_weight  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist hands whole files to its workers (--dist loadfile); by default it
+    # orders them by their number of tests. The order of collection is used instead,
+    # which pytest_collection_modifyitems makes the slowest files first.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    order_by_weight(items)
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """Saved artifacts built once per run, shared by every module and worker."""
+    return Store(store_root(tmp_path_factory.getbasetemp()))
 
 
 @dataclasses.dataclass

@@ -15,6 +15,7 @@ import dataclasses
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -121,20 +122,21 @@ class Server:
         return self.log.read_text()
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("serve")
+def _served_model() -> Any:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(num_key_value_heads=2, **{**SMALL, "vocab_size": VOCAB})
-    model = transformers.LlamaForCausalLM(config).eval()
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _build_served(root: Path) -> None:
+    """The served files: tiny.pt, and two of the same step with other specs."""
     tokenizer = _tokenizer()
     tokenizer.chat_template = TEMPLATE
     generator = compile_generator(
-        model, max_batch=SLOTS, max_length=MAX_LENGTH, tokenizer=tokenizer
+        _served_model(), max_batch=SLOTS, max_length=MAX_LENGTH, tokenizer=tokenizer
     )
     assert generator.spec.slots and generator.spec.chat_template == TEMPLATE
-    path = root / "tiny.pt"
-    Precompile.save(path, generator)
+    Precompile.save(root / "tiny.pt", generator)
     # The same step, 2 slots and no chat template: a queue to fill, a chat to refuse.
     small = dataclasses.replace(generator.spec, max_batch=2, chat_template=None)
     Precompile.save(root / "small.pt", Generator(generator.step, small, generator.tokenizer_json))
@@ -145,12 +147,25 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         lengths=(("max_new_tokens", 5),),
     )
     Precompile.save(root / "own.pt", Generator(generator.step, own, generator.tokenizer_json))
+
+
+@pytest.fixture(scope="module")
+def built(store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The served files, built once per run (tests/fixtures/store.py), copied into this
+    module's own folder (a server's log is written beside its file)."""
+    key = {"small": SMALL, "vocab": VOCAB, "slots": SLOTS, "max_length": MAX_LENGTH}
+    shared = store.saved("serve-llama", {**key, "template": TEMPLATE}, _build_served, folder=True)
+    root = tmp_path_factory.mktemp("serve")
+    for name in ("tiny.pt", "small.pt", "own.pt"):
+        shutil.copyfile(shared / name, root / name)
+    tokenizer = _tokenizer()
+    tokenizer.chat_template = TEMPLATE
     return {
-        "path": path,
+        "path": root / "tiny.pt",
         "small": root / "small.pt",
         "own": root / "own.pt",
         "tokenizer": tokenizer,
-        "model": model,
+        "model": _served_model(),
     }
 
 

@@ -15,7 +15,7 @@ _T0 = time.perf_counter()
 
 
 def add_serve(sub: Any) -> None:
-    """Register ``serve FILE [--host] [--port] [--model-name] [--max-queue]``."""
+    """Register ``serve FILE`` and its options (``--port``, ``--max-queue``, ...)."""
     p = sub.add_parser(
         "serve",
         help="serve a generator file over HTTP as OpenAI's API (continuous batching)",
@@ -32,6 +32,13 @@ def add_serve(sub: Any) -> None:
         default=64,
         help="requests that may wait for a slot; past it, 503 (default 64)",
     )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        help="the largest request body; past it, 413 (default 4 MiB: room for a "
+        "128k-token prompt in any spelling)",
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -42,6 +49,12 @@ def serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    if args.max_request_bytes is None:
+        from .app import MAX_REQUEST_BYTES
+
+        args.max_request_bytes = MAX_REQUEST_BYTES
+    if args.max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes must be 1 or more, got {args.max_request_bytes}")
     began = time.perf_counter()
     generator = load(args.path)
     loaded = time.perf_counter()
@@ -55,7 +68,7 @@ def serve(args: argparse.Namespace) -> int:
     engine.warm()
     warm = time.perf_counter()
     name = args.model_name or Path(args.path).stem
-    app = _app(engine, name, tokenizer)
+    app = _app(engine, name, tokenizer, args)
     import uvicorn
 
     stack = time.perf_counter()
@@ -107,38 +120,9 @@ def _listen(server: Any, engine: Any) -> None:
         engine.stop()
 
 
-def _app(engine: Any, name: str, tokenizer: Any) -> Any:
+def _app(engine: Any, name: str, tokenizer: Any, args: argparse.Namespace) -> Any:
     from .app import build_app
-    from .chat import chat_renderer
-    from .protocol import ApiError
+    from .tokens import Tokens
 
-    spec = engine.spec
-
-    def no_text(_: Any) -> list[int]:
-        raise ApiError(
-            400,
-            "this model's file holds no tokenizer: send the prompt as token ids",
-            param="prompt",
-        )
-
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode(text).ids
-
-    render = no_text
-    if spec.chat_template is None:
-
-        def render(_: Any) -> list[int]:
-            raise ApiError(
-                400,
-                "this model's file holds no chat template (its tokenizer had none at build): "
-                "use /v1/completions",
-                param="messages",
-            )
-
-    elif tokenizer is not None:
-        chat = chat_renderer(spec.chat_template, dict(spec.chat_tokens))
-
-        def render(messages: list[dict[str, Any]]) -> list[int]:
-            return tokenizer.encode(chat(messages), add_special_tokens=False).ids
-
-    return build_app(engine, name=name, encode=encode if tokenizer else no_text, render=render)
+    tokens = Tokens(tokenizer, engine.spec)
+    return build_app(engine, name=name, tokens=tokens, max_request_bytes=args.max_request_bytes)

@@ -10,6 +10,9 @@
 - ``engine.py``: one scheduler thread owning the cache; each request a slot.
 - ``detokenizer.py``: a run's text, decoded a few tokens at a time; stop strings.
 - ``app.py``: the routes, on Starlette served by uvicorn.
+- ``operations.py``: ``/tokenize``, ``/detokenize``, ``/version``, ``/metrics``.
+- ``metrics.py``: the Prometheus metrics (prometheus-client).
+- ``admission.py``: the API key, and the 503s of a drain.
 - ``command.py``: the subcommand.
 
 The serving process imports neither transformers nor the compiler: the file

@@ -8,9 +8,12 @@ thread, so a large request delays no other's next token. A streaming response
 that loses its client is cancelled by Starlette, and its ``finally`` frees the
 slot; a whole response watches for the client's disconnect while it waits.
 
-Every route runs inside :func:`_guarded`: a refusal is its ``ApiError``; a client
-gone before its body was sent is no error; anything else is one log line with a
-request id (the same id in the 500's message), not a traceback.
+Beside OpenAI's routes: ``/tokenize``, ``/detokenize``, ``/version`` and
+``/metrics`` (``operations.py``); in front of them all, the API key and the drain
+(``admission.py``). Every route runs inside :func:`_guarded`: a refusal is its
+``ApiError``; a client gone before its body was sent is no error; anything else
+is one log line with a request id (the same id in the 500's message), not a
+traceback.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .admission import Admission
 from .body import ClientGone, parse_json, read_body
 from .engine import Engine
+from .metrics import Metrics
+from .operations import Operations
 from .protocol import ApiError, Job, choice, envelope, models_list, read_job, usage
 from .tokens import Tokens
 
@@ -94,8 +100,10 @@ def build_app(
     name: str,
     tokens: Tokens,
     max_request_bytes: int = MAX_REQUEST_BYTES,
-) -> Starlette:
-    """The ASGI app serving ``engine`` under the model name ``name``."""
+    api_key: str | None = None,
+) -> Admission:
+    """The ASGI app serving ``engine`` under the model name ``name``, behind its
+    :class:`Admission` (the API key, the drain)."""
     created = int(time.time())
     max_length = engine.spec.max_length
     workers = concurrent.futures.ThreadPoolExecutor(
@@ -104,6 +112,16 @@ def build_app(
 
     async def off_loop(work: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(workers, work)
+
+    metrics = Metrics(engine.load)
+    operations = Operations(
+        name=name,
+        tokens=tokens,
+        metrics=metrics,
+        off_loop=off_loop,
+        max_request_bytes=max_request_bytes,
+        vocab=lambda: engine.vocab,
+    )
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", **engine.load()})
@@ -123,17 +141,20 @@ def build_app(
         )
 
     async def generate(request: Request, chat: bool) -> Response:
+        began = time.perf_counter()
         raw = await read_body(request, max_request_bytes)
         job = await off_loop(lambda: job_of(raw, chat))
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        run = engine.submit(job, _sink(loop, events))
+        tracker = metrics.track(len(job.prompt), began)
+        run = engine.submit(job, _sink(loop, events, tracker.see))
+        ended = functools.partial(_ended, engine, run, tracker)
         if job.stream:
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(
-                _stream(engine, run, job, events), media_type="text/event-stream", headers=headers
+                _stream(ended, job, events), media_type="text/event-stream", headers=headers
             )
-        return await _whole(request, engine, run, job, events)
+        return await _whole(request, ended, job, events)
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
@@ -146,17 +167,34 @@ def build_app(
         Route("/v1/models", _guarded(models), methods=["GET"]),
         Route("/v1/completions", _guarded(completions), methods=["POST"]),
         Route("/v1/chat/completions", _guarded(chat_completions), methods=["POST"]),
+        Route("/tokenize", _guarded(operations.tokenize), methods=["POST"]),
+        Route("/detokenize", _guarded(operations.detokenize), methods=["POST"]),
+        Route("/version", _guarded(operations.version), methods=["GET"]),
+        Route("/metrics", _guarded(operations.prometheus), methods=["GET"]),
     ]
     handlers = {Exception: _handler, HTTPException: _handler, ApiError: _handler}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    return Admission(Starlette(routes=routes, exception_handlers=handlers), api_key)
 
 
-def _sink(loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Any]) -> Callable[[Any], None]:
-    """The engine thread's way into this request's queue (a no-op once the loop is closed)."""
+def _ended(engine: Engine, run: Any, tracker: Any) -> None:
+    """A response is over (answered, failed or abandoned): its slot frees at once."""
+    engine.cancel(run)
+    tracker.close()
+
+
+def _sink(
+    loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Any], see: Callable[[Any], None]
+) -> Callable[[Any], None]:
+    """The engine thread's way into this request's queue, each event seen by the
+    request's metrics on the loop (a no-op once the loop is closed)."""
+
+    def arrive(event: Any) -> None:
+        see(event)
+        events.put_nowait(event)
 
     def put(event: Any) -> None:
         try:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            loop.call_soon_threadsafe(arrive, event)
         except RuntimeError:  # the server is shutting down
             pass
 
@@ -172,7 +210,7 @@ def _sse(data: Any) -> str:
 
 
 async def _stream(
-    engine: Engine, run: Any, job: Job, events: asyncio.Queue[dict[str, Any]]
+    ended: Callable[[], None], job: Job, events: asyncio.Queue[dict[str, Any]]
 ) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of text, the finish, usage if asked, ``[DONE]``."""
     try:
@@ -181,7 +219,7 @@ async def _stream(
     except Exception as exc:  # the headers are sent: the error is the stream's last event
         yield _sse(unexpected(exc, "a stream").body())
     finally:
-        engine.cancel(run)  # a client gone mid-stream: the slot frees at once
+        ended()  # a client gone mid-stream: the slot frees at once
 
 
 async def _chunks(job: Job, events: asyncio.Queue[dict[str, Any]]) -> AsyncIterator[str]:
@@ -216,7 +254,7 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _whole(
-    request: Request, engine: Engine, run: Any, job: Job, events: asyncio.Queue[dict[str, Any]]
+    request: Request, ended: Callable[[], None], job: Job, events: asyncio.Queue[dict[str, Any]]
 ) -> Response:
     """The whole answer once the run ends; a client that leaves first frees its slot."""
     gone = asyncio.ensure_future(_disconnected(request))
@@ -243,4 +281,4 @@ async def _whole(
                 return JSONResponse(body)
     finally:
         gone.cancel()
-        engine.cancel(run)
+        ended()

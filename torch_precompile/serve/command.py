@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -39,10 +40,24 @@ def add_serve(sub: Any) -> None:
         help="the largest request body; past it, 413 (default 4 MiB: room for a "
         "128k-token prompt in any spelling)",
     )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TORCH_PRECOMPILE_API_KEY"),
+        help="a key every request but /health must send as 'Authorization: Bearer KEY' "
+        "(default: $TORCH_PRECOMPILE_API_KEY; none: open)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=25.0,
+        help="on SIGTERM, seconds the requests in flight may take to finish before the "
+        "server stops (default 25: inside Kubernetes' 30 s grace period)",
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Serve until interrupted; a file the server cannot batch is refused (exit status 1)."""
+    """Serve until interrupted (SIGINT: at once; SIGTERM: after a drain); a file the
+    server cannot batch is refused (exit status 1)."""
     from ..runtime.generator import Generator
     from ..serialization.load import load
     from .engine import Engine
@@ -53,6 +68,8 @@ def serve(args: argparse.Namespace) -> int:
         from .app import MAX_REQUEST_BYTES
 
         args.max_request_bytes = MAX_REQUEST_BYTES
+    if args.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout must be 0 or more, got {args.drain_timeout}")
     if args.max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be 1 or more, got {args.max_request_bytes}")
     began = time.perf_counter()
@@ -97,8 +114,21 @@ def serve(args: argparse.Namespace) -> int:
         server.should_exit = True
         engine.stop()
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, interrupted)
+    def terminated(signum: int, frame: Any) -> None:
+        if app.draining:  # a second SIGTERM: stop now
+            interrupted(signum, frame)
+            return
+        app.draining = True
+        drain = threading.Thread(
+            target=_drain,
+            args=(app, args.drain_timeout, lambda: interrupted(signum, None)),
+            name="torch-precompile-drain",
+            daemon=True,
+        )
+        drain.start()
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, terminated)
     http = threading.Thread(target=_listen, args=(server, engine), name="torch-precompile-http")
     http.start()
     try:
@@ -110,6 +140,19 @@ def serve(args: argparse.Namespace) -> int:
         print(f"serve: could not listen on {args.host}:{args.port} (above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _drain(app: Any, timeout: float, stop: Any) -> None:
+    """SIGTERM: new requests are 503s (``app.draining``); the ones in flight get up to
+    ``timeout`` seconds to finish, then the server stops."""
+    log = logging.getLogger("torch_precompile")
+    log.warning("serve: draining (SIGTERM): %d requests in flight", app.inflight)
+    deadline = time.monotonic() + timeout
+    while app.inflight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if app.inflight:
+        log.warning("serve: --drain-timeout %s s passed, %d still open", timeout, app.inflight)
+    stop()
 
 
 def _listen(server: Any, engine: Any) -> None:
@@ -125,4 +168,10 @@ def _app(engine: Any, name: str, tokenizer: Any, args: argparse.Namespace) -> An
     from .tokens import Tokens
 
     tokens = Tokens(tokenizer, engine.spec)
-    return build_app(engine, name=name, tokens=tokens, max_request_bytes=args.max_request_bytes)
+    return build_app(
+        engine,
+        name=name,
+        tokens=tokens,
+        max_request_bytes=args.max_request_bytes,
+        api_key=args.api_key,
+    )

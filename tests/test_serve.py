@@ -67,11 +67,13 @@ sys.exit(code)
 class Server:
     """A ``serve`` process on a free port, and raw HTTP to it."""
 
-    def __init__(self, path: Path, *args: str, module: bool = False, root: Path = ROOT) -> None:
+    def __init__(
+        self, path: Path, *args: str, module: bool = False, root: Path = ROOT, script: str = ""
+    ) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        head = ["-m", "torch_precompile"] if module else ["-c", _SERVER]
+        head = ["-m", "torch_precompile"] if module else ["-c", script or _SERVER]
         command = [sys.executable, *head, "serve", str(path), "--port", str(self.port), *args]
         env = dict(os.environ, PYTHONPATH=str(root))
         self.log = path.with_name(f"{path.stem}-{self.port}.log")

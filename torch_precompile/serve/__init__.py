@@ -1,11 +1,18 @@
 """``torch-precompile serve FILE``: a generator file served as OpenAI's API, batching continuously.
 
-- ``protocol.py``: OpenAI's request fields checked into a ``Job``; responses,
-  stream chunks and errors written as OpenAI writes them.
+- ``body.py``: a request's body read up to the size cap, parsed, its text checked.
+- ``errors.py``: ``ApiError``, a status and OpenAI's error body.
+- ``prompts.py``: a completion's prompt, a chat's messages (content parts joined).
+- ``protocol.py``: OpenAI's request fields checked into a ``Job``; responses and
+  stream chunks written as OpenAI writes them.
+- ``tokens.py``: the file's tokenizer for requests, off the GIL, with a bound on text.
 - ``chat.py``: the chat template saved in the file, rendered in jinja2's sandbox.
 - ``engine.py``: one scheduler thread owning the cache; each request a slot.
 - ``detokenizer.py``: a run's text, decoded a few tokens at a time; stop strings.
 - ``app.py``: the routes, on Starlette served by uvicorn.
+- ``operations.py``: ``/tokenize``, ``/detokenize``, ``/version``, ``/metrics``.
+- ``metrics.py``: the Prometheus metrics (prometheus-client).
+- ``admission.py``: the API key, and the 503s of a drain.
 - ``command.py``: the subcommand.
 
 The serving process imports neither transformers nor the compiler: the file

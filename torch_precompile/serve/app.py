@@ -2,17 +2,30 @@
 
 Handlers run on the event loop and only read requests, queue jobs and write
 what the engine thread sends back (through ``call_soon_threadsafe`` into a
-per-request queue). A streaming response that loses its client is cancelled
-by Starlette, and its ``finally`` frees the slot; a whole response watches
-for the client's disconnect while it waits.
+per-request queue). A request's body is read on the loop, up to the size cap
+(``body.py``); parsing, checking, chat rendering and tokenizing run on a worker
+thread, so a large request delays no other's next token. A streaming response
+that loses its client is cancelled by Starlette, and its ``finally`` frees the
+slot; a whole response watches for the client's disconnect while it waits.
+
+Beside OpenAI's routes: ``/tokenize``, ``/detokenize``, ``/version`` and
+``/metrics`` (``operations.py``); in front of them all, the API key and the drain
+(``admission.py``). Every route runs inside :func:`_guarded`: a refusal is its
+``ApiError``; a client gone before its body was sent is no error; anything else
+is one log line with a request id (the same id in the 500's message), not a
+traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -21,8 +34,26 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .admission import Admission
+from .body import ClientGone, parse_json, read_body
 from .engine import Engine
+from .metrics import Metrics
+from .operations import Operations
 from .protocol import ApiError, Job, choice, envelope, models_list, read_job, usage
+from .tokens import Tokens
+
+log = logging.getLogger("torch_precompile")
+
+# What vLLM's and nginx's defaults leave room for, sized to prompts: a prompt of
+# 128k tokens is about 1 MB of JSON as token ids and 0.5-1.2 MB as text (English to
+# escaped CJK). 4 MiB is 3x that, and bounds what one request holds (its JSON parse
+# held the GIL 0.1 s per 4 MB of token ids here).
+MAX_REQUEST_BYTES = 4 * 2**20
+# Workers that parse and tokenize requests: beside the engine's thread and the loop's,
+# on a 2-core machine two keep a large request from queueing the small ones.
+_WORKERS = 2
+
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _error(exc: Exception) -> JSONResponse:
@@ -36,16 +67,61 @@ def _error(exc: Exception) -> JSONResponse:
     return JSONResponse(err.body(), status_code=500)
 
 
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def unexpected(exc: BaseException, where: str) -> ApiError:
+    """An error nobody expected, logged as one line with an id, as a 500 naming the id."""
+    rid = uuid.uuid4().hex[:16]
+    log.error("serve: request %s (%s) failed: %s", rid, where, _one_line(exc))
+    return ApiError(500, f"internal error (request {rid}): {_one_line(exc)}", kind="server_error")
+
+
+def _guarded(handler: Handler) -> Handler:
+    @functools.wraps(handler)
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return _error(exc)
+        except ClientGone:  # nobody to answer: not the server's fault, not logged as one
+            log.debug("serve: a client left before sending its whole request")
+            return Response(status_code=400)
+        except Exception as exc:
+            return _error(unexpected(exc, f"{request.method} {request.url.path}"))
+
+    return run
+
+
 def build_app(
     engine: Engine,
     *,
     name: str,
-    encode: Callable[[str], list[int]],
-    render: Callable[[list[dict[str, Any]]], list[int]],
-) -> Starlette:
-    """The ASGI app serving ``engine`` under the model name ``name``."""
+    tokens: Tokens,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+    api_key: str | None = None,
+) -> Admission:
+    """The ASGI app serving ``engine`` under the model name ``name``, behind its
+    :class:`Admission` (the API key, the drain)."""
     created = int(time.time())
     max_length = engine.spec.max_length
+    workers = concurrent.futures.ThreadPoolExecutor(
+        _WORKERS, thread_name_prefix="torch-precompile-request"
+    )
+
+    async def off_loop(work: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(workers, work)
+
+    metrics = Metrics(engine.load)
+    operations = Operations(
+        name=name,
+        tokens=tokens,
+        metrics=metrics,
+        off_loop=off_loop,
+        max_request_bytes=max_request_bytes,
+        vocab=lambda: engine.vocab,
+    )
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", **engine.load()})
@@ -53,29 +129,32 @@ def build_app(
     async def models(request: Request) -> Response:
         return JSONResponse(models_list(name, created, max_length))
 
-    async def generate(request: Request, chat: bool) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except ValueError as exc:
-            raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-        job = read_job(
-            body,
+    def job_of(raw: bytes, chat: bool) -> Job:
+        return read_job(
+            parse_json(raw),
             chat=chat,
             served=name,
             max_length=max_length,
-            encode=encode,
-            render=render,
+            encode=tokens.encode,
+            render=tokens.render,
             defaults=engine.defaults,
         )
+
+    async def generate(request: Request, chat: bool) -> Response:
+        began = time.perf_counter()
+        raw = await read_body(request, max_request_bytes)
+        job = await off_loop(lambda: job_of(raw, chat))
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        run = engine.submit(job, _sink(loop, events))
+        tracker = metrics.track(len(job.prompt), began)
+        run = engine.submit(job, _sink(loop, events, tracker.see))
+        ended = functools.partial(_ended, engine, run, tracker)
         if job.stream:
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(
-                _stream(engine, run, job, events), media_type="text/event-stream", headers=headers
+                _stream(ended, job, events), media_type="text/event-stream", headers=headers
             )
-        return await _whole(request, engine, run, job, events)
+        return await _whole(request, ended, job, events)
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
@@ -84,21 +163,38 @@ def build_app(
         return await generate(request, chat=True)
 
     routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/health", _guarded(health), methods=["GET"]),
+        Route("/v1/models", _guarded(models), methods=["GET"]),
+        Route("/v1/completions", _guarded(completions), methods=["POST"]),
+        Route("/v1/chat/completions", _guarded(chat_completions), methods=["POST"]),
+        Route("/tokenize", _guarded(operations.tokenize), methods=["POST"]),
+        Route("/detokenize", _guarded(operations.detokenize), methods=["POST"]),
+        Route("/version", _guarded(operations.version), methods=["GET"]),
+        Route("/metrics", _guarded(operations.prometheus), methods=["GET"]),
     ]
     handlers = {Exception: _handler, HTTPException: _handler, ApiError: _handler}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    return Admission(Starlette(routes=routes, exception_handlers=handlers), api_key)
 
 
-def _sink(loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Any]) -> Callable[[Any], None]:
-    """The engine thread's way into this request's queue (a no-op once the loop is closed)."""
+def _ended(engine: Engine, run: Any, tracker: Any) -> None:
+    """A response is over (answered, failed or abandoned): its slot frees at once."""
+    engine.cancel(run)
+    tracker.close()
+
+
+def _sink(
+    loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Any], see: Callable[[Any], None]
+) -> Callable[[Any], None]:
+    """The engine thread's way into this request's queue, each event seen by the
+    request's metrics on the loop (a no-op once the loop is closed)."""
+
+    def arrive(event: Any) -> None:
+        see(event)
+        events.put_nowait(event)
 
     def put(event: Any) -> None:
         try:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            loop.call_soon_threadsafe(arrive, event)
         except RuntimeError:  # the server is shutting down
             pass
 
@@ -114,37 +210,42 @@ def _sse(data: Any) -> str:
 
 
 async def _stream(
-    engine: Engine, run: Any, job: Job, events: asyncio.Queue[dict[str, Any]]
+    ended: Callable[[], None], job: Job, events: asyncio.Queue[dict[str, Any]]
 ) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of text, the finish, usage if asked, ``[DONE]``."""
     try:
-        offset = 0
-        if job.chat:
-            first = envelope(job, [choice(job, "", [], None, delta=True)], chunk=True)
-            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-            yield _sse(first)
-        while True:
-            event = await events.get()
-            if "error" in event:
-                yield _sse(ApiError(500, event["error"], kind="server_error").body())
-                break
-            if event["text"] or event["entries"] or event["finish"] or "ids" in event:
-                piece = choice(
-                    job, event["text"], event["entries"], event["finish"], delta=True, offset=offset
-                )
-                if "ids" in event:  # asked for, or a file without a tokenizer
-                    piece["token_ids"] = event["ids"]
-                yield _sse(envelope(job, [piece], chunk=True))
-            offset += len(event["text"])
-            if event["finish"]:
-                if job.include_usage:
-                    yield _sse(
-                        {**envelope(job, [], chunk=True), "usage": usage(job, event["tokens"])}
-                    )
-                break
-        yield "data: [DONE]\n\n"
+        async for chunk in _chunks(job, events):
+            yield chunk
+    except Exception as exc:  # the headers are sent: the error is the stream's last event
+        yield _sse(unexpected(exc, "a stream").body())
     finally:
-        engine.cancel(run)  # a client gone mid-stream: the slot frees at once
+        ended()  # a client gone mid-stream: the slot frees at once
+
+
+async def _chunks(job: Job, events: asyncio.Queue[dict[str, Any]]) -> AsyncIterator[str]:
+    offset = 0
+    if job.chat:
+        first = envelope(job, [choice(job, "", [], None, delta=True)], chunk=True)
+        first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+        yield _sse(first)
+    while True:
+        event = await events.get()
+        if "error" in event:
+            yield _sse(ApiError(500, event["error"], kind="server_error").body())
+            break
+        if event["text"] or event["entries"] or event["finish"] or "ids" in event:
+            piece = choice(
+                job, event["text"], event["entries"], event["finish"], delta=True, offset=offset
+            )
+            if "ids" in event:  # asked for, or a file without a tokenizer
+                piece["token_ids"] = event["ids"]
+            yield _sse(envelope(job, [piece], chunk=True))
+        offset += len(event["text"])
+        if event["finish"]:
+            if job.include_usage:
+                yield _sse({**envelope(job, [], chunk=True), "usage": usage(job, event["tokens"])})
+            break
+    yield "data: [DONE]\n\n"
 
 
 async def _disconnected(request: Request) -> None:
@@ -153,7 +254,7 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _whole(
-    request: Request, engine: Engine, run: Any, job: Job, events: asyncio.Queue[dict[str, Any]]
+    request: Request, ended: Callable[[], None], job: Job, events: asyncio.Queue[dict[str, Any]]
 ) -> Response:
     """The whole answer once the run ends; a client that leaves first frees its slot."""
     gone = asyncio.ensure_future(_disconnected(request))
@@ -180,4 +281,4 @@ async def _whole(
                 return JSONResponse(body)
     finally:
         gone.cancel()
-        engine.cancel(run)
+        ended()

@@ -5,6 +5,9 @@ sandbox (a template is code from the file's author: it may not touch Python
 objects), ``trim_blocks`` and ``lstrip_blocks``, the loop-control extension,
 and the helpers templates call (``raise_exception``, ``strftime_now``,
 ``tojson``), with ``add_generation_prompt=True`` and the special tokens.
+A template that fails on a chat, by its own ``raise_exception``, jinja2's error or a
+Python one (``None + "x"``: a ``TypeError``), refuses it with a 400: what failed is
+in the messages the client sent.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from .protocol import ApiError
+from .errors import ApiError
 
 
 class _TemplateRefused(Exception):
@@ -29,8 +32,9 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, *
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent)
 
 
-def chat_renderer(template: str, tokens: dict[str, str]) -> Callable[[list[dict[str, Any]]], str]:
-    """``render(messages) -> prompt text``; a template that refuses a chat raises ``ApiError``."""
+def chat_renderer(template: str, tokens: dict[str, str]) -> Callable[..., str]:
+    """``render(messages, generation=True) -> prompt text`` (``generation``: with
+    ``add_generation_prompt``); a template that refuses a chat raises ``ApiError``."""
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -43,16 +47,29 @@ def chat_renderer(template: str, tokens: dict[str, str]) -> Callable[[list[dict[
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     compiled = env.from_string(template)
 
-    def render(messages: list[dict[str, Any]]) -> str:
+    def render(messages: list[dict[str, Any]], generation: bool = True) -> str:
         try:
-            return compiled.render(messages=messages, add_generation_prompt=True, **tokens)
+            return compiled.render(messages=messages, add_generation_prompt=generation, **tokens)
         except _TemplateRefused as exc:
             raise ApiError(
                 400, f"the chat template refused the messages: {exc}", param="messages"
             ) from None
-        except jinja2.TemplateError as exc:
+        except (
+            jinja2.TemplateError,
+            ArithmeticError,
+            AttributeError,
+            LookupError,
+            TypeError,
+            ValueError,
+        ) as exc:
             raise ApiError(
-                400, f"the chat template failed on the messages: {exc}", param="messages"
+                400,
+                f"the chat template failed on the messages: {type(exc).__name__}: {exc}",
+                param="messages",
+            ) from None
+        except RecursionError:  # a message nested past Python's limit (tojson)
+            raise ApiError(
+                400, "the chat template failed on the messages: nested too deep", param="messages"
             ) from None
 
     return render

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -15,7 +16,7 @@ _T0 = time.perf_counter()
 
 
 def add_serve(sub: Any) -> None:
-    """Register ``serve FILE [--host] [--port] [--model-name] [--max-queue]``."""
+    """Register ``serve FILE`` and its options (``--port``, ``--max-queue``, ...)."""
     p = sub.add_parser(
         "serve",
         help="serve a generator file over HTTP as OpenAI's API (continuous batching)",
@@ -32,16 +33,45 @@ def add_serve(sub: Any) -> None:
         default=64,
         help="requests that may wait for a slot; past it, 503 (default 64)",
     )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        help="the largest request body; past it, 413 (default 4 MiB: room for a "
+        "128k-token prompt in any spelling)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TORCH_PRECOMPILE_API_KEY"),
+        help="a key every request but /health must send as 'Authorization: Bearer KEY' "
+        "(default: $TORCH_PRECOMPILE_API_KEY; none: open)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=25.0,
+        help="on SIGTERM, seconds the requests in flight may take to finish before the "
+        "server stops (default 25: inside Kubernetes' 30 s grace period)",
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Serve until interrupted; a file the server cannot batch is refused (exit status 1)."""
+    """Serve until interrupted (SIGINT: at once; SIGTERM: after a drain); a file the
+    server cannot batch is refused (exit status 1)."""
     from ..runtime.generator import Generator
     from ..serialization.load import load
     from .engine import Engine
 
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    if args.max_request_bytes is None:
+        from .app import MAX_REQUEST_BYTES
+
+        args.max_request_bytes = MAX_REQUEST_BYTES
+    if args.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout must be 0 or more, got {args.drain_timeout}")
+    if args.max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes must be 1 or more, got {args.max_request_bytes}")
     began = time.perf_counter()
     generator = load(args.path)
     loaded = time.perf_counter()
@@ -55,7 +85,7 @@ def serve(args: argparse.Namespace) -> int:
     engine.warm()
     warm = time.perf_counter()
     name = args.model_name or Path(args.path).stem
-    app = _app(engine, name, tokenizer)
+    app = _app(engine, name, tokenizer, args)
     import uvicorn
 
     stack = time.perf_counter()
@@ -84,8 +114,21 @@ def serve(args: argparse.Namespace) -> int:
         server.should_exit = True
         engine.stop()
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, interrupted)
+    def terminated(signum: int, frame: Any) -> None:
+        if app.draining:  # a second SIGTERM: stop now
+            interrupted(signum, frame)
+            return
+        app.draining = True
+        drain = threading.Thread(
+            target=_drain,
+            args=(app, args.drain_timeout, lambda: interrupted(signum, None)),
+            name="torch-precompile-drain",
+            daemon=True,
+        )
+        drain.start()
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, terminated)
     http = threading.Thread(target=_listen, args=(server, engine), name="torch-precompile-http")
     http.start()
     try:
@@ -99,6 +142,19 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drain(app: Any, timeout: float, stop: Any) -> None:
+    """SIGTERM: new requests are 503s (``app.draining``); the ones in flight get up to
+    ``timeout`` seconds to finish, then the server stops."""
+    log = logging.getLogger("torch_precompile")
+    log.warning("serve: draining (SIGTERM): %d requests in flight", app.inflight)
+    deadline = time.monotonic() + timeout
+    while app.inflight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if app.inflight:
+        log.warning("serve: --drain-timeout %s s passed, %d still open", timeout, app.inflight)
+    stop()
+
+
 def _listen(server: Any, engine: Any) -> None:
     """HTTP on this thread; its end (a signal, or a port it cannot bind) ends the engine."""
     try:
@@ -107,38 +163,15 @@ def _listen(server: Any, engine: Any) -> None:
         engine.stop()
 
 
-def _app(engine: Any, name: str, tokenizer: Any) -> Any:
+def _app(engine: Any, name: str, tokenizer: Any, args: argparse.Namespace) -> Any:
     from .app import build_app
-    from .chat import chat_renderer
-    from .protocol import ApiError
+    from .tokens import Tokens
 
-    spec = engine.spec
-
-    def no_text(_: Any) -> list[int]:
-        raise ApiError(
-            400,
-            "this model's file holds no tokenizer: send the prompt as token ids",
-            param="prompt",
-        )
-
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode(text).ids
-
-    render = no_text
-    if spec.chat_template is None:
-
-        def render(_: Any) -> list[int]:
-            raise ApiError(
-                400,
-                "this model's file holds no chat template (its tokenizer had none at build): "
-                "use /v1/completions",
-                param="messages",
-            )
-
-    elif tokenizer is not None:
-        chat = chat_renderer(spec.chat_template, dict(spec.chat_tokens))
-
-        def render(messages: list[dict[str, Any]]) -> list[int]:
-            return tokenizer.encode(chat(messages), add_special_tokens=False).ids
-
-    return build_app(engine, name=name, encode=encode if tokenizer else no_text, render=render)
+    tokens = Tokens(tokenizer, engine.spec)
+    return build_app(
+        engine,
+        name=name,
+        tokens=tokens,
+        max_request_bytes=args.max_request_bytes,
+        api_key=args.api_key,
+    )

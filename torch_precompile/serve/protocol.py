@@ -15,6 +15,11 @@ import time
 import uuid
 from typing import Any
 
+from .errors import ApiError
+from .prompts import chat_messages, completion_prompt
+
+__all__ = ["ApiError", "Job", "choice", "envelope", "models_list", "read_job", "usage"]
+
 log = logging.getLogger("torch_precompile")
 
 # The most logprobs OpenAI's API returns per token (completions; chat allows 20).
@@ -23,27 +28,9 @@ _MAX_LOGPROBS, _MAX_TOP_LOGPROBS = 5, 20
 _COMPLETION_DEFAULT = 16
 # OpenAI's ranges: presence and frequency penalties, and a logit_bias value.
 _MAX_PENALTY, _MAX_BIAS = 2.0, 100.0
-
-
-class ApiError(Exception):
-    """A request the server refuses: the status and OpenAI's error body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        kind: str = "invalid_request_error",
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
-
-    def body(self) -> dict[str, Any]:
-        code = {404: "not_found", 503: "overloaded"}.get(self.status)
-        return {
-            "error": {"message": self.message, "type": self.kind, "param": self.param, "code": code}
-        }
+# A seed is a signed 64-bit integer, as vLLM's; torch.Generator's manual_seed takes
+# -2**63 to 2**64 - 1 and raised OverflowError past it.
+_SEEDS = (-(2**63), 2**63 - 1)
 
 
 @dataclasses.dataclass
@@ -172,7 +159,7 @@ def read_job(
         )
     _note_unknown(body)
     _refuse_unsupported(body)
-    prompt = _messages(body, render) if chat else _prompt(body, encode)
+    prompt = render(chat_messages(body)) if chat else completion_prompt(body, encode, max_length)
     if not prompt:
         raise ApiError(400, "the prompt is empty: give at least one token", param="prompt")
     room = max_length - len(prompt)
@@ -199,45 +186,6 @@ def read_job(
     return job
 
 
-def _prompt(body: dict[str, Any], encode: Any) -> list[int]:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        return encode(prompt)
-    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
-        if any(t < 0 for t in prompt):
-            raise ApiError(400, "token ids must be 0 or more", param="prompt")
-        return list(prompt)
-    if prompt is None:
-        raise ApiError(400, "'prompt' is required", param="prompt")
-    raise ApiError(
-        400,
-        "'prompt' must be a string or a list of token ids (one prompt per request)",
-        param="prompt",
-    )
-
-
-def _messages(body: dict[str, Any], render: Any) -> list[int]:
-    messages = body.get("messages")
-    if messages is None:
-        raise ApiError(400, "'messages' is required", param="messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list", param="messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages[{i}] must be an object with a 'role'", param="messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise ApiError(
-                    400, f"messages[{i}]: only text content is supported", param="messages"
-                )
-        elif content is not None and not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string", param="messages")
-    return render(messages)
-
-
 def _sampling(body: dict[str, Any], job: Job) -> None:
     job.temperature = float(_field(body, "temperature", (int, float), 1.0))
     if not 0 <= job.temperature <= 2:
@@ -255,6 +203,12 @@ def _sampling(body: dict[str, Any], job: Job) -> None:
         raise ApiError(400, "'min_p' must be in [0, 1]", param="min_p")
     job.min_p = None if min_p is None else float(min_p)
     job.seed = _field(body, "seed", (int,))
+    if job.seed is not None and not _SEEDS[0] <= job.seed <= _SEEDS[1]:
+        raise ApiError(
+            400,
+            f"'seed' must be in [-2**63, 2**63 - 1] (a 64-bit integer), got {job.seed}",
+            param="seed",
+        )
     for name in ("presence_penalty", "frequency_penalty"):
         value = float(_field(body, name, (int, float), 0.0))
         if not -_MAX_PENALTY <= value <= _MAX_PENALTY:

@@ -20,7 +20,12 @@ def add_serve(sub: Any) -> None:
         "serve",
         help="serve a generator file over HTTP as OpenAI's API (continuous batching)",
     )
-    p.add_argument("path", help="a file saved from compile_generator")
+    p.add_argument(
+        "path",
+        help="a generator file (compile_generator's, build --generator's), or a model directory "
+        "(save_pretrained's, a Hugging Face cache snapshot): its file is built once into "
+        "~/.cache/torch_precompile (TORCH_PRECOMPILE_CACHE) and found there by later starts",
+    )
     p.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)"
     )
@@ -32,6 +37,13 @@ def add_serve(sub: Any) -> None:
         default=64,
         help="requests that may wait for a slot; past it, 503 (default 64)",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads of the kernels (torch.set_num_threads; default: torch's, "
+        "OMP_NUM_THREADS or the cores)",
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -42,6 +54,13 @@ def serve(args: argparse.Namespace) -> int:
 
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be 1 or more, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)  # before the load: its copies and warm-up use them
     began = time.perf_counter()
     generator = load(args.path)
     loaded = time.perf_counter()

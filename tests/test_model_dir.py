@@ -291,3 +291,38 @@ def test_the_help_answers_without_importing_torch() -> None:
     assert "--threads" in serve_help and "--max-batch" in serve_help, serve_help
     bare = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     assert bare.returncode == 2 and "required: command" in bare.stderr, bare.stderr
+
+
+def test_progress_is_one_updating_line_on_a_terminal_and_plain_lines_in_a_log() -> None:
+    import io
+    import logging
+
+    from torch_precompile.cli.progress import build_progress
+    from torch_precompile.generation.build_progress import BuildProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    log = logging.getLogger("torch_precompile")
+    shown = {}
+    for stream in (Terminal(), io.StringIO()):
+        began = time.perf_counter() - 3
+        with build_progress(stream) as progress:
+            progress.line("loading tiny")
+            for n, name in enumerate(["prefill, batch 1", "decode, batch 1"], 1):
+                step = BuildProgress(name, n, 2, began)
+                log.info("generator: compiling %s", step, extra={"progress": step})
+                log.info("inductor: compiling forward")  # a stage's record: not shown
+            log.info("generator: 2 programs compiled in 3.0 s", extra={"progress": None})
+        shown[type(stream).__name__] = stream.getvalue()
+    tty, plain = shown["Terminal"], shown["StringIO"]
+    assert "\r\x1b[Ktorch-precompile: compiling decode, batch 1 (2 of 2), 3 s elapsed" in tty
+    assert tty.endswith("\ntorch-precompile: generator: 2 programs compiled in 3.0 s\n"), tty
+    assert "\r" not in plain and "inductor" not in plain + tty
+    assert plain.splitlines() == [
+        "torch-precompile: loading tiny",
+        "torch-precompile: generator: compiling prefill, batch 1 (1 of 2), 3 s elapsed",
+        "torch-precompile: generator: compiling decode, batch 1 (2 of 2), 3 s elapsed",
+        "torch-precompile: generator: 2 programs compiled in 3.0 s",
+    ]

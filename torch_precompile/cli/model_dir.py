@@ -50,6 +50,7 @@ class BuildOptions:
 
     def resolved(self, config: dict[str, Any]) -> BuildOptions:
         """Every field concrete, from ``config`` (``config.json``) where left out."""
+        _check_options(self)
         text = _text_config(config)
         positions = text.get("max_position_embeddings") or text.get("n_positions")
         length = self.max_length or min(DEFAULT_MAX_LENGTH, int(positions or DEFAULT_MAX_LENGTH))
@@ -214,7 +215,6 @@ def cached_generator(
 
     config = read_model_dir(directory)
     options = options.resolved(config)
-    _check_options(options)
     start = time.perf_counter()
     digest = checkpoint_digest(directory)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", model_name(directory)).strip("-.") or "model"

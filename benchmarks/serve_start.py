@@ -9,6 +9,8 @@ moves both. Prints the median, min and max of each, and writes them as JSON::
     python benchmarks/serve_start.py --runs 5 --out benchmarks/results/x.json \\
         FILE_OR_MODEL_DIR [more ...] [-- serve options]
 
+The build's options (``--max-batch`` ...) after ``--`` go to the model directories only.
+
 A ``MODEL_DIR`` whose file is not in the cache builds it at the first run; pass
 ``--warm`` to leave that run out (it is reported on its own as ``build_s``).
 """
@@ -51,6 +53,8 @@ def start_to_ready(target: str, options: list[str], env: dict[str, str], limit: 
     """Seconds from ``serve target``'s start to its first healthy answer."""
     port = _free_port()
     command = [sys.executable, "-m", "torch_precompile", "serve", target, "--port", str(port)]
+    if not os.path.isdir(target):  # a built file: the build's options are refused
+        options = _without(options, BUILD_OPTIONS)
     began = time.perf_counter()
     proc = subprocess.Popen(
         [*command, *options], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -70,6 +74,22 @@ def start_to_ready(target: str, options: list[str], env: dict[str, str], limit: 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+BUILD_OPTIONS = ("--max-batch", "--max-length", "--dtype", "--device", "--mode")
+
+
+def _without(options: list[str], flags: tuple[str, ...]) -> list[str]:
+    """``options`` less each of ``flags`` and its value."""
+    out, skip = [], False
+    for item in options:
+        if skip:
+            skip = False
+        elif item in flags:
+            skip = True
+        elif not item.startswith(tuple(f + "=" for f in flags)):
+            out.append(item)
+    return out
 
 
 def floor(env: dict[str, str]) -> float:

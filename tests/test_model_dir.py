@@ -268,6 +268,8 @@ def test_build_generator_writes_the_file_which_serves_greedy_equal_at_any_thread
             assert torch.equal(got, want), (n, got, want)
     finally:
         torch.set_num_threads(threads)
+    line = _refused(out, {})  # a built file has its limits: the build's options are refused
+    assert "--max-batch --max-length: build options apply to a model directory" in line, line
 
 
 def test_the_help_answers_without_importing_torch() -> None:

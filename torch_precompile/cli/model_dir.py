@@ -268,6 +268,13 @@ def resolve_serve_path(args: argparse.Namespace) -> None:
     """``serve MODEL_DIR``: ``args.path`` becomes the cached generator file (built if
     needed) and ``args.model_name`` the model's name; ``serve FILE`` is left as it is."""
     if not os.path.isdir(args.path):
+        given = [f"--{k.replace('_', '-')}" for k in ("max_batch", "max_length", "dtype", "mode")]
+        given = [flag for flag in given if getattr(args, flag[2:].replace("-", "_")) is not None]
+        if given or args.device != "cpu":
+            raise ValueError(
+                f"{' '.join(given or ['--device'])}: build options apply to a model directory; "
+                f"{args.path} is a built file (its own limits: torch-precompile inspect)"
+            )
         return
     directory = args.path
     args.path, _ = cached_generator(directory, options_from(args))

@@ -30,7 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("stages", "serialization"),  # build an artifact; save and load one
     ("_api",),  # the Precompile facade
     ("serve",),  # the OpenAI-compatible server over a generator file
-    ("generation", "encoding", "cli"),  # model libraries and the command line
+    ("generation", "encoding"),  # model libraries
+    ("cli",),  # the command line (its build --generator drives generation/)
     ("__init__", "__main__"),
 )
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}

@@ -85,6 +85,7 @@ from .joint import (
     joint_graph_module,
     joint_needs_autograd,
     joint_placeholder_count,
+    kernels_read_thread_count,
     without_duplicates,
 )
 
@@ -126,6 +127,7 @@ __all__ = [
     "joint_graph_module",
     "joint_needs_autograd",
     "joint_placeholder_count",
+    "kernels_read_thread_count",
     "linear_in_sizes",
     "make_compiled_function",
     "mark_dynamic",

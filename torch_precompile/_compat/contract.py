@@ -340,6 +340,7 @@ CONTRACT: tuple[PrivateName, ...] = (
         "triton.descriptive_names",
         "strict_static_triton_launcher",
     ),
+    _n(f"{_IND}.config:cpp.dynamic_threads"),  # a generator's kernels read the thread count
     _n(f"{_IND}:list_mode_options"),
     _n(f"{_IND}.compile_fx:compile_fx_backward", "compiler_config_extra"),
     _n(

@@ -231,6 +231,15 @@ def inductor_options(options: dict[str, Any] | None) -> contextlib.AbstractConte
     return config.patch(options) if options else contextlib.nullcontext()
 
 
+def kernels_read_thread_count() -> bool:
+    """Whether the C++ kernels Inductor compiles now read OpenMP's thread count as they
+    run (``cpp.dynamic_threads``: no team size or per-thread buffer fixed at compile), so
+    that the count at the call need not be the count at the capture."""
+    from torch._inductor import config
+
+    return bool(config.cpp.dynamic_threads)
+
+
 def inductor_config_patches(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
     from torch._inductor import list_mode_options
 

@@ -23,6 +23,7 @@ from typing import Any
 from .._errors import PrecompileError
 from ..serve.command import add_serve, serve
 from .inspect_header import header, inspect_command
+from .model_dir import add_build_options, options_from, resolve_serve_path
 from .text import one_line, terminal_text
 
 PROG = "torch-precompile"
@@ -37,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_build(sub)
     _add_generate(sub)
     add_serve(sub)
+    add_build_options(sub.choices["serve"])  # serve MODEL_DIR builds its file first
     p_inspect = sub.add_parser(
         "inspect", help="print an artifact's header (never unpickles: safe on untrusted files)"
     )
@@ -64,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "generate":
             return _generate(args)
         if args.command == "serve":
+            resolve_serve_path(args)  # MODEL_DIR: its cached generator file, built if needed
             return serve(args)
         if args.command == "inspect":
             return inspect_command(args.path, as_json=args.json, verify=args.verify)
@@ -116,9 +119,21 @@ def _add_build(sub: Any) -> None:
         help="capture a dimension dynamically, repeatable (alone: every dimension)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random example inputs")
+    p.add_argument(
+        "--generator",
+        action="store_true",
+        help="build the generator file serve runs (a decoder LM, its tokenizer and "
+        "generation_config): the file serve DIRECTORY would build into its cache",
+    )
+    add_build_options(p, device=False)
 
 
 def _build(args: argparse.Namespace) -> int:
+    if args.generator:
+        from .generator_build import build_generator
+
+        build_generator(args.directory, args.output, options_from(args))
+        return 0
     from .build import build
 
     build(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from ..runtime.generator_spec import (
     length_settings,
     sampling_settings,
 )
+from .build_progress import BuildProgress, program_name, thread_free_options
 from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import step_decompositions
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
@@ -314,9 +316,13 @@ def compile_generator(
         even = _free_size(taken | {prompt, batch}, 2, 10**6, multiple_of=world)
         sizes.append((even, prompt))
     examples = [example(b, s) for b, s in sizes]
+    names = [program_name(b, s, max_batch, b == batch) for b, s in sizes]
+    if world > 1:
+        names[-1] = f"prefill, batch {even} (rows split over the mesh)"
     if not refused:  # the slot decode step, one token per row (see slots.py)
         for b in (1,) if max_batch == 1 else (batch,):
             examples.append(slot_example(b, max_length, shapes, dtype, device))
+            names.append("slot decode step")
             for tensor in examples[-1][4:]:
                 _compat.mark_static_address(tensor)
     variants = []
@@ -327,17 +333,29 @@ def compile_generator(
     # On a GPU a decode step's grouped-query attention reads the cache's own heads
     # (decode_attention.py); a tensor-parallel step's heads are its shards', left as traced.
     grouped = groups_on(device) and world == 1
+    options = thread_free_options(options)
+    began = time.perf_counter()
+    took: list[float] = []
     with torch.no_grad(), _compat.inductor_options(options), _dropped_guards_once():
-        for args in examples:
-            b, s = args[0].shape
-            prefill = s > 1
-            log.info("generator: compiling the step at batch %d, length %d", b, s)
+        for n, (args, name) in enumerate(zip(examples, names), 1):
+            prefill = args[0].shape[1] > 1
+            progress = BuildProgress(name, n, len(examples), began)
+            log.info("generator: compiling %s", progress, extra={"progress": progress})
+            start = time.perf_counter()
             with tracing_attention(device, prefill):
                 variants.append(
                     _compile_step(
                         step, args, mode, options, tables[prefill], fused > 0, grouped, verbose
                     )
                 )
+            took.append(time.perf_counter() - start)
+    log.info(
+        "generator: %d programs compiled in %.1f s (%s)",
+        len(examples),
+        time.perf_counter() - began,
+        ", ".join(f"{name} {t:.1f} s" for name, t in zip(names, took)),
+        extra={"progress": None, "programs": dict(zip(names, took))},
+    )
     config = model.config
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:

@@ -1,9 +1,12 @@
 """Lean guards' vocabulary, shared by save (the spec) and load (the check): the types a
-spec names, classes found by name, and the grammar of the shape guards it keeps."""
+spec names, classes found by name, the grammar of the shape guards it keeps, and the
+global-state check that leaves the thread count out."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import json
 import types
 from typing import Any
 
@@ -209,3 +212,20 @@ def frame_local(node: Any) -> bool:
         and isinstance(node.slice, ast.Constant)
         and isinstance(node.slice.value, str)
     )
+
+
+@functools.lru_cache(maxsize=32)
+def _state_at(state: str, threads: int) -> Any:
+    """Dynamo's global-state check of ``state`` (its JSON) with the thread count ``threads``."""
+    data = json.loads(state)
+    data["num_threads"] = threads
+    guard = torch._C._dynamo.guards.GlobalStateGuard()  # type: ignore[attr-defined]
+    guard.__setstate__(json.dumps(data))
+    return guard
+
+
+def global_state_at_any_threads(state: str) -> bool:
+    """Whether torch's global state is ``state`` (a ``GlobalStateGuard``'s JSON) in all but
+    the thread count: a file whose C++ kernels size their OpenMP teams and reduction
+    buffers as they run (``cpp.dynamic_threads``) serves at any ``torch.set_num_threads``."""
+    return bool(_state_at(state, torch.get_num_threads()).check())

@@ -12,7 +12,13 @@ from typing import Any
 
 import torch
 
-from .guard_types import LEAN_TYPES, MethodRead, named_class, shape_expr_ok
+from .guard_types import (
+    LEAN_TYPES,
+    MethodRead,
+    global_state_at_any_threads,
+    named_class,
+    shape_expr_ok,
+)
 from .pickling import dumps
 from .pycode import code_for
 from .subclasses import DTensorSpecCheck, MeshCheck
@@ -84,6 +90,7 @@ class LeanGuards:
             "tf_stack_len": torch._C._len_torch_function_stack,
             "top_hooks": torch._C._autograd._top_saved_tensors_default_hooks,
             "named_class": named_class,
+            "global_state_at_any_threads": global_state_at_any_threads,
             "torch": torch,  # torch.sym_max / sym_min in shape guards (ints here)
             "object": MethodRead,  # object.__getattribute__(x, name) in aliasing guards
             # The types a spec names, by name (not among the constants: a method's type
@@ -401,6 +408,9 @@ class _Emitter:
             self._fail_unless(f"len({v}) == {int(leaf[1])}")
         elif kind == "contains":
             self._fail_unless(f"({self._const(leaf[1])} in {v}) is {bool(leaf[2])}")
+        elif kind == "global_state" and len(leaf) > 2 and leaf[2].get("any_threads"):
+            # Kernels that read the thread count as they run: the state at the call's count.
+            self._fail_unless(f"global_state_at_any_threads({self._const(str(leaf[1]))})")
         elif kind == "global_state":
             guard = torch._C._dynamo.guards.GlobalStateGuard()  # type: ignore[attr-defined]
             guard.__setstate__(leaf[1])

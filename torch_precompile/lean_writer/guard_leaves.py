@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .._compat import FROM_2_15
+from .._compat import FROM_2_15, kernels_read_thread_count
 from ..lean import LEAN_TYPES, named_class
 
 MISSING = object()
@@ -307,7 +307,10 @@ def _global_state(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     state = reader.check_fn.global_state
     if state is None:
         raise NoLeanGuards("a global state guard without its state")
-    return [["global_state", state.__getstate__()]]
+    leaf: list[Any] = ["global_state", state.__getstate__()]
+    if kernels_read_thread_count():  # the lean check leaves the count out (lean/guards.py)
+        leaf.append({"any_threads": True})
+    return [leaf]
 
 
 @leaf_reader("TORCH_FUNCTION_MODE_STACK")

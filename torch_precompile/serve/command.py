@@ -21,7 +21,12 @@ def add_serve(sub: Any) -> None:
         "serve",
         help="serve a generator file over HTTP as OpenAI's API (continuous batching)",
     )
-    p.add_argument("path", help="a file saved from compile_generator")
+    p.add_argument(
+        "path",
+        help="a generator file (compile_generator's, build --generator's), or a model directory "
+        "(save_pretrained's, a Hugging Face cache snapshot): its file is built once into "
+        "~/.cache/torch_precompile (TORCH_PRECOMPILE_CACHE) and found there by later starts",
+    )
     p.add_argument(
         "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)"
     )
@@ -53,6 +58,13 @@ def add_serve(sub: Any) -> None:
         help="on SIGTERM, seconds the requests in flight may take to finish before the "
         "server stops (default 25: inside Kubernetes' 30 s grace period)",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads of the kernels (torch.set_num_threads; default: torch's, "
+        "OMP_NUM_THREADS or the cores)",
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -72,6 +84,13 @@ def serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--drain-timeout must be 0 or more, got {args.drain_timeout}")
     if args.max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be 1 or more, got {args.max_request_bytes}")
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be 1 or more, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)  # before the load: its copies and warm-up use them
     began = time.perf_counter()
     generator = load(args.path)
     loaded = time.perf_counter()

@@ -151,10 +151,9 @@ def _build_served(root: Path) -> None:
     Precompile.save(root / "own.pt", Generator(generator.step, own, generator.tokenizer_json))
 
 
-@pytest.fixture(scope="module")
-def built(store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The served files, built once per run (tests/fixtures/store.py), copied into this
-    module's own folder (a server's log is written beside its file)."""
+def served_files(store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The served files, built once per run (tests/fixtures/store.py), copied into the
+    calling module's own folder (a server's log is written beside its file)."""
     key = {"small": SMALL, "vocab": VOCAB, "slots": SLOTS, "max_length": MAX_LENGTH}
     shared = store.saved("serve-llama", {**key, "template": TEMPLATE}, _build_served, folder=True)
     root = tmp_path_factory.mktemp("serve")
@@ -169,6 +168,11 @@ def built(store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
         "tokenizer": tokenizer,
         "model": _served_model(),
     }
+
+
+@pytest.fixture(scope="module")
+def built(store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return served_files(store, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -19,16 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("openai")
 
-from test_generator import SMALL, _tokenizer  # noqa: E402
-from test_serve import _SERVER, MAX_LENGTH, PROMPTS, SLOTS, VOCAB, Server, _greedy  # noqa: E402
+from test_serve import (  # noqa: E402
+    _SERVER,
+    MAX_LENGTH,
+    PROMPTS,
+    Server,
+    _greedy,
+    served_files,
+)
 
-from torch_precompile import Precompile  # noqa: E402
-from torch_precompile.generation import compile_generator  # noqa: E402
 from torch_precompile.serve.tokens import most_characters  # noqa: E402
 
 TEMPLATE = (
@@ -43,18 +46,8 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(num_key_value_heads=2, **{**SMALL, "vocab_size": VOCAB})
-    model = transformers.LlamaForCausalLM(config).eval()
-    tokenizer = _tokenizer()
-    tokenizer.chat_template = TEMPLATE
-    generator = compile_generator(
-        model, max_batch=SLOTS, max_length=MAX_LENGTH, tokenizer=tokenizer
-    )
-    path = tmp_path_factory.mktemp("serve_inputs") / "tiny.pt"
-    Precompile.save(path, generator)
-    return {"path": path, "tokenizer": tokenizer}
+def built(store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return served_files(store, tmp_path_factory)  # test_serve's, built once per run
 
 
 @pytest.fixture(scope="module")

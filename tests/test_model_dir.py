@@ -45,7 +45,9 @@ from torch_precompile.cli.model_dir import (  # noqa: E402
     checkpoint_digest,
 )
 
-MAX_BATCH, MAX_LENGTH = 4, 64
+# One row: a build of three programs (these tests are of the command and its cache, not
+# of batching, which test_generator and test_serve cover).
+MAX_BATCH, MAX_LENGTH = 1, 64
 BUILD = ["--max-batch", str(MAX_BATCH), "--max-length", str(MAX_LENGTH)]
 QUESTION = [{"role": "user", "content": "the cat sat on"}]
 

@@ -226,6 +226,11 @@ def compiled_function_bytecode(fn: Any) -> types.CodeType:
     return fn._artifacts.runtime_env.bytecode
 
 
+def compiled_function_import_sources(fn: Any) -> dict[str, str]:
+    """The modules Dynamo's bytecode names as globals, ``{alias: module}``."""
+    return dict(fn._artifacts.runtime_env.import_sources or {})
+
+
 def compiled_function_device_type(fn: Any) -> str:
     return fn._artifacts.device_type
 

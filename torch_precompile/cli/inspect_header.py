@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 from .._errors import PrecompileError
@@ -162,6 +163,7 @@ def format_header(data: dict[str, Any], typed: Header) -> str:
     sizes = typed.sizes or {s["name"]: s["length"] for s in data["sections"]}
     lines.append("sizes:     " + ", ".join(f"{k} {human_size(int(v))}" for k, v in sizes.items()))
     lines += _load_paths(data, typed)
+    lines += import_lines(typed.imports)
     if typed.timings:
         lines.append("timings:   " + ", ".join(f"{k} {v:.2f} s" for k, v in typed.timings.items()))
     for i, variant in enumerate(typed.variants):
@@ -185,6 +187,31 @@ def _load_paths(data: dict[str, Any], typed: Header) -> list[str]:
             why = variant.lean_refusal or "no lean section"
             how = f"PyTorch's full path ({why})"
         lines.append(f"{label:10s} {how}")
+    return lines
+
+
+def import_lines(imports: dict[str, dict[str, list[str]]] | None) -> list[str]:
+    """The packages a load imports (``meta.imports``, recorded at save from the pickles'
+    opcodes, the skeleton and the compiled code), beside the standard library's; then
+    those only PyTorch's full path or Dynamo's own guards would import, and the places
+    that name a package other than torch and this one."""
+    if imports is None:
+        return ["imports:   not recorded (a file saved before they were)"]
+    lines = []
+    for part, label in (("load", "imports:  "), ("fallback", "  only on PyTorch's full path:")):
+        table = imports.get(part, {})
+        packages = sorted({m.split(".")[0] for m in table})
+        stdlib = [p for p in packages if p in sys.stdlib_module_names]
+        others = [p for p in packages if p not in stdlib]
+        text = ", ".join(others) or "none"
+        if stdlib:
+            text += f" (and the standard library's {', '.join(stdlib)})"
+        if part == "load":
+            text += " at load"
+        lines.append(f"{label} {text}")
+        for module, places in table.items():
+            if module.split(".")[0] not in (*stdlib, "torch", "torch_precompile"):
+                lines.append(f"    {module}: {'; '.join(places)}")
     return lines
 
 

@@ -16,10 +16,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .opened import OpenedFile
 
+# The model libraries a file served by torch alone (a generator's) must not import.
+MODEL_LIBRARIES = ("transformers", "diffusers", "sentence_transformers")
+
 
 class FileExtension:
     """One kind of file. The defaults add nothing; an extension overrides the points it
     needs. One instance per file being loaded (:meth:`for_file`)."""
+
+    # Top-level packages this kind of file is served without: save leaves attributes
+    # naming them out of the module's stand-in, and its builder refuses a file whose
+    # load would import one (``serialization/load_imports.py``).
+    serves_without: tuple[str, ...] = ()
 
     @classmethod
     def parts_to_save(cls, obj: Any) -> tuple[Any, dict[str, bytes]] | None:

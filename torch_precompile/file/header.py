@@ -113,6 +113,9 @@ class Header:
     global_names: tuple[str, ...] = ()  # names the code reads from it (version-1 fallback)
     # A model of DTensors: world size, mesh, placements, shard files (``_distributed.Layout``).
     distributed: dict[str, Any] | None = None
+    # The modules a load imports, ``{"load"|"fallback": {module: [places]}}``
+    # (``serialization/load_imports.py``); None: a file written before they were recorded.
+    imports: dict[str, dict[str, list[str]]] | None = None
     # The format version of the file it was read from (not written: the container's).
     format_version: int = dataclasses.field(default=FORMAT_VERSION, compare=False)
 
@@ -145,6 +148,7 @@ class Header:
             "globals_module": self.globals_module,
             "global_names": list(self.global_names),
             "distributed": self.distributed,
+            **({"imports": self.imports} if self.imports is not None else {}),
         }
 
     @classmethod
@@ -199,6 +203,7 @@ class Header:
             distributed=_object(data["distributed"], "distributed")
             if data.get("distributed") is not None
             else None,
+            imports=_imports(data.get("imports")),
             format_version=version,
         )
 
@@ -299,6 +304,18 @@ def _numbers(value: Any, field: str, kind: type) -> dict[str, Any]:
             raise _Bad(field, f"holds {type(number).__name__} for {name!r}, not a number")
         if not (math.isfinite(number) and 0 <= number < _MAX_NUMBER):
             raise _Bad(field, f"holds {number!r:.40} for {name!r}, out of range")
+    return value
+
+
+def _imports(value: Any) -> dict[str, dict[str, list[str]]] | None:
+    """``meta.imports``: ``{"load"|"fallback": {module: [place, ...]}}``, or None."""
+    if value is None:
+        return None
+    value = _object(value, "imports")
+    for part in ("load", "fallback"):
+        for module, places in _object(value.get(part), f"imports.{part}").items():
+            if not (isinstance(places, list) and all(_is_str(p) for p in places)):
+                raise _Bad(f"imports.{part}", f"holds {places!r:.80} for {module!r}")
     return value
 
 

@@ -38,7 +38,7 @@ from .build_progress import BuildProgress, program_name, thread_free_options
 from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import step_decompositions
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
-from .torch_only import refuse_foreign_ops, torch_only_decompositions
+from .torch_only import refuse_foreign_ops, refuse_library_imports, torch_only_decompositions
 from .views import fused_projections, own_copy
 
 log = logging.getLogger("torch_precompile")
@@ -377,7 +377,9 @@ def compile_generator(
         lengths=_length_fields(model),
         **_chat_fields(tokenizer),
     )
-    return Generator(Precompile.precompile(variants), spec, tokenizer_json)
+    generator = Generator(Precompile.precompile(variants), spec, tokenizer_json)
+    refuse_library_imports(generator, model)  # the file it makes serves with torch alone
+    return generator
 
 
 # generation_config settings transformers' generate applies and a generator does not,

@@ -1,7 +1,8 @@
 """What keeps a generator's step servable by torch alone, checked and arranged at build.
 
 A generator file is served where the model's library cannot be imported, so its
-graph may call only operators torch itself registers. Two things here:
+graph may call only operators torch itself registers, and its file may name nothing
+of that library. Three things here:
 
 - :func:`torch_only_decompositions`: transformers' mixture-of-experts layers,
   compiled in float32 or float16, call
@@ -12,11 +13,18 @@ graph may call only operators torch itself registers. Two things here:
   provide that is left in the ATen graph is refused with a
   :class:`~torch_precompile.CaptureError` naming it, at build rather than at
   the first ``generate``.
+- :func:`refuse_library_imports`: the file the build makes, read as ``inspect``
+  reads it, names no module of a model library (transformers, diffusers,
+  sentence_transformers) that its load would import, and its module stand-in
+  meets every guard; otherwise a :class:`~torch_precompile.CaptureError` naming
+  the reference and the place that needs it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,19 +32,12 @@ import torch
 
 from .. import _compat
 from .._errors import CaptureError
+from ..guards import unmet_by
+from ..lean.standin.module import build_standin
+from ..serialization.load_imports import TORCH_NAMESPACES, library_references
+from ..serialization.save import file_parts
 
 log = logging.getLogger("torch_precompile")
-
-# The operator namespaces torch registers itself (C++ and Python), torch 2.11 to 2.15:
-# a graph calling only these runs where torch alone is imported.
-TORCH_NAMESPACES = frozenset(
-    {
-        "aten", "prim", "prims", "rngprims", "debugprims", "inductor", "inductor_prims",
-        "_c10d_functional", "_c10d_functional_autograd", "c10d", "_dtensor", "symm_mem",
-        "quantized", "_quantized", "quantization", "mkl", "mkldnn", "mkldnn_prepacked",
-        "onednn", "profiler", "sparse", "_native", "streams", "higher_order",
-    }
-)  # fmt: skip
 
 
 def grouped_mm(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -101,3 +102,39 @@ def refuse_foreign_ops(graph_module: torch.fx.GraphModule, model: torch.nn.Modul
         "file could not run it where that library is absent. Compute that part with torch "
         "operators, or serve the model with its library (generate_with)"
     )
+
+
+def refuse_library_imports(built: Any, model: torch.nn.Module) -> None:
+    """A :class:`CaptureError` when the file ``built`` (a generator) makes would import
+    a model library where it is loaded (every global its pickles name, read with
+    ``pickletools``; every module its stand-in or compiled bytecode reads; every
+    operator its kernels call: ``serialization/load_imports.py``), each named with the
+    place that needs it; or when the stand-in that file rebuilds, without those
+    libraries, fails a guard of a variant. Runs what save runs, without packing the
+    weights."""
+    started = time.perf_counter()
+    parts = file_parts(built, weights=False)
+    log.info("generator: the file made in memory in %.1f s", time.perf_counter() - started)
+    found = library_references(parts.header.imports or {"load": {}})
+    name = type(model).__name__
+    if found:
+        named = "; ".join(f"{module} ({', '.join(places)})" for module, places in found.items())
+        raise CaptureError(
+            f"{name}: the generator's file would import {named} where it is loaded, and a "
+            "generator file is served where the model's library cannot be imported. "
+            "Compute that part with torch, or serve the model with its library "
+            "(generate_with)"
+        )
+    if parts.skeleton is None or parts.tensors is None or parts.layout is not None:
+        return  # a tensor-parallel model's stand-in is built from each rank's shard
+    standin = build_standin(json.loads(json.dumps(parts.skeleton)), parts.tensors)
+    artifact = parts.artifact
+    for i, variant in enumerate(artifact.variants or (artifact,)):
+        unmet = unmet_by(list(variant.guards), standin, identities=True)
+        if unmet:
+            raise CaptureError(
+                f"{name}: the generator's file, served without the model's library, would "
+                f"refuse every call of variant {i}: its stand-in of the model fails "
+                f"{'; '.join(unmet)}. Make that attribute a plain value, or serve the "
+                "model with its library (generate_with)"
+            )

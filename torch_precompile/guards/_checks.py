@@ -60,12 +60,21 @@ def diagnose(
     )
 
 
-def unmet_by(guards: Sequence[Guard], self_value: Any) -> list[str]:
-    """The tensor and value guards on ``self`` that ``self_value`` (a stand-in) breaks."""
+def unmet_by(guards: Sequence[Guard], self_value: Any, identities: bool = False) -> list[str]:
+    """The tensor and value guards on ``self`` that ``self_value`` (a stand-in) breaks;
+    ``identities``: the identity guards on its functions and classes too."""
     call = Call({"self": self_value}, torch.is_grad_enabled())
+    kinds: tuple[type, ...] = (
+        (TensorGuard, ValueGuard, IdentityGuard)
+        if identities
+        else (
+            TensorGuard,
+            ValueGuard,
+        )
+    )
     problems = []
     for g in guards:
-        if isinstance(g, (TensorGuard, ValueGuard)) and g.source.startswith("L['self']"):
+        if isinstance(g, kinds) and g.source.startswith("L['self']"):
             problem = g.problem(call)
             if problem:
                 problems.append(problem)

@@ -122,6 +122,19 @@ def _function_with_module_globals(
     return _function(code, _ModuleGlobals(module), *rest)
 
 
+def function_from_code(
+    code: types.CodeType,
+    module: str,
+    qualname: str,
+    defaults: tuple[Any, ...] | None,
+    kwdefaults: dict[str, Any] | None,
+) -> types.FunctionType:
+    """A function rebuilt from its code, named as in ``module``, which is imported only
+    if the function runs (a stand-in's attribute: guards compare it, nothing calls it)."""
+    name = qualname.rsplit(".", 1)[-1]
+    return _function(code, _ModuleGlobals(module), name, qualname, defaults, kwdefaults, None, {})
+
+
 def _cell(contents: Any) -> types.CellType:
     return types.CellType(contents)
 

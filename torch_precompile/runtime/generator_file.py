@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ArtifactCorruptedError
 from ..file import trace as _trace
-from ..file.extension import FileExtension
+from ..file.extension import MODEL_LIBRARIES, FileExtension
 from ..file.sections import GENERATOR, GENERATOR_TOKENIZER
 from .generator import Generator
 from .generator_spec import GeneratorSpec
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 class GeneratorFile(FileExtension):
     """A generator's file; load returns the :class:`~.generator.Generator`."""
+
+    serves_without = MODEL_LIBRARIES  # served where the model's library is absent
 
     def __init__(self, path: str, spec: GeneratorSpec, tokenizer: bytes | None) -> None:
         self.path, self.spec, self.tokenizer = path, spec, tokenizer

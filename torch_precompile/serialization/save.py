@@ -9,6 +9,7 @@ a :class:`~.header.Header`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import logging
@@ -31,6 +32,7 @@ from ..lean.pickling import dumps as stable_dumps
 from ..lean.standin import module as standin
 from ..runtime.artifact import PrecompiledArtifact
 from .extensions import EXTENSIONS
+from .load_imports import file_imports
 
 log = logging.getLogger("torch_precompile")
 
@@ -46,11 +48,45 @@ def save(
     sign_key: bytes | str | None = None,
 ) -> None:
     """Write ``artifact`` to one file, atomically (weights included)."""
-    extra_sections: dict[str, bytes] = {}
+    parts = file_parts(artifact, bytecode, guards)
+    if parts.tensors is not None and parts.layout is None:
+        _warn_if_standin_falls_short(path, parts.artifact, parts.skeleton, parts.tensors)
+    write_artifact(path, parts.header.to_json(), parts.sections, sign_key=sign_key)
+    if parts.layout is not None:
+        save_shard(path, parts.artifact.module)  # the calling rank's shard file
+    parts.artifact.saved_as(os.path.abspath(path), parts.header.created, parts.header.sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileParts:
+    """What :func:`save` writes: the header and the sections (the weights left out when
+    asked), the artifact saved (an extension's, such as a generator's step), and the
+    bound module's skeleton, tensors and distributed layout."""
+
+    artifact: PrecompiledArtifact
+    header: Header
+    sections: dict[str, bytes]
+    skeleton: dict[str, Any] | None
+    tensors: dict[str, torch.Tensor] | None
+    layout: Any
+
+
+def file_parts(
+    obj: Any,
+    bytecode: types.CodeType | None = None,
+    guards: Guards | None = None,
+    *,
+    weights: bool = True,
+) -> FileParts:
+    """The file ``save`` writes for ``obj`` (an artifact, or an object an extension
+    saves), in memory; ``weights=False``: without packing the weights (a check of
+    what the file refers to, at build)."""
+    artifact, extra_sections, serves_without = obj, {}, ()
     for kind in EXTENSIONS:  # a generator: its step, with the generator's records
-        parts = kind.parts_to_save(artifact)
+        parts = kind.parts_to_save(obj)
         if parts is not None:
             artifact, extra_sections = parts
+            serves_without = kind.serves_without
             break
     _check_save_arguments(artifact, bytecode, guards)
     variants = artifact.variants or (artifact,)
@@ -61,17 +97,16 @@ def save(
     bound = artifact.module
     kind = "function"
     layout = describe_layout(bound)  # None unless the model holds DTensors
+    skeleton = tensors = None
     if isinstance(bound, torch.nn.Module):
         kind = "module"
-        skeleton = standin.describe_module(bound)
+        skeleton = standin.describe_module(bound, leave_out=serves_without)
         tensors = standin.module_tensors(bound)
         if layout is not None:  # shards go to per-rank files (save_shard)
             tensors, extra = code_file_parts(bound, tensors)
             sections.update(extra)
         sections[names.SKELETON] = json.dumps(skeleton).encode()
-        sections[names.WEIGHTS] = standin.pack_tensors(tensors)
-        if layout is None:
-            _warn_if_standin_falls_short(path, artifact, skeleton, tensors)
+        sections[names.WEIGHTS] = standin.pack_tensors(tensors) if weights else b""
     elif bound is not None:
         kind = "object"
         sections[names.SELF] = stable_dumps(bound)
@@ -97,6 +132,16 @@ def save(
     sizes = {n: len(data) for n, data in sections.items() if not n.startswith(KERNEL_PREFIX)}
     if kernels:
         sizes["kernels"] = sum(len(data) for data in kernels.values())
+    records = tuple(_record(v, refusal) for v, refusal in zip(variants, refusals))
+    # Names the compiled code reads from the model's module (e.g. an output dataclass).
+    global_names = tuple(_compat.unresolved_globals(artifact.compiled_function))
+    imports = file_imports(
+        sections,
+        [v.compiled_function for v in variants],
+        [r.external_refs or {} for r in records],
+        artifact.globals_module,
+        global_names,
+    )
     header = Header(
         producer=f"torch_precompile {PACKAGE_VERSION}",
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -105,18 +150,15 @@ def save(
         system=artifact.system,
         cudagraphs=_compat.compiled_function_uses_cudagraphs(artifact.compiled_function),
         bundle=bool(artifact.variants),
-        variants=tuple(_record(v, refusal) for v, refusal in zip(variants, refusals)),
+        variants=records,
         sizes=sizes,
         guards_text=_guards_text(artifact),
         globals_module=artifact.globals_module,
-        # Names the compiled code reads from the model's module (e.g. an output dataclass).
-        global_names=tuple(_compat.unresolved_globals(artifact.compiled_function)),
+        global_names=global_names,
         distributed=layout.to_json() if layout is not None else None,
+        imports=imports,
     )
-    write_artifact(path, header.to_json(), sections, sign_key=sign_key)
-    if layout is not None:
-        save_shard(path, bound)  # the calling rank's shard file
-    artifact.saved_as(os.path.abspath(path), header.created, sizes)
+    return FileParts(artifact, header, sections, skeleton, tensors, layout)
 
 
 def _check_save_arguments(

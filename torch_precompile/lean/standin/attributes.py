@@ -4,9 +4,11 @@ shared references kept shared (a memo)."""
 
 from __future__ import annotations
 
+import base64
 import collections
 import enum
 import functools
+import marshal
 import pathlib
 import types
 from typing import Any
@@ -140,6 +142,48 @@ def _imports(encoded: Any) -> bool:
     return False
 
 
+def function_by_value(value: Any, memo: dict[int, int]) -> list[Any] | None:
+    """``["function", ...]``: a plain function (no closure) carried as its code, module
+    and name, rebuilt without importing its module (which a guard's identity of it, by
+    module, name and code, does not need); None for anything else."""
+    if not isinstance(value, types.FunctionType) or value.__closure__ is not None:
+        return None
+    try:
+        code = base64.b64encode(marshal.dumps(value.__code__)).decode()
+        defaults = encode_value(value.__defaults__, memo) if value.__defaults__ else None
+        kwdefaults = encode_value(value.__kwdefaults__, memo) if value.__kwdefaults__ else None
+    except (ValueError, Unencodable):
+        return None
+    payload = {"module": value.__module__, "qualname": value.__qualname__, "code": code}
+    return ["function", {**payload, "defaults": defaults, "kwdefaults": kwdefaults}]
+
+
+def imported_modules(encoded: Any) -> list[str]:
+    """The modules decoding ``encoded`` imports (see :func:`imported_names`)."""
+    return list(dict.fromkeys(module for module, _ in imported_names(encoded)))
+
+
+def imported_names(encoded: Any) -> list[tuple[str, str]]:
+    """``(module, qualified name)`` of each class, function or enum decoding ``encoded``
+    imports (``ref``, ``enum`` and ``object`` payloads, also inside containers, partials
+    and configs' state), in order; a config's own class is not one: its stand-in
+    imports it only if a method of it is called."""
+    found: list[tuple[str, str]] = []
+    if isinstance(encoded, list):
+        tag = encoded[0] if len(encoded) == 2 else None
+        if tag in ("ref", "enum") and isinstance(encoded[1], list):
+            found.append((str(encoded[1][0]), str(encoded[1][1])))
+        elif tag == "object" and isinstance(encoded[1], dict):
+            found.append((str(encoded[1]["class"][0]), str(encoded[1]["class"][1])))
+        for item in encoded:
+            found += imported_names(item)
+    elif isinstance(encoded, dict):
+        for key, item in encoded.items():
+            if key != "class":
+                found += imported_names(item)
+    return list(dict.fromkeys(found))
+
+
 def decode_value(encoded: list[Any], memo: dict[int, Any]) -> Any:
     """Inverse of :func:`encode_value` (and of the version-1 ``[type name, value]`` form)."""
     tag, payload = encoded
@@ -195,6 +239,17 @@ def _decode_object(tag: str, payload: Any, memo: dict[int, Any]) -> Any:
         return find(*payload)
     if tag == "enum":
         return getattr(find(*payload[:2]), payload[2])
+    if tag == "function":
+        from ..pickling import function_from_code
+
+        defaults, kwdefaults = payload["defaults"], payload["kwdefaults"]
+        return function_from_code(
+            marshal.loads(base64.b64decode(payload["code"])),
+            payload["module"],
+            payload["qualname"],
+            decode_value(defaults, memo) if defaults is not None else None,
+            decode_value(kwdefaults, memo) if kwdefaults is not None else None,
+        )
     if tag == "partial":
         return functools.partial(
             decode_value(payload["func"], memo),

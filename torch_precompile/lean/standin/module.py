@@ -11,6 +11,7 @@ bytes (no pickle); tied parameters stay tied. Attribute values are encoded by
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,13 @@ from typing import Any
 import torch
 
 from ...file.treehash import TreeCheck
-from .attributes import Unencodable, decode_value, encode_value
+from .attributes import (
+    Unencodable,
+    decode_value,
+    encode_value,
+    function_by_value,
+    imported_modules,
+)
 from .h2d import copy_checked, copy_to_device
 
 _SKIP_ATTRS = frozenset(
@@ -38,9 +45,15 @@ _SKIP_ATTRS = frozenset(
 # ``object``); both still load. Version 3 holds configs as stand-ins (tag ``config``).
 SKELETON_VERSION = 3
 
+log = logging.getLogger("torch_precompile")
 
-def describe_module(module: torch.nn.Module) -> dict[str, Any]:
-    """A JSON-able skeleton: per submodule its plain attributes, params and buffers."""
+
+def describe_module(module: torch.nn.Module, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A JSON-able skeleton: per submodule its plain attributes, params and buffers.
+
+    ``leave_out``: top-level packages (a model library) whose classes and functions
+    the stand-in must not import: an attribute naming one is left out of it (a
+    file served without that library), as an attribute that cannot be encoded is."""
     tensors: dict[int, str] = {}
     memo: dict[int, int] = {}
     modules = {}
@@ -51,10 +64,19 @@ def describe_module(module: torch.nn.Module) -> dict[str, Any]:
                 continue
             trial = dict(memo)  # an attribute that fails leaves no dangling memo entries
             try:
-                attrs[key] = encode_value(value, trial)
-                memo = trial
+                encoded = encode_value(value, trial)
             except Unencodable:
                 continue  # not in the stand-in; a guard that reads it says so at save
+            if leave_out and encoded[0] != "config" and _names_any(encoded, leave_out):
+                # A function of the library travels as its code, which a guard's identity
+                # of it matches; anything else is left out (a guard that reads it says so;
+                # a config stays whole).
+                encoded = function_by_value(value, trial) if encoded[0] == "ref" else None
+                if encoded is None:
+                    log.debug("stand-in: %s.%s left out (it imports %s)", path, key, leave_out)
+                    continue
+            attrs[key] = encoded
+            memo = trial
         params = {
             name: None
             if p is None
@@ -75,6 +97,11 @@ def describe_module(module: torch.nn.Module) -> dict[str, Any]:
             "children": list(mod._modules.keys()),
         }
     return {"version": SKELETON_VERSION, "modules": modules}
+
+
+def _names_any(encoded: Any, packages: tuple[str, ...]) -> bool:
+    """Whether decoding ``encoded`` imports a module of one of ``packages``."""
+    return any(m.split(".")[0] in packages for m in imported_modules(encoded))
 
 
 def tree_difference(skeleton: dict[str, Any], model: torch.nn.Module) -> str | None:

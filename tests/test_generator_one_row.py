@@ -29,8 +29,6 @@ from torch_precompile import Precompile  # noqa: E402
 from torch_precompile._errors import GenerationLimitError  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
 
-pytestmark = pytest.mark.quick
-
 MAX_LENGTH, VOCAB = 48, 320
 _LOGITS = dict(return_dict_in_generate=True, output_logits=True)
 

@@ -198,7 +198,9 @@ def import_lines(imports: dict[str, dict[str, list[str]]] | None) -> list[str]:
     if imports is None:
         return ["imports:   not recorded (a file saved before they were)"]
     lines = []
-    for part, label in (("load", "imports:  "), ("fallback", "  only on PyTorch's full path:")):
+    fallback = "  only PyTorch's full path or Dynamo's guards:"
+    labels = (("load", "imports:  "), ("fallback", fallback))
+    for part, label in labels:
         table = imports.get(part, {})
         packages = sorted({m.split(".")[0] for m in table})
         stdlib = [p for p in packages if p in sys.stdlib_module_names]

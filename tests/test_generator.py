@@ -239,7 +239,7 @@ def test_the_models_generation_config_is_the_default(
 ) -> None:
     """Settings a call leaves out are the model's generation_config's (recorded at build),
     else transformers' defaults (sampling: top_k 50), as transformers' generate."""
-    from torch_precompile.generation.compile import _sampling_fields
+    from torch_precompile.generation.model_settings import sampling_fields as _sampling_fields
 
     case = built["llama"]
     model, loaded = case["model"], case["loaded"]
@@ -304,7 +304,7 @@ def test_a_call_without_max_new_tokens_runs_as_long_as_transformers(
     """Left out, max_new_tokens is the model's generation_config's, else up to its
     max_length (the prompt included), else 20, as transformers' generate; a count the
     call did not ask for stops where the cache ends."""
-    from torch_precompile.generation.compile import _length_fields
+    from torch_precompile.generation.model_settings import length_fields as _length_fields
 
     case = built["llama"]
     model, loaded = case["model"], case["loaded"]

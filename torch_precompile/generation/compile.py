@@ -13,7 +13,6 @@ batch-1 programs only (three).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import time
 from collections.abc import Iterator
@@ -24,147 +23,19 @@ import torch
 from .. import _compat
 from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
-from .._errors import CaptureError
 from ..runtime.attention_backends import tracing_attention
 from ..runtime.generator import Generator
-from ..runtime.generator_spec import (
-    LENGTH_KEYS,
-    SAMPLING_DEFAULTS,
-    GeneratorSpec,
-    length_settings,
-    sampling_settings,
-)
+from ..runtime.generator_spec import GeneratorSpec
 from .build_progress import BuildProgress, program_name, thread_free_options
 from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import step_decompositions
-from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
+from .model_settings import chat_fields, length_fields, sampling_fields
+from .slots import slot_example, slots_work
+from .step import _Step
 from .torch_only import refuse_foreign_ops, refuse_library_imports, torch_only_decompositions
-from .views import fused_projections, own_copy
+from .views import fused_projections
 
 log = logging.getLogger("torch_precompile")
-
-
-class _Step(torch.nn.Module):
-    """``(input_ids, attention_mask, position_ids, start, *cache) -> last logits``.
-
-    ``attention_mask`` covers the whole cache, ``(batch, max_length)``;
-    ``start`` (a 0-d tensor) is where the tokens go in the cache; ``cache`` is
-    keys and values of each layer, ``(batch, heads, max_length, head_dim)``.
-    """
-
-    # The slot step's cache layer class (transformers' StaticLayer, one row per slot),
-    # read by the trace through type(self): a class attribute, which the file's guards
-    # leave to the build, where a global the trace read would be a guard that the
-    # serving process (which never makes the class) fails.
-    slot_layer: Any = None
-
-    def __init__(self, model: torch.nn.Module, max_length: int) -> None:
-        super().__init__()
-        self.model = model
-        self.head = _head_view(model)  # registered after ``model``: its weights keep their names
-        self.max_length = max_length
-        type(self).slot_layer = slot_layer_class()  # one class per process
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        start: torch.Tensor,
-        *cache: torch.Tensor,
-    ) -> torch.Tensor:
-        from transformers.cache_utils import Cache
-
-        if start.dim() == 1:  # slots: each row its own offset (generation/slots.py)
-            layers, attention_mask = slot_cache_and_mask(
-                self.model.config, cache, start, self.max_length, type(self).slot_layer
-            )
-        else:
-            layers = _shared_layers(cache, start, self.max_length)
-        # The decoder's forward without transformers' output capturing, whose context
-        # variable the compiled code would otherwise write back (a read of the
-        # library at serve time); the head on the last position only.
-        decoder = self.model.get_decoder()
-        hidden = inspect.unwrap(type(decoder).forward)(
-            decoder,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=Cache(layers=layers),
-            use_cache=True,
-        ).last_hidden_state
-        return _head_logits(self.head, hidden[:, -1:, :])
-
-
-class _GivenOutput:
-    """The decoder output :class:`_Given` returns: the hidden state as ``last_hidden_state``
-    (and item 0), ``None`` for whatever else a head reads (caches, attentions, router logits)."""
-
-    def __init__(self, hidden: torch.Tensor) -> None:
-        self.last_hidden_state = hidden
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        if index != 0:
-            raise IndexError(index)
-        return self.last_hidden_state
-
-    def __getattr__(self, name: str) -> None:
-        return None
-
-
-class _Given(torch.nn.Module):
-    """Stands for the decoder in :func:`_head_view`: returns the hidden state it is given
-    (as ``inputs_embeds``) as the decoder's output."""
-
-    def forward(self, *args: Any, **kwargs: Any) -> _GivenOutput:
-        return _GivenOutput(kwargs["inputs_embeds"])
-
-
-def _head_view(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` (a ``...ForCausalLM``) with its decoder replaced by :class:`_Given`: the
-    same weights and attributes, so its own ``forward`` computes the logits from a hidden
-    state with the family's own processing (Cohere's ``logit_scale``, Granite's
-    ``logits_scaling``, Gemma2's softcapping), not a copy of it. The model is unchanged."""
-    decoder = model.get_decoder()
-    path = next((n for n, m in model.named_modules() if m is decoder and n), None)
-    if path is None:
-        raise CaptureError(
-            f"{type(model).__name__}: its decoder (get_decoder()) is not one of its "
-            "submodules; compile_generator serves a ...ForCausalLM whose decoder is"
-        )
-    view = own_copy(model)
-    parent = view
-    *parents, last = path.split(".")  # OPT: model.decoder, each module on the way copied
-    for name in parents:
-        parent._modules[name] = own_copy(parent._modules[name])
-        parent = parent._modules[name]
-    parent._modules[last] = _Given()
-    return view
-
-
-def _head_logits(head: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """The logits of ``hidden`` (``(batch, 1, hidden)``, the decoder's last position) by the
-    model's own forward over :func:`_head_view`'s stand-in decoder: the decoder runs
-    without transformers' output capturing (whose context variable the compiled code
-    would write back, a read of the library at serve time), the head as the model's."""
-    return type(head).forward(head, inputs_embeds=hidden, use_cache=False).logits
-
-
-def _shared_layers(cache: tuple[torch.Tensor, ...], start: torch.Tensor, max_length: int) -> list:
-    """Static layers over the cache tensors, every row written from one ``start``."""
-    from transformers.cache_utils import StaticLayer
-
-    layers = []
-    for keys, values in zip(cache[0::2], cache[1::2]):
-        layer = StaticLayer(max_length)
-        layer.keys, layer.values = keys, values
-        layer.dtype, layer.device = keys.dtype, keys.device
-        layer.batch_size, layer.num_heads = keys.shape[0], keys.shape[1]
-        layer.k_head_dim, layer.v_head_dim = keys.shape[-1], values.shape[-1]
-        layer.cumulative_length = start.clone()  # update() adds to it in place
-        layer.is_initialized = True
-        layers.append(layer)
-    return layers
 
 
 def _cache_layout(model: torch.nn.Module, max_length: int) -> tuple[list[tuple[int, int]], str]:
@@ -373,80 +244,13 @@ def compile_generator(
         pad_token_id=pad,
         model_type=str(getattr(config, "model_type", "")),
         slots=not refused,
-        sampling=_sampling_fields(model),
-        lengths=_length_fields(model),
-        **_chat_fields(tokenizer),
+        sampling=sampling_fields(model),
+        lengths=length_fields(model),
+        **chat_fields(tokenizer),
     )
     generator = Generator(Precompile.precompile(variants), spec, tokenizer_json)
     refuse_library_imports(generator, model)  # the file it makes serves with torch alone
     return generator
-
-
-# generation_config settings transformers' generate applies and a generator does not,
-# each with the values that change nothing.
-_NOT_APPLIED: dict[str, tuple[Any, ...]] = {
-    "num_beams": (None, 1),
-    "num_beam_groups": (None, 1),
-    "diversity_penalty": (None, 0.0),
-    "penalty_alpha": (None,),
-    "no_repeat_ngram_size": (None, 0),
-    "bad_words_ids": (None,),
-    "sequence_bias": (None,),
-    "suppress_tokens": (None,),
-    "begin_suppress_tokens": (None,),
-    "forced_bos_token_id": (None,),
-    "forced_eos_token_id": (None,),
-    "typical_p": (None, 1.0),
-    "epsilon_cutoff": (None, 0.0),
-    "eta_cutoff": (None, 0.0),
-    "top_h": (None,),
-    "exponential_decay_length_penalty": (None,),
-    "guidance_scale": (None, 1.0),
-    "renormalize_logits": (None, False),
-}
-
-
-def _sampling_fields(model: Any) -> tuple[tuple[str, Any], ...]:
-    """The sampling settings the model's generation_config sets (what transformers'
-    ``generate`` and vLLM's server use when a call leaves them out); a setting of it
-    that the generator does not apply is named in a warning."""
-    config = getattr(model, "generation_config", None)
-    if config is None:
-        return ()
-    own = config.to_diff_dict()  # what differs from GenerationConfig's defaults
-    ignored = {k: own[k] for k in _NOT_APPLIED if k in own and own[k] not in _NOT_APPLIED[k]}
-    if ignored:
-        log.warning(
-            "generator: the model's generation_config sets %s, which Generator.generate and "
-            "serve do not apply (transformers' generate does): their tokens can differ there",
-            ", ".join(f"{k}={v!r}" for k, v in ignored.items()),
-        )
-    return sampling_settings({key: own[key] for key in SAMPLING_DEFAULTS if key in own})
-
-
-def _length_fields(model: Any) -> tuple[tuple[str, int], ...]:
-    """How long the model's generation_config says a generation runs (``max_new_tokens``,
-    ``max_length``) where it says so, as transformers' ``generate`` reads it."""
-    config = getattr(model, "generation_config", None)
-    if config is None:
-        return ()
-    own = config.to_diff_dict()  # what differs from GenerationConfig's defaults
-    return length_settings({key: own[key] for key in LENGTH_KEYS if key in own})
-
-
-def _chat_fields(tokenizer: Any) -> dict[str, Any]:
-    """The tokenizer's chat template and the special tokens it names, for ``serve``."""
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):  # named templates: the default one
-        template = template.get("default")
-    if not isinstance(template, str):
-        return {}
-    tokens = {}
-    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
-        value = getattr(tokenizer, name, None)
-        if isinstance(value, str):
-            tokens[name] = value
-    return {"chat_template": template, "chat_tokens": tuple(sorted(tokens.items()))}
 
 
 def _compile_step(

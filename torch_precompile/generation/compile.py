@@ -22,7 +22,7 @@ import torch
 from .. import _compat
 from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
-from .._errors import CaptureError
+from .._errors import CaptureError, QuantizationError
 from ..runtime.attention_backends import tracing_attention
 from ..runtime.generator import Generator
 from ..runtime.generator_spec import (
@@ -34,6 +34,7 @@ from ..runtime.generator_spec import (
 )
 from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import step_decompositions
+from .quantize import quantized_view
 from .slots import slot_cache_and_mask, slot_example, slot_layer_class, slots_work
 from .torch_only import refuse_foreign_ops, torch_only_decompositions
 from .views import fused_projections, own_copy
@@ -218,6 +219,7 @@ def compile_generator(
     options: dict[str, Any] | None = None,
     tokenizer: Any = None,
     fuse_projections: bool = False,
+    weights: str | None = None,
     verbose: bool = False,
 ) -> Generator:
     """A generator for a decoder language model (``...ForCausalLM``) that serves itself.
@@ -252,6 +254,13 @@ def compile_generator(
     layer, the same function (bf16 sums in another order). The build then holds
     those weights twice. Not the default: on an H200 it decoded the Qwen2.5-0.5B
     shape 8% slower, though its kernels were busy 10% less (docs/generation.md).
+
+    ``weights="int8"`` (per output channel) or ``"int4"`` (groups of 64 inputs)
+    quantizes the decoder's ``nn.Linear`` weights at build with torchao
+    (``quantize.py``; embeddings and the head stay as they are): the file holds
+    plain int8 / packed int4 tensors and its step calls torch's own weight-only
+    matmuls, so serving needs torch alone. A layer the format cannot hold is a
+    :class:`~torch_precompile.QuantizationError` naming it.
     """
     if max_batch < 1 or max_length < 2:
         raise ValueError(
@@ -281,6 +290,16 @@ def compile_generator(
             "generator: fuse_projections is not applied to a tensor-parallel model (its "
             "shards hold the model's own projections); building it unfused"
         )
+    quantized = None
+    if weights is not None:
+        if world > 1 or fused:
+            raise QuantizationError(
+                f"weights={weights!r} is not built with "
+                f"{'tensor parallelism' if world > 1 else 'fuse_projections=True'} yet: "
+                "build the quantized generator on one device, projections unfused"
+            )
+        traced, quantized = quantized_view(model, weights)
+        log.info("generator: %d linear layers hold %s weights", quantized.layers, weights)
     step = _Step(traced, max_length).eval()
     refused = slots_work(step, shapes, dtype) if world == 1 else "tensor parallel"
     if refused:
@@ -356,6 +375,7 @@ def compile_generator(
         sampling=_sampling_fields(model),
         lengths=_length_fields(model),
         **_chat_fields(tokenizer),
+        **({} if quantized is None else quantized.spec_fields()),
     )
     return Generator(Precompile.precompile(variants), spec, tokenizer_json)
 

@@ -5,16 +5,22 @@ tensors, so the serving process needs torch alone (no torchao, no compiler):
 
 - ``aten._weight_int8pack_mm(x (M, K), w int8 (N, K), scales (N,))``:
   ``x @ (w * scales[:, None]).T``, scales of ``x``'s dtype (CPU, CUDA).
-- ``aten._weight_int4pack_mm_for_cpu(x (M, K), packed uint8 (N, K/2), group,
-  scales_and_zeros (K/group, N, 2))``: tinygemm's affine int4,
-  ``w = (q - 8) * scale + zero`` per group of ``group`` inputs; the weight
+- ``quantized.int4mm_packed_weight_cpu(x (M, K), packed uint8 (N, K/2), group
+  (a 0-d int64 tensor), scales_and_zeros (K/group, N, 2))``: tinygemm's affine
+  int4, ``w = (q - 8) * scale + zero`` per group of ``group`` inputs; the weight
   packed by ``aten._convert_weight_to_int4pack_for_cpu`` from int32 values
-  0..15 of shape (N, K).
+  0..15 of shape (N, K). It is ``aten._weight_int4pack_mm_for_cpu``'s kernel
+  with the group size a tensor, what Inductor lowers that operator to; called
+  with the group as Inductor makes it, it is a constant of the compiled graph,
+  which the lean load refuses (the file would load through the compiler), so
+  the step passes the group as a buffer of its own.
 - On CUDA ``aten._weight_int4pack_mm`` over ``aten._convert_weight_to_int4pack``
   of the uint8 (N, K/2) nibbles (even column in the high nibble), bfloat16 only.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -28,11 +34,12 @@ def int8_weight_mm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) 
 
 
 def int4_weight_mm(
-    x: torch.Tensor, packed: torch.Tensor, group: int, scales_and_zeros: torch.Tensor
+    x: torch.Tensor, packed: torch.Tensor, group: Any, scales_and_zeros: torch.Tensor
 ) -> torch.Tensor:
-    """``x @ w.T`` for a 2-D ``x``, ``w`` the int4 weight :func:`int4_pack` packed."""
+    """``x @ w.T`` for a 2-D ``x``, ``w`` the int4 weight :func:`int4_pack` packed in
+    groups of ``group`` (a 0-d int64 tensor; an int to the CUDA operator)."""
     if x.device.type == "cpu":
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)
+        return torch.ops.quantized.int4mm_packed_weight_cpu(x, packed, group, scales_and_zeros)
     return torch.ops.aten._weight_int4pack_mm(x, packed, group, scales_and_zeros)
 
 

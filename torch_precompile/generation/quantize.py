@@ -64,11 +64,15 @@ class Int4Linear(torch.nn.Module):
         self.register_buffer("scales_and_zeros", scales_and_zeros)
         self.bias = bias
         self.out_features, self.in_features = shape
-        self.group = INT4_GROUP
+        # CPU: the group size as a tensor the step reads (_compat/quantized_mm.py);
+        # CUDA: as the int the operator takes.
+        self.register_buffer("group", torch.tensor(INT4_GROUP, device=packed.device))
+        self.group_size = INT4_GROUP
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        out = int4_weight_mm(flat, self.qweight, self.group, self.scales_and_zeros)
+        group = self.group if x.device.type == "cpu" else self.group_size
+        out = int4_weight_mm(flat, self.qweight, group, self.scales_and_zeros)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 

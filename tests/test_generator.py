@@ -577,7 +577,7 @@ def test_cli_prints_text_with_only_tokenizers_beside_torch(
     assert data["generator"] == {
         "max_batch": MAX_BATCH, "max_length": MAX_LENGTH, "eos_token_id": [2],
         "pad_token_id": 0, "dtype": "float32", "device": "cpu", "model_type": "gpt2",
-        "tokenizer": True, "sampling": {}, "lengths": {},
+        "tokenizer": True, "sampling": {}, "lengths": {}, "weights": {"format": "float32"},
     }  # fmt: skip
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "KernelDirectoryError",
     "ModelDirectoryError",
     "PrecompileError",
+    "QuantizationError",
     "UntrustedArtifactError",
 ]
 
@@ -22,6 +23,11 @@ class PrecompileError(RuntimeError):
 
 class CaptureError(PrecompileError):
     """Dynamo could not capture the model as one graph (graph break, unsupported code)."""
+
+
+class QuantizationError(CaptureError, ValueError):
+    """``compile_generator(weights=...)`` cannot quantize the model as asked: an unknown
+    format, or a linear layer whose shape the format cannot hold (the message names it)."""
 
 
 class ModelDirectoryError(PrecompileError):

@@ -88,8 +88,22 @@ def _generator_record(path: str, info: Any) -> dict[str, Any]:
         "tokenizer": GENERATOR_TOKENIZER in names,
         "sampling": dict(spec.sampling),  # the model's generation_config settings
         "lengths": dict(spec.lengths),
+        "weights": _weights_record(spec),
     }
     return {"generator": record}
+
+
+def _weights_record(spec: Any) -> dict[str, Any]:
+    """The decoder's linear weights: their format and bytes (quantized or not)."""
+    if not spec.weights:
+        return {"format": spec.dtype}
+    return {
+        "format": spec.weights,
+        "group": spec.weight_group,  # inputs one scale covers; 0: a whole output row
+        "quantized_layers": spec.quantized_layers,
+        "bytes": spec.quantized_bytes,  # with their scales (and int4's zeros)
+        "float_bytes": spec.float_bytes,  # the same weights in the model's dtype
+    }
 
 
 def _generator_lines(record: dict[str, Any]) -> list[str]:
@@ -106,7 +120,19 @@ def _generator_lines(record: dict[str, Any]) -> list[str]:
         f"{'inside' if g['tokenizer'] else 'not inside (token ids in and out)'}",
         f"  sampling defaults (the model's generation_config): {own}",
         f"  new tokens when a call does not say: {lengths}",
+        f"  linear weights: {_weights_line(g.get('weights', {}))}",
     ]
+
+
+def _weights_line(w: dict[str, Any]) -> str:
+    if "bytes" not in w:
+        return f"{w.get('format', '?')} (not quantized)"
+    per = "per output channel" if not w["group"] else f"groups of {w['group']} inputs"
+    return (
+        f"{w['format']} {per}, {w['quantized_layers']} layers, {w['bytes']:,} bytes with "
+        f"scales ({w['float_bytes']:,} in the model's dtype, "
+        f"{w['bytes'] / max(w['float_bytes'], 1):.2f}x)"
+    )
 
 
 def inspect_command(path: str, *, as_json: bool, verify: bool = False) -> int:

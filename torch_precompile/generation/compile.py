@@ -23,6 +23,7 @@ import torch
 from .. import _compat
 from .._api import Precompile, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
+from .._errors import QuantizationError
 from ..runtime.attention_backends import tracing_attention
 from ..runtime.generator import Generator
 from ..runtime.generator_spec import GeneratorSpec
@@ -30,6 +31,7 @@ from .build_progress import BuildProgress, program_name, thread_free_options
 from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import step_decompositions
 from .model_settings import chat_fields, length_fields, sampling_fields
+from .quantize import quantized_view
 from .slots import slot_example, slots_work
 from .step import _Step
 from .torch_only import refuse_foreign_ops, refuse_library_imports, torch_only_decompositions
@@ -92,6 +94,7 @@ def compile_generator(
     options: dict[str, Any] | None = None,
     tokenizer: Any = None,
     fuse_projections: bool = False,
+    weights: str | None = None,
     verbose: bool = False,
 ) -> Generator:
     """A generator for a decoder language model (``...ForCausalLM``) that serves itself.
@@ -126,6 +129,13 @@ def compile_generator(
     layer, the same function (bf16 sums in another order). The build then holds
     those weights twice. Not the default: on an H200 it decoded the Qwen2.5-0.5B
     shape 8% slower, though its kernels were busy 10% less (docs/measurements.md).
+
+    ``weights="int8"`` (per output channel) or ``"int4"`` (groups of 64 inputs)
+    quantizes the decoder's ``nn.Linear`` weights at build with torchao
+    (``quantize.py``; embeddings and the head stay as they are): the file holds
+    plain int8 / packed int4 tensors and its step calls torch's own weight-only
+    matmuls, so serving needs torch alone. A layer the format cannot hold is a
+    :class:`~torch_precompile.QuantizationError` naming it.
     """
     if max_batch < 1 or max_length < 2:
         raise ValueError(
@@ -155,6 +165,16 @@ def compile_generator(
             "generator: fuse_projections is not applied to a tensor-parallel model (its "
             "shards hold the model's own projections); building it unfused"
         )
+    quantized = None
+    if weights is not None:
+        if world > 1 or fused:
+            raise QuantizationError(
+                f"weights={weights!r} is not built with "
+                f"{'tensor parallelism' if world > 1 else 'fuse_projections=True'} yet: "
+                "build the quantized generator on one device, projections unfused"
+            )
+        traced, quantized = quantized_view(model, weights)
+        log.info("generator: %d linear layers hold %s weights", quantized.layers, weights)
     step = _Step(traced, max_length).eval()
     refused = slots_work(step, shapes, dtype) if world == 1 else "tensor parallel"
     if refused:
@@ -247,6 +267,7 @@ def compile_generator(
         sampling=sampling_fields(model),
         lengths=length_fields(model),
         **chat_fields(tokenizer),
+        **({} if quantized is None else quantized.spec_fields()),
     )
     generator = Generator(Precompile.precompile(variants), spec, tokenizer_json)
     refuse_library_imports(generator, model)  # the file it makes serves with torch alone

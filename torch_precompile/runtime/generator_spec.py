@@ -56,6 +56,15 @@ class GeneratorSpec:
     # The model's generation_config where it sets a key of LENGTH_KEYS (how many tokens
     # a call that does not say generates). Files before it: ().
     lengths: tuple[tuple[str, int], ...] = ()
+    # Weight-only quantization of the decoder's linear layers (compile_generator's
+    # ``weights``): "int8" or "int4", "" for the model's own dtype (files before it);
+    # the inputs one scale covers (0: a whole row), how many layers, their bytes with
+    # scales and zeros, and the same weights' bytes in the model's dtype.
+    weights: str = ""
+    weight_group: int = 0
+    quantized_layers: int = 0
+    quantized_bytes: int = 0
+    float_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "kind": "decoder-generator", "version": 1}
@@ -79,6 +88,11 @@ class GeneratorSpec:
                 chat_tokens=tuple((str(k), str(v)) for k, v in data.get("chat_tokens", ())),
                 sampling=sampling_settings(dict(data.get("sampling", ()))),
                 lengths=length_settings(dict(data.get("lengths", ()))),
+                weights=_weights(data.get("weights", "")),
+                weight_group=int(data.get("weight_group", 0)),
+                quantized_layers=int(data.get("quantized_layers", 0)),
+                quantized_bytes=int(data.get("quantized_bytes", 0)),
+                float_bytes=int(data.get("float_bytes", 0)),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ArtifactCorruptedError(
@@ -122,6 +136,12 @@ def _sampling_value(key: str, value: Any) -> Any:
 def _count(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{key} must be a number of tokens, got {value!r}")
+    return value
+
+
+def _weights(value: Any) -> str:
+    if value not in ("", "int8", "int4"):
+        raise ValueError(f"weights {value!r} is not a format this version serves")
     return value
 
 

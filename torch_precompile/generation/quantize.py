@@ -1,0 +1,250 @@
+"""Weight-only quantized views of a model for ``compile_generator(weights=...)``.
+
+Decode reads every weight once a token, so the weights' bytes set its speed. A
+view of the model (:func:`quantized_view`; the model itself is unchanged, as in
+``views.py``) holds, for each ``nn.Linear`` of the decoder, a small module over
+plain tensors that calls torch's own weight-only matmul
+(``_compat/quantized_mm.py``): the traced step, and the file, hold int8 or
+packed int4 tensors and their scales, and the serving process needs torch alone.
+
+The quantization math is torchao's (imported at build only): its affine
+primitives, as its ``Int8WeightOnlyConfig`` (symmetric, one scale per output
+channel) and its tinygemm int4 (asymmetric, a float scale and zero per group
+of :data:`INT4_GROUP` inputs) compute them. ``torchao.quantize_`` itself is not
+used: it swaps weights for torchao tensor subclasses, which the file would then
+need torchao to load. Embeddings and the head stay in the model's dtype (as
+torchao's and gpt-fast's recipes leave them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .._compat.quantized_mm import int4_pack, int4_weight_mm, int8_weight_mm
+from .._errors import QuantizationError
+from .views import own_copy
+
+__all__ = ["INT4_GROUP", "WEIGHT_FORMATS", "Int4Linear", "Int8Linear", "quantized_view"]
+
+# Inputs sharing one int4 scale and zero. 64: torchao's table measures int4 at group 64
+# (Llama-3.1-8B); 128 would refuse common widths (SmolLM2's 576 = 9 * 64), 32 doubles
+# the scales' bytes for little accuracy at these sizes.
+INT4_GROUP = 64
+WEIGHT_FORMATS = ("int8", "int4")
+
+
+class Int8Linear(torch.nn.Module):
+    """``nn.Linear`` over an int8 weight ``(out, in)`` and one scale an output channel."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: Any) -> None:
+        super().__init__()
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.bias = bias
+        self.out_features, self.in_features = qweight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        out = int8_weight_mm(flat, self.qweight, self.scales)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
+class Int4Linear(torch.nn.Module):
+    """``nn.Linear`` over a packed int4 weight, a scale and a zero per group of inputs."""
+
+    def __init__(
+        self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, bias: Any, shape: Any
+    ) -> None:
+        super().__init__()
+        self.register_buffer("qweight", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.bias = bias
+        self.out_features, self.in_features = shape
+        # CPU: the group size as a tensor the step reads (_compat/quantized_mm.py);
+        # CUDA: as the int the operator takes.
+        self.register_buffer("group", torch.tensor(INT4_GROUP, device=packed.device))
+        self.group_size = INT4_GROUP
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        group = self.group if x.device.type == "cpu" else self.group_size
+        out = int4_weight_mm(flat, self.qweight, group, self.scales_and_zeros)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantized:
+    """What :func:`quantized_view` did: the format, how many linears, their bytes."""
+
+    weights: str  # "int8" or "int4"
+    group: int  # inputs a scale covers (int8: the whole row)
+    layers: int
+    bytes: int  # the quantized weights with their scales and zeros
+    float_bytes: int  # the same weights in the model's dtype
+
+    def spec_fields(self) -> dict[str, Any]:
+        """The generator record's fields that say so (``GeneratorSpec.weights...``)."""
+        return {
+            "weights": self.weights,
+            "weight_group": self.group,
+            "quantized_layers": self.layers,
+            "quantized_bytes": self.bytes,
+            "float_bytes": self.float_bytes,
+        }
+
+
+def _torchao() -> Any:
+    try:
+        from torchao.quantization import quant_primitives, utils
+    except ImportError as exc:
+        raise QuantizationError(
+            f"compile_generator(weights=...) quantizes with torchao, which cannot be imported "
+            f"here ({exc}): pip install torchao (the served file does not need it)"
+        ) from None
+    return quant_primitives, utils
+
+
+def int8_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 weight and per-output-channel scales (``weight``'s dtype) of ``weight``,
+    as torchao's ``Int8WeightOnlyConfig`` computes them."""
+    primitives, _ = _torchao()
+    w = weight.detach().float()
+    block = (1, w.shape[1])
+    scale, zero = primitives.choose_qparams_affine(
+        w,
+        primitives.MappingType.SYMMETRIC,
+        block,
+        torch.int8,
+        eps=torch.finfo(torch.float32).eps,
+        scale_dtype=torch.float32,
+        zero_point_dtype=torch.int64,
+    )
+    q = primitives.quantize_affine(w, block, scale, zero, torch.int8)
+    return q.contiguous(), scale.reshape(-1).to(weight.dtype).contiguous()
+
+
+def int4_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Int32 values 0..15 ``(out, in)`` and tinygemm's scales and zeros
+    ``(in / group, out, 2)`` (``weight``'s dtype) of ``weight``, by torchao."""
+    _, utils = _torchao()
+    values, scales_and_zeros = utils.groupwise_affine_quantize_tensor(
+        weight.detach().float().cpu(), n_bit=4, groupsize=INT4_GROUP, dtype=torch.float32
+    )  # on the CPU: int32 values, unpacked (a GPU gets nibbles there)
+    return values, scales_and_zeros.to(weight.dtype)
+
+
+def _linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
+    """The decoder's ``nn.Linear`` layers (paths from ``model``), with plain weights."""
+    decoder = model.get_decoder()  # type: ignore[operator]
+    prefix = next((n for n, m in model.named_modules() if m is decoder), "")
+    found = []
+    for name, module in decoder.named_modules():
+        if type(module) is torch.nn.Linear and type(module.weight) is torch.nn.Parameter:
+            found.append((f"{prefix}.{name}" if prefix else name, module))
+    return found
+
+
+def _check(model: torch.nn.Module, weights: str, linears: list[tuple[str, Any]]) -> None:
+    """A :class:`QuantizationError` naming why ``model`` cannot hold ``weights``."""
+    kind = type(model).__name__
+    if weights not in WEIGHT_FORMATS:
+        raise QuantizationError(
+            f"weights={weights!r} is not a format compile_generator writes: use one of "
+            f"{', '.join(WEIGHT_FORMATS)} or None (the model's own dtype)"
+        )
+    if not linears:
+        raise QuantizationError(
+            f"{kind}: its decoder holds no nn.Linear layer with a plain weight (GPT-2's "
+            f"Conv1D, a sharded or already quantized weight), so weights={weights!r} would "
+            "quantize nothing; build it with weights=None"
+        )
+    for path, linear in linears:
+        if linear._forward_hooks or linear._forward_pre_hooks:
+            raise QuantizationError(
+                f"{kind}: {path} has forward hooks, which its quantized stand-in would not "
+                "run; remove them or build with weights=None"
+            )
+        if linear.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise QuantizationError(
+                f"{kind}: {path} holds {linear.weight.dtype} weights; weights={weights!r} "
+                "quantizes float32, bfloat16 or float16 ones"
+            )
+        if weights == "int4":
+            _check_int4(kind, path, linear)
+
+
+def _check_int4(kind: str, path: str, linear: torch.nn.Linear) -> None:
+    out_features, in_features = linear.weight.shape
+    if in_features % INT4_GROUP:
+        raise QuantizationError(
+            f"{kind}: {path} has in_features={in_features}, not a multiple of int4's group "
+            f"of {INT4_GROUP} inputs; build it with weights='int8' (any shape) or None"
+        )
+    device = linear.weight.device
+    if device.type == "cuda" and linear.weight.dtype != torch.bfloat16:
+        raise QuantizationError(
+            f"{kind}: {path} is {linear.weight.dtype} on CUDA, where torch's int4 matmul "
+            "takes bfloat16 only: load the model in bfloat16, or use weights='int8'"
+        )
+    if device.type == "cuda" and (out_features % 8 or in_features % (16 * 8)):
+        raise QuantizationError(
+            f"{kind}: {path} is ({out_features}, {in_features}); torch's CUDA int4 matmul "
+            "needs out_features a multiple of 8 and in_features of 128: use weights='int8'"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise QuantizationError(
+            f"{kind}: int4 weights are served by torch's CPU and CUDA kernels, not on "
+            f"{device.type}; use weights='int8' or None"
+        )
+
+
+def _stand_in(weights: str, linear: torch.nn.Linear) -> tuple[torch.nn.Module, int]:
+    """The quantized module for ``linear``, and its weight's bytes (with scales)."""
+    with torch.no_grad():
+        if weights == "int8":
+            q, scales = int8_weights(linear.weight)
+            module: torch.nn.Module = Int8Linear(q, scales, linear.bias)
+            return module, q.nbytes + scales.nbytes
+        values, scales_and_zeros = int4_weights(linear.weight)
+        device = linear.weight.device
+        packed = int4_pack(values.to(device))
+        scales_and_zeros = scales_and_zeros.to(device).contiguous()
+        module = Int4Linear(packed, scales_and_zeros, linear.bias, tuple(linear.weight.shape))
+        return module, packed.nbytes + scales_and_zeros.nbytes
+
+
+def quantized_view(model: torch.nn.Module, weights: str) -> tuple[torch.nn.Module, Quantized]:
+    """A view of ``model`` whose decoder's ``nn.Linear`` layers hold ``weights`` ("int8":
+    per output channel; "int4": groups of :data:`INT4_GROUP`), and what it holds.
+
+    Only the modules on the way to a linear are copied (``views.own_copy``); the
+    model keeps its own layers and weights. A shape or dtype the format's kernels
+    cannot take is a :class:`QuantizationError` naming the layer.
+    """
+    linears = _linears(model)
+    _check(model, weights, linears)
+    view = own_copy(model)
+    copies: dict[str, torch.nn.Module] = {"": view}
+
+    def copied(path: str) -> torch.nn.Module:
+        if path not in copies:
+            parent_path, _, name = path.rpartition(".")
+            parent = copied(parent_path)
+            parent._modules[name] = own_copy(parent._modules[name])  # type: ignore[arg-type]
+            copies[path] = parent._modules[name]  # type: ignore[assignment]
+        return copies[path]
+
+    total = floats = 0
+    for path, linear in linears:
+        parent_path, _, name = path.rpartition(".")
+        module, size = _stand_in(weights, linear)
+        copied(parent_path)._modules[name] = module
+        total += size
+        floats += linear.weight.nbytes
+    group = INT4_GROUP if weights == "int4" else 0
+    return view, Quantized(weights, group, len(linears), total, floats)

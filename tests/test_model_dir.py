@@ -48,6 +48,7 @@ from torch_precompile.cli.model_dir import (  # noqa: E402
 # One row: a build of three programs (these tests are of the command and its cache, not
 # of batching, which test_generator and test_serve cover).
 MAX_BATCH, MAX_LENGTH = 1, 64
+PROGRAMS = 3  # prefill, decode and the slot step, at batch 1
 BUILD = ["--max-batch", str(MAX_BATCH), "--max-length", str(MAX_LENGTH)]
 QUESTION = [{"role": "user", "content": "the cat sat on"}]
 
@@ -150,12 +151,15 @@ def test_serve_model_dir_builds_once_for_two_starts_and_answers_as_transformers(
     assert len(builders) == 1 and len(waiters) == 1, served["logs"]
     assert "built by the other process" in waiters[0]
     # The build's progress: each program, n of m, the time; the end: size, contents, time.
-    for n in range(1, 6):
-        assert re.search(rf"compiling [a-z ,.0-9]+ \({n} of 5\), \d+ s elapsed", builders[0])
+    for n in range(1, PROGRAMS + 1):
+        found = rf"compiling [a-z ,.0-9]+ \({n} of {PROGRAMS}\), \d+ s elapsed"
+        assert re.search(found, builders[0])
     end = re.search(
         r"wrote .*tiny-qwen2-\w+\.pt \(([\d.]+ [KM]iB): a Qwen2ForCausalLM", builders[0]
     )
-    assert end and "5 programs, the tokenizer, a chat template" in builders[0], builders[0]
+    assert end and f"{PROGRAMS} programs, the tokenizer, a chat template" in builders[0], builders[
+        0
+    ]
     files = [p for p in served["cache"].iterdir() if p.suffix == ".pt"]
     assert len(files) == 1 and not [p for p in served["cache"].iterdir() if ".tmp-" in p.name]
 
@@ -195,7 +199,7 @@ def test_a_changed_weight_builds_a_new_file_and_a_killed_build_leaves_none(
     before = set(served["cache"].iterdir())
     start = Start(changed, *BUILD, env=served["env"], wait=False)
     deadline = time.monotonic() + 600
-    while "(2 of 5)" not in start.log.read_text():
+    while f"(2 of {PROGRAMS})" not in start.log.read_text():
         assert start.proc.poll() is None and time.monotonic() < deadline, start.log.read_text()
         time.sleep(0.5)
     assert "no generator file for it" in start.log.read_text()  # not the first one's file
@@ -254,20 +258,26 @@ def test_build_generator_writes_the_file_which_serves_greedy_equal_at_any_thread
         timeout=1200,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "(5 of 5)" in proc.stderr and f"wrote {out} (" in proc.stderr, proc.stderr
+    assert f"({PROGRAMS} of {PROGRAMS})" in proc.stderr and f"wrote {out} (" in proc.stderr, (
+        proc.stderr
+    )
     model = checkpoint["model"]
-    ids = torch.tensor([[5, 17, 33, 4, 9, 100], [7, 7, 8, 60, 2, 11]])
+    prompts = [torch.tensor([[5, 17, 33, 4, 9, 100]]), torch.tensor([[7, 7, 8, 60, 2, 11]])]
     with torch.no_grad():
-        want = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False
-        )
+        wants = [
+            model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False
+            )
+            for ids in prompts
+        ]
     threads = torch.get_num_threads()
     try:
         for n in (1, 2, 3):
             torch.set_num_threads(n)
             generator = Precompile.load(out)
-            got = generator.generate(ids, max_new_tokens=12, do_sample=False)
-            assert torch.equal(got, want), (n, got, want)
+            for ids, want in zip(prompts, wants):
+                got = generator.generate(ids, max_new_tokens=12, do_sample=False)
+                assert torch.equal(got, want), (n, got, want)
     finally:
         torch.set_num_threads(threads)
     line = _refused(out, {})  # a built file has its limits: the build's options are refused

@@ -181,6 +181,10 @@ def compile_generator(
         log.info("generator: no slot decode step (serve refuses the file): %s", refused)
     taken = {int(d) for t in (*step.parameters(), *step.buffers()) for d in t.shape}
     taken |= {n for s in shapes for n in s} | {max_length, len(shapes)}
+    # and the config's own numbers: a size equal to one the model computes with (a
+    # mixture's experts per token, the top-k of its routing) is tied to it, and a
+    # batch-1 prefill traced at a length of 2 beside a top-2 router served that length only
+    taken |= {v for v in vars(model.config).values() if type(v) is int and v > 0}
     prompt = _free_size(taken, 2, max_length)
     batch = _free_size(taken | {prompt}, 2, 10**6)
 

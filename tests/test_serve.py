@@ -12,6 +12,7 @@ other requests.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import http.client
 import json
 import os
@@ -130,14 +131,14 @@ def _served_model() -> Any:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def _build_served(root: Path) -> None:
+def _build_served(root: Path, template: str) -> None:
     """The served files: tiny.pt, and two of the same step with other specs."""
     tokenizer = _tokenizer()
-    tokenizer.chat_template = TEMPLATE
+    tokenizer.chat_template = template
     generator = compile_generator(
         _served_model(), max_batch=SLOTS, max_length=MAX_LENGTH, tokenizer=tokenizer
     )
-    assert generator.spec.slots and generator.spec.chat_template == TEMPLATE
+    assert generator.spec.slots and generator.spec.chat_template == template
     Precompile.save(root / "tiny.pt", generator)
     # The same step, 2 slots and no chat template: a queue to fill, a chat to refuse.
     small = dataclasses.replace(generator.spec, max_batch=2, chat_template=None)
@@ -151,16 +152,20 @@ def _build_served(root: Path) -> None:
     Precompile.save(root / "own.pt", Generator(generator.step, own, generator.tokenizer_json))
 
 
-def served_files(store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The served files, built once per run (tests/fixtures/store.py), copied into the
-    calling module's own folder (a server's log is written beside its file)."""
+def served_files(
+    store: Any, tmp_path_factory: pytest.TempPathFactory, template: str = TEMPLATE
+) -> dict[str, Any]:
+    """The served files with this chat ``template``, built once per run for each
+    (tests/fixtures/store.py), copied into the calling module's own folder (a server's
+    log is written beside its file)."""
     key = {"small": SMALL, "vocab": VOCAB, "slots": SLOTS, "max_length": MAX_LENGTH}
-    shared = store.saved("serve-llama", {**key, "template": TEMPLATE}, _build_served, folder=True)
+    build = functools.partial(_build_served, template=template)
+    shared = store.saved("serve-llama", {**key, "template": template}, build, folder=True)
     root = tmp_path_factory.mktemp("serve")
     for name in ("tiny.pt", "small.pt", "own.pt"):
         shutil.copyfile(shared / name, root / name)
     tokenizer = _tokenizer()
-    tokenizer.chat_template = TEMPLATE
+    tokenizer.chat_template = template
     return {
         "path": root / "tiny.pt",
         "small": root / "small.pt",

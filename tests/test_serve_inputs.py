@@ -47,7 +47,7 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments
 
 @pytest.fixture(scope="module")
 def built(store: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return served_files(store, tmp_path_factory)  # test_serve's, built once per run
+    return served_files(store, tmp_path_factory, TEMPLATE)  # this template's, built once
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -321,34 +320,12 @@ sys.exit(code)
 """
 
 
-class _Server(Server):
-    """test_serve's server, its process started by :data:`_SERVER` in ``env``."""
-
-    def __init__(self, path: Path, env: dict[str, str]) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        command = [sys.executable, "-c", _SERVER, "serve", str(path), "--port", str(self.port)]
-        self.log = path.with_name(f"{path.stem}-{self.port}.log")
-        with self.log.open("w") as log:
-            self.proc = subprocess.Popen(command, env=env, stderr=log)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError("the server did not answer /health within 120 s")
-
-
 def test_serve_answers_a_completion_from_a_quantized_file(
     built: dict[str, Any], trained: dict[str, Any], tmp_path: Path
 ) -> None:
     """``torch-precompile serve`` over the int4 file, no torchao, transformers or compiler
     in its process: a greedy completion is the file's own greedy tokens, decoded."""
-    server = _Server(built["int4"], no_compiler_env(tmp_path))
+    server = Server(built["int4"], script=_SERVER, env=no_compiler_env(tmp_path))
     try:
         ids = trained["prompts"][3].tolist()
         status, body = server.request(

@@ -69,14 +69,20 @@ class Server:
     """A ``serve`` process on a free port, and raw HTTP to it."""
 
     def __init__(
-        self, path: Path, *args: str, module: bool = False, root: Path = ROOT, script: str = ""
+        self,
+        path: Path,
+        *args: str,
+        module: bool = False,
+        root: Path = ROOT,
+        script: str = "",
+        env: dict[str, str] | None = None,
     ) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         head = ["-m", "torch_precompile"] if module else ["-c", script or _SERVER]
         command = [sys.executable, *head, "serve", str(path), "--port", str(self.port), *args]
-        env = dict(os.environ, PYTHONPATH=str(root))
+        env = env if env is not None else dict(os.environ, PYTHONPATH=str(root))
         self.log = path.with_name(f"{path.stem}-{self.port}.log")
         with self.log.open("w") as log:  # a file, not a pipe: a full pipe would block it
             self.proc = subprocess.Popen(command, env=env, stderr=log)

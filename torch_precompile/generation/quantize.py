@@ -25,7 +25,7 @@ import torch
 
 from .._compat.quantized_mm import int4_pack, int4_weight_mm, int8_weight_mm
 from .._errors import QuantizationError
-from .views import own_copy
+from .views import copy_on_paths
 
 __all__ = ["INT4_GROUP", "WEIGHT_FORMATS", "Int4Linear", "Int8Linear", "quantized_view"]
 
@@ -228,16 +228,7 @@ def quantized_view(model: torch.nn.Module, weights: str) -> tuple[torch.nn.Modul
     """
     linears = _linears(model)
     _check(model, weights, linears)
-    view = own_copy(model)
-    copies: dict[str, torch.nn.Module] = {"": view}
-
-    def copied(path: str) -> torch.nn.Module:
-        if path not in copies:
-            parent_path, _, name = path.rpartition(".")
-            parent = copied(parent_path)
-            parent._modules[name] = own_copy(parent._modules[name])  # type: ignore[arg-type]
-            copies[path] = parent._modules[name]  # type: ignore[assignment]
-        return copies[path]
+    view, copied = copy_on_paths(model)
 
     total = floats = 0
     for path, linear in linears:

@@ -13,6 +13,7 @@ three fewer kernels a layer, each reading its weights once.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 
@@ -92,16 +93,7 @@ def fused_projections(model: torch.nn.Module) -> tuple[torch.nn.Module, int]:
                 groups.append((path, names, linears))
     if not groups:
         return model, 0
-    view = own_copy(model)
-    copies: dict[str, torch.nn.Module] = {"": view}
-
-    def copied(path: str) -> torch.nn.Module:
-        if path not in copies:
-            parent_path, _, name = path.rpartition(".")
-            parent = copied(parent_path)
-            parent._modules[name] = own_copy(parent._modules[name])  # type: ignore[arg-type]
-            copies[path] = parent._modules[name]  # type: ignore[assignment]
-        return copies[path]
+    view, copied = copy_on_paths(model)
 
     for path, names, linears in groups:
         owner = copied(path)
@@ -113,3 +105,23 @@ def fused_projections(model: torch.nn.Module) -> tuple[torch.nn.Module, int]:
             owner._modules[name] = FusedPart(weight, bias, start, stop)
             start = stop
     return view, len(groups)
+
+
+def copy_on_paths(
+    model: torch.nn.Module,
+) -> tuple[torch.nn.Module, Callable[[str], torch.nn.Module]]:
+    """A view of ``model`` (:func:`own_copy`) and ``copied(path)``: the view's submodule at
+    ``path``, each module on the way copied once, so the view's changes there leave the
+    model's own modules as they are."""
+    view = own_copy(model)
+    copies: dict[str, torch.nn.Module] = {"": view}
+
+    def copied(path: str) -> torch.nn.Module:
+        if path not in copies:
+            parent_path, _, name = path.rpartition(".")
+            parent = copied(parent_path)
+            parent._modules[name] = own_copy(parent._modules[name])  # type: ignore[arg-type]
+            copies[path] = parent._modules[name]  # type: ignore[assignment]
+        return copies[path]
+
+    return view, copied

@@ -54,7 +54,7 @@ def _reading_spied(reads: list[Any], debug_text_calls: list[str]) -> Iterator[No
             spec = read(reading)
         finally:
             guards.LeafGuard.verbose_code_parts, guards.GuardAccessor.repr = saved
-        reads.append(spec)
+        reads.append(None if spec is None else spec.write())  # the form the file stores
         return spec
 
     guard_spec_module.lean_guard_spec = spied

@@ -176,14 +176,14 @@ builtins.compile = counting
 import torch
 from tests.fixtures import models
 from torch_precompile import GuardError, Precompile
-from torch_precompile.lean import guards
+from torch_precompile.lean import guard_emit
 
 emitted = []
-_init = guards._Emitter.__init__
+_init = guard_emit.Emitter.__init__
 def emitting(self, spec):
     emitted.append(1)
     _init(self, spec)
-guards._Emitter.__init__ = emitting
+guard_emit.Emitter.__init__ = emitting
 
 def close(a, b):
     assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
@@ -256,7 +256,7 @@ def test_a_saved_emission_of_another_version_is_written_again(files: dict[str, P
     assert written.emitted.tensor_checks == loaded.emitted.tensor_checks
     blob = guards.prepared(written)
     assert blob is not None
-    saved = guards._saved_emission({"prepared": blob})
+    saved = guards._saved_emission(blob)
     assert saved is not None
     assert (saved.source, saved.tensor_checks) == (written.source, written.emitted.tensor_checks)
     assert saved.consts.keys() == written.emitted.consts.keys()
@@ -268,8 +268,8 @@ def test_a_saved_emission_of_another_version_is_written_again(files: dict[str, P
         assert value == want, name
     other = pickle.dumps({**pickle.loads(blob), "version": guards.EMITTED_VERSION + 1})
     for stale in (other, b"\x80\x05junk", None):
-        assert guards._saved_emission({"prepared": stale}) is None
-        again = guards.LeanGuards(tree, {"prepared": stale})
+        assert guards._saved_emission(stale) is None
+        again = guards.LeanGuards(tree, None, stale)
         assert again.source == written.source
 
 
@@ -282,8 +282,8 @@ def test_a_guard_on_a_methods_type_is_kept_with_the_emission() -> None:
     spec = {"source": "L", "leaves": [], "children": [[["item", "f"], leaf]]}
     blob = guards.prepared(guards.LeanGuards(spec))
     assert blob is not None
-    loaded = guards.LeanGuards(spec, {"prepared": blob})
-    assert guards._saved_emission({"prepared": blob}) is not None
+    loaded = guards.LeanGuards(spec, None, blob)
+    assert guards._saved_emission(blob) is not None
 
     class Config:
         def get_text_config(self) -> None:

@@ -4,10 +4,10 @@ What runs at load in place of PyTorch's runtime machinery, rebuilt from the
 saved data alone: Inductor's generated wrapper with light stand-ins and the
 shipped kernels (``wrapper``, ``kernels``), Triton kernels launched by
 PyTorch's static CUDA launcher (``triton_kernels``), AOTAutograd's runtime
-wrappers (``runtime`` for inference, ``autograd`` for training, ``subclasses``
+wrappers (``inference``, ``autograd`` for training, ``subclasses``
 for DTensor inputs), CUDA graph recording for ``mode="reduce-overhead"``
 (``cudagraphs``), Dynamo's guard tree as a plain-Python check (``guards``,
-``guard_types``), the saved bytecode's globals and code objects
+``guard_emit``, ``guard_types``), the saved bytecode's globals and code objects
 (``bytecode_globals``, ``pickling``), and the loader that assembles them
 (``compiled_function``).
 
@@ -20,45 +20,48 @@ saved state when the lean guards refuse a call (``dynamo_fallback.load_dynamo_gu
 ``dynamo_fallback.hook_guards_enabled``, ``compiled_function.LeanCompiledFunction.__call__``): it
 imports ``torch._dynamo``, never a compiler.
 
-Each runtime module defines its spec, a dataclass stored with
-``dataclasses.asdict``. The save-time functions that read PyTorch's compiled
-objects and write those specs live in ``lean_writer/specs.py`` and
-``lean_writer/triton_cubins.py``. This folder touches private ``torch`` names (the
-static CUDA launcher, ``torch._C._dynamo.guards``): each is listed in
-``_compat/contract.py`` and checked on the installed torch.
+The format's schema is ``schema`` (the section, the runtime specs, the Triton
+launches) and ``guard_schema`` (the guard tree): one frozen dataclass per record,
+its ``write`` and ``read`` side by side; the writer (``lean_writer/``) builds
+them, this folder reads them. The save-time functions that read PyTorch's
+compiled objects into those records live in ``lean_writer/specs.py``,
+``lean_writer/triton_cubins.py`` and ``lean_writer/guard_spec.py``. This
+folder touches private ``torch`` names (the static CUDA launcher,
+``torch._C._dynamo.guards``): each is listed in ``_compat/contract.py`` and
+checked on the installed torch.
 
 This ``__init__`` is the one interface: the rest of the package uses the
 names below, never the modules inside.
 """
 
-from .autograd import AUTOGRAD_SPEC_VERSION, AutogradSpec
-from .compiled_function import (
-    LEAN_SECTION_VERSION,
-    LeanCompiledFunction,
-    load_lean_compiled_function,
-)
+from .compiled_function import LeanCompiledFunction, load_lean_compiled_function
 from .dynamo_fallback import hook_guards_enabled
 from .guard_types import LEAN_TYPES, frame_local, named_class, shape_expr_ok
-from .inference import RUNTIME_SPEC_VERSION, InferenceSpec
 from .kernels import KernelLoader, files_ahead, kernel_dir, kernel_key
-from .subclasses import (
-    SUBCLASS_SPEC_VERSION,
+from .schema import (
+    AutogradSpec,
+    BackwardSection,
+    CompiledPython,
+    CUDAGraphSpec,
+    InferenceSpec,
+    LeanSection,
     SubclassSpec,
-    bound_mesh,
-    current_mesh,
+    TritonLaunch,
 )
+from .subclasses import bound_mesh, current_mesh
 
 __all__ = [
-    "AUTOGRAD_SPEC_VERSION",
-    "LEAN_SECTION_VERSION",
     "LEAN_TYPES",
-    "RUNTIME_SPEC_VERSION",
-    "SUBCLASS_SPEC_VERSION",
     "AutogradSpec",
+    "BackwardSection",
+    "CUDAGraphSpec",
+    "CompiledPython",
     "InferenceSpec",
     "KernelLoader",
     "LeanCompiledFunction",
+    "LeanSection",
     "SubclassSpec",
+    "TritonLaunch",
     "bound_mesh",
     "current_mesh",
     "files_ahead",

@@ -17,7 +17,6 @@ PyTorch's full path.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
@@ -26,8 +25,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import inference
-
-AUTOGRAD_SPEC_VERSION = 1
+from .schema import AutogradSpec
 
 # Inductor's CPU lowering of random ops (dropout, rand*) draws a seed with
 # ``aten.randint`` and generates in its kernels (``normalized_rand_cpu``).
@@ -35,31 +33,6 @@ RNG_IN_WRAPPER = re.compile(
     r"inductor_seeds|inductor_random|inductor_randint|aten\.rand|normalized_rand|rand\w*_cpu"
     r"|\brand(?!_strided)\w*\(|bernoulli|philox"
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class AutogradSpec:
-    """What running the compiled forward and backward under autograd needs.
-
-    Indices count the compiled forward's outputs: the user's outputs come
-    first (``num_forward_returns``), then what the backward reads.
-    """
-
-    num_forward_returns: int
-    saved_vc_check: slice  # saved with ``save_for_backward`` (version-checked)
-    saved_no_vc_check: slice  # kept on ctx as is (AOTAutograd's no-vc-check tensors)
-    saved_symints: slice
-    unsafe_view_outputs: tuple[int, ...]
-    non_differentiable: tuple[int, ...]
-    tangent_outputs: tuple[int, ...]  # outputs whose gradients the backward takes, in order
-    tangent_layouts: tuple[Any, ...]  # per tangent: (size, stride) or a torch.memory_format
-    donated_buffers: bool  # the backward reuses saved buffers: no retain_graph
-    nondeterministic: bool  # compiled with deterministic algorithms off
-    # Inputs the forward writes (in the graph) whose writes autograd must see
-    # (absent: a file written before input mutations ran lean).
-    mutated_seen_by_autograd: tuple[int, ...] = ()
-    # Opaque objects (a DTensor's DeviceMesh) the backward reads (absent: none).
-    saved_opaque: slice = dataclasses.field(default_factory=lambda: slice(0, 0))
 
 
 def _coerce_tangent(x: Any, layout: Any) -> Any:

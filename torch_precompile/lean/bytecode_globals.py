@@ -16,7 +16,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd import profiler as _profiler_state
@@ -24,6 +24,9 @@ from torch.autograd import profiler as _profiler_state
 from .._stable import today
 from .pickling import loads_code
 from .standin.config import find
+
+if TYPE_CHECKING:
+    from .schema import LeanSection
 
 
 class _DynamoUtils:
@@ -148,25 +151,25 @@ def _bytecode_global_module(module_name: str, homes: dict[str, list[str]] | None
 
 
 def bytecode_function(
-    spec: dict[str, Any],
+    spec: LeanSection,
     graph_call: Callable[..., Any],
     module_globals: dict[str, Any] | None = None,
 ) -> types.FunctionType:
     """Dynamo's transformed bytecode as a function, with the graph bound to its backend name."""
 
     f_globals: dict[str, Any] = {
-        alias: _bytecode_global_module(module_name, spec.get("global_homes", {}).get(alias))
-        for alias, module_name in spec["import_sources"].items()
+        alias: _bytecode_global_module(module_name, spec.global_homes.get(alias))
+        for alias, module_name in spec.import_sources.items()
     }
-    f_globals.update(pickle.loads(spec["used_globals"]))
+    f_globals.update(pickle.loads(spec.used_globals))
     f_globals.update(module_globals or {})  # e.g. an output dataclass, as PyTorch's path does
     f_globals["__builtins__"] = __builtins__
-    f_globals[spec["backend_id"]] = graph_call
-    code = loads_code(spec["bytecode"])
+    f_globals[spec.backend_id] = graph_call
+    code = loads_code(spec.bytecode)
     closure = None
-    if spec.get("closure") is not None:
-        closure = tuple(types.CellType(v) for v in pickle.loads(spec["closure"]))
-    fn = types.FunctionType(code, f_globals, code.co_name, spec["argdefs"], closure)
-    if spec["kwdefaults"]:
-        fn.__kwdefaults__ = spec["kwdefaults"]
+    if spec.closure is not None:
+        closure = tuple(types.CellType(v) for v in pickle.loads(spec.closure))
+    fn = types.FunctionType(code, f_globals, code.co_name, spec.argdefs, closure)
+    if spec.kwdefaults:
+        fn.__kwdefaults__ = spec.kwdefaults
     return fn

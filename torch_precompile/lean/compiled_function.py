@@ -41,10 +41,9 @@ from .bytecode_globals import bytecode_function
 from .dynamo_fallback import LeanGuardManager, load_dynamo_guard_manager
 from .guards import LeanGuards
 from .pickling import loads_code
+from .schema import InferenceSpec, LeanSection
 
 log = logging.getLogger("torch_precompile")
-
-LEAN_SECTION_VERSION = 1
 
 
 @dataclasses.dataclass
@@ -93,72 +92,68 @@ def load_lean_compiled_function(
     called only if the function is saved again."""
 
     with _trace.phase("unpickle"):
-        spec = pickle.loads(section)
-    if spec.get("version") != LEAN_SECTION_VERSION or spec.get("torch") != torch.__version__:
-        raise ValueError("the lean section was written by another version")
+        spec = LeanSection.read(pickle.loads(section))
     with _trace.phase("kernels"):
         graph_call = _graph_call(spec, kernels, filename)
     with _trace.phase("bytecode and its globals (imports their modules)"):
         fn = bytecode_function(spec, graph_call, module_globals)
     with _trace.phase("unpickle"):
-        original_code = loads_code(spec["original_code"])
-        signature = pickle.loads(spec["signature"])
+        original_code = loads_code(spec.original_code)
+        signature = pickle.loads(spec.signature)
     with _trace.phase("guards"):
         guard_manager = _guard_manager(spec, original_code, fn)
     runtime_env = types.SimpleNamespace(
         bytecode=fn.__code__,
         closure=fn.__closure__,
-        import_sources=dict(spec["import_sources"]),
-        used_globals=dict.fromkeys(spec.get("used_global_names", ())),
-        external_refs=set(spec.get("external_refs", ())),
+        import_sources=dict(spec.import_sources),
+        used_globals=dict.fromkeys(spec.used_global_names),
+        external_refs=set(spec.external_refs),
     )
     artifacts = types.SimpleNamespace(
-        backend_id=spec["backend_id"],
+        backend_id=spec.backend_id,
         compiled_fn=None,  # nothing of PyTorch's compiled callable is loaded
         guard_manager=guard_manager,
         signature=signature,
         runtime_env=runtime_env,
-        device_type=spec.get("device_type", "cpu"),
+        device_type=spec.device_type,
         original_code=original_code,
     )
     return LeanCompiledFunction(artifacts, fn, read_serialized, section, kernels, module_globals)
 
 
 def _graph_call(
-    spec: dict[str, Any], kernels: Mapping[str, bytes | memoryview], filename: str
+    spec: LeanSection, kernels: Mapping[str, bytes | memoryview], filename: str
 ) -> Callable[..., Any]:
     """The compiled graph's call (forward, or the autograd pair), its kernels loaded."""
     guards_c = torch._C._dynamo.guards  # type: ignore[attr-defined]
     data_ptr = str(guards_c._torchinductor_pyobject_tensor_data_ptr)
-    subclasses = _subclass_spec(spec)
+    subclasses = spec.subclasses
     meshes = lean_subclasses.mesh_constants(subclasses) if subclasses is not None else None
     graph_call = wrapper.build_graph_call(
-        spec["wrapper"],
-        spec["extern_kernels"],
-        spec["inputs_to_check"],
+        spec.wrapper,
+        spec.extern_kernels,
+        spec.inputs_to_check,
         kernels,
         data_ptr,
         filename,
-        spec.get("triton"),
-        spec.get("mutated_inputs", ()),
+        spec.triton,
+        spec.mutated_inputs,
         meshes,
-        _pycode(spec, "wrapper"),
+        spec.pycode.wrapper,
     )
-    backward = spec.get("backward")
+    backward = spec.backward
     if backward is not None:
-        if backward.get("version") != lean_autograd.AUTOGRAD_SPEC_VERSION:
-            raise ValueError("the lean backward was written by another version")
         bw_call = wrapper.build_graph_call(
-            backward["wrapper"],
-            spec["extern_kernels"],
-            backward["inputs_to_check"],
+            backward.wrapper,
+            spec.extern_kernels,
+            backward.inputs_to_check,
             kernels,
             data_ptr,
             filename + " (backward)",
-            spec.get("triton"),
+            spec.triton,
             (),
             meshes,
-            _pycode(spec, "backward"),
+            spec.pycode.backward,
         )
         forward = graph_call.call_list
         wrap_gradients: Callable[[Any], tuple[Any, ...]] = tuple
@@ -166,31 +161,27 @@ def _graph_call(
             forward = lean_subclasses.flattening(subclasses, forward)
             wrap_gradients = functools.partial(lean_subclasses.wrap_gradients, subclasses)
         graph_call = lean_autograd.make_autograd_call(
-            lean_autograd.AutogradSpec(**backward["autograd"]),
-            forward,
-            bw_call.call_list,
-            wrap_gradients,
+            backward.autograd, forward, bw_call.call_list, wrap_gradients
         )
     else:
         call_list = graph_call.call_list
-        if spec.get("cudagraphs"):
-            recording = lean_cudagraphs.CUDAGraphSpec(**spec["cudagraphs"])
+        if spec.cudagraphs is not None:
             call_list = lean_cudagraphs.install(
-                call_list, graph_call.apply_to_partitions, recording
+                call_list, graph_call.apply_to_partitions, spec.cudagraphs
             )
         if subclasses is not None:  # DTensor inputs fed as their local shards
             call_list = lean_subclasses.flattening(subclasses, call_list)
-        graph_call = inference.make_inference_call(_inference_spec(spec), call_list)
+        # No inference spec: a file that had none (the default).
+        graph_call = inference.make_inference_call(spec.inference or InferenceSpec(), call_list)
     return graph_call
 
 
-def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> LeanGuardManager:
+def _guard_manager(spec: LeanSection, original_code: Any, fn: Any) -> LeanGuardManager:
     """The lean guards, and Dynamo's guard manager built when they cannot decide."""
     light = None
-    saved = spec.get("lean_guards", spec.get("light_guards"))  # format 2: "light_guards"
-    if saved is not None:
+    if spec.lean_guards is not None:
         try:
-            light = LeanGuards(saved, _pycode(spec, "guards"))
+            light = LeanGuards(spec.lean_guards, spec.pycode.guards, spec.pycode.prepared)
         except Exception as exc:
             log.debug("lean guards unavailable: %s", exc)
     guard_manager = LeanGuardManager(
@@ -199,37 +190,12 @@ def _guard_manager(spec: dict[str, Any], original_code: Any, fn: Any) -> LeanGua
             # Built on first need, in the load's context (dict configs as stand-ins).
             contextvars.copy_context().run,
             load_dynamo_guard_manager,
-            spec["guards_state"],
+            spec.guards_state,
             original_code,
             fn.__globals__,
-            bool(spec.get("hook_guards")),
+            spec.hook_guards,
         ),
     )
     if light is None:
         guard_manager.full  # noqa: B018 - build now, so that a failure falls back at load
     return guard_manager
-
-
-def _pycode(spec: dict[str, Any], name: str) -> Any:
-    """The code of ``name`` (``guards``, ``wrapper``, ``backward``) compiled at save;
-    None in a file before it."""
-    return (spec.get("pycode") or {}).get(name)
-
-
-def _subclass_spec(spec: dict[str, Any]) -> lean_subclasses.SubclassSpec | None:
-    """The subclass spec of a lean section (absent: no tensor subclass inputs)."""
-    found = spec.get("subclasses")
-    if found is None:
-        return None
-    found = dict(found)
-    if found.pop("version") not in lean_subclasses.SUBCLASS_SPEC_VERSIONS_READ:
-        raise ValueError("the lean subclass spec was written by another version")
-    return lean_subclasses.SubclassSpec(**found)  # pickled as dataclasses.asdict wrote it
-
-
-def _inference_spec(spec: dict[str, Any]) -> inference.InferenceSpec:
-    """The inference runtime spec of a lean section (absent: a file that had none)."""
-    found = dict(spec.get("inference") or {"version": inference.RUNTIME_SPEC_VERSION})
-    if found.pop("version") != inference.RUNTIME_SPEC_VERSION:
-        raise ValueError("the lean runtime spec was written by another version")
-    return inference.InferenceSpec(**found)  # pickled as dataclasses.asdict wrote it

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import logging
 import operator
 import threading
@@ -40,6 +39,7 @@ from typing import Any
 
 import torch
 
+from .schema import CUDAGraphSpec
 from .wrapper import clone_preserve_strides
 
 log = logging.getLogger("torch_precompile")
@@ -69,21 +69,6 @@ def not_recorded() -> Iterator[None]:
         yield
     finally:
         _NOT_RECORDED.reset(token)
-
-
-@dataclasses.dataclass(frozen=True)
-class CUDAGraphSpec:
-    """What recording needs, read off Inductor's compiled graph at save.
-
-    ``static_inputs``: the graph's inputs read in place (parameters, buffers).
-    ``partitions``: with Inductor's graph partitions (ops that cannot be
-    recorded run between them), each partition's static inputs; each
-    partition is recorded on its own, as Inductor does.
-    """
-
-    static_inputs: tuple[int, ...]
-    device_index: int
-    partitions: tuple[tuple[int, ...], ...] | None = None
 
 
 def install(

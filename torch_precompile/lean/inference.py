@@ -20,29 +20,12 @@ PyTorch's full path.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-RUNTIME_SPEC_VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class InferenceSpec:
-    """What running an inference graph needs beyond calling it.
-
-    ``aliases``: per user output, None (its own memory), or ``(input index,
-    is the input itself, requires_grad)`` for an output that is (a view of)
-    that graph input.
-    """
-
-    mutated_seen_by_autograd: tuple[int, ...] = ()
-    aliases: tuple[tuple[int, bool, bool] | None, ...] = ()
-    # Per user output, its dynamic dimensions (dynamic shapes), which the
-    # runtime marks on the tensor for a next compiled graph; () if none.
-    dynamic_dims: tuple[tuple[int, ...] | None, ...] = ()
+from .schema import InferenceSpec
 
 
 def bump_versions(args: Any, indices: tuple[int, ...]) -> None:

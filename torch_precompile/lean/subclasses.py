@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import pickle
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .guard_schema import DTensorSpecRecord
 from .guard_types import named_class
-
-SUBCLASS_SPEC_VERSION = 2  # 2: training (user_flat_outputs, grad_inputs)
-SUBCLASS_SPEC_VERSIONS_READ = (1, 2)
+from .schema import SubclassSpec
 
 # The DeviceMesh a distributed load binds to the compiled graph's mesh constants.
 _BOUND_MESH: contextvars.ContextVar[Any] = contextvars.ContextVar("bound_mesh", default=None)
@@ -53,29 +51,6 @@ def bound_mesh(mesh: Any) -> Iterator[None]:
 def current_mesh() -> Any:
     """The mesh :func:`bound_mesh` holds (None outside it)."""
     return _BOUND_MESH.get()
-
-
-@dataclasses.dataclass(frozen=True)
-class SubclassSpec:
-    """How the compiled graph's plain inputs and outputs map to the model's.
-
-    ``inputs``: per graph input of Dynamo's graph, None (passed as it is) or
-    the attribute names its subclass flattens into, in order. ``outputs``:
-    per user output, ``[index]`` (a plain output) or ``[start, module,
-    qualname, attrs, meta (pickled), outer_size, outer_stride]``: a subclass
-    rebuilt from the plain outputs from ``start`` on. ``mesh_constants``: the
-    wrapper's constants that are the DeviceMesh (forward and backward).
-    Training: ``user_flat_outputs`` of the forward's plain outputs are the
-    user's (the rest are activations for the backward), and ``grad_inputs``
-    rebuilds the backward's plain gradients, one per graph input, as
-    ``outputs`` does.
-    """
-
-    inputs: tuple[tuple[str, ...] | None, ...] = ()
-    outputs: tuple[tuple[Any, ...], ...] = ()
-    mesh_constants: tuple[str, ...] = ()
-    user_flat_outputs: int | None = None
-    grad_inputs: tuple[tuple[Any, ...], ...] = ()
 
 
 def mesh_constants(spec: SubclassSpec) -> dict[str, Any]:
@@ -188,7 +163,8 @@ class DTensorSpecCheck:
 
     def __init__(self, saved: dict[str, Any]) -> None:
         self._saved = saved
-        self._mesh = MeshCheck(saved["mesh"])
+        self._record = DTensorSpecRecord.read(saved)
+        self._mesh = MeshCheck(self._record.mesh)
         self._last: weakref.ref[Any] | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:  # what was saved, not the last spec seen
@@ -197,11 +173,11 @@ class DTensorSpecCheck:
     def ok(self, spec: Any) -> bool:
         if self._last is not None and self._last() is spec and self._mesh.ok(spec.mesh):
             return True
-        saved, meta = self._saved, spec.tensor_meta
+        saved, meta = self._record, spec.tensor_meta
         equal = (
-            repr(tuple(spec.placements)) == saved["placements"]
-            and repr(spec.shard_order) == saved["shard_order"]
-            and (meta is None if saved["dtype"] is None else str(meta.dtype) == saved["dtype"])
+            repr(tuple(spec.placements)) == saved.placements
+            and repr(spec.shard_order) == saved.shard_order
+            and (meta is None if saved.dtype is None else str(meta.dtype) == saved.dtype)
             and self._mesh.ok(spec.mesh)
         )
         if equal:

@@ -24,14 +24,16 @@ from __future__ import annotations
 import builtins
 import marshal
 import types
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .kernels import CUBIN, KernelLoader, kernel_file, kernel_key
 
-TRITON_SPEC_VERSION = 1
+if TYPE_CHECKING:
+    from .schema import TritonLaunch
+
 BUILTIN_NAMES = frozenset(dir(builtins))
 
 
@@ -89,7 +91,7 @@ class KernelAndTritonLoader(KernelLoader):
         kernels: dict[str, memoryview],
         directory: str,
         data_ptr_env: str,
-        triton_specs: dict[str, dict[str, Any]],
+        triton_specs: Mapping[str, TritonLaunch],
     ) -> None:
         super().__init__(kernels, directory, data_ptr_env)
         self._triton_specs = triton_specs
@@ -98,33 +100,24 @@ class KernelAndTritonLoader(KernelLoader):
     def triton(self, kernel_name: str, source_code: str, device_str: str = "cuda") -> StaticKernel:
         key = triton_key(device_str, source_code)
         spec = self._triton_specs.get(key)
-        # The cubin's own name (files before it: the source's, one binary per source).
-        cubin = spec.get("cubin", key) if spec is not None else key
-        if spec is None or cubin not in self._kernels:
+        if spec is None or spec.cubin not in self._kernels:
             raise KeyError(f"Triton kernel {kernel_name} is not among the artifact's kernels")
-        if spec.get("version", TRITON_SPEC_VERSION) != TRITON_SPEC_VERSION:
-            raise ValueError("the Triton kernel spec was written by another version")
-        device = int(spec["device"])
+        device = spec.device
         if device not in self._devices:
             # The driver loads modules into the device's primary context: make it exist.
             torch.zeros(1, device=f"cuda:{device}")
             self._devices.add(device)
-        path = kernel_file(self._directory, cubin, self._kernels, suffix=CUBIN)
+        path = kernel_file(self._directory, spec.cubin, self._kernels, suffix=CUBIN)
         loaded = torch._C._StaticCudaLauncher._load_kernel(  # type: ignore[attr-defined]
-            path, spec["name"], spec["shared"], device
+            path, spec.name, spec.shared, device
         )
         # torch 2.11 returns (function, n_regs, n_spills); later ones put the module first.
         function = loaded[0] if len(loaded) == 3 else loaded[1]
         runner = _runner(
-            spec["name"],
-            function,
-            spec["num_warps"],
-            spec["shared"],
-            spec["arg_tys"],
-            spec["scratch"],
+            spec.name, function, spec.num_warps, spec.shared, spec.arg_tys, spec.scratch
         )
-        code = marshal.loads(spec["launcher"])
+        code = marshal.loads(spec.launcher)
         launcher = types.FunctionType(
-            code, {"runner": runner, "__builtins__": builtins}, code.co_name, spec["defaults"]
+            code, {"runner": runner, "__builtins__": builtins}, code.co_name, spec.defaults
         )
-        return StaticKernel(launcher, spec["profile_name"], loaded)
+        return StaticKernel(launcher, spec.profile_name, loaded)

@@ -6,13 +6,16 @@ from __future__ import annotations
 import contextlib
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .kernels import KernelLoader, kernel_dir
 from .pycode import code_for
 from .triton_kernels import KernelAndTritonLoader
+
+if TYPE_CHECKING:
+    from .schema import TritonLaunch
 
 ALIGNMENT = 16  # bytes; what Inductor assumes of inputs listed in ``inputs_to_check``
 _ALIGN_BYTES = 64  # Inductor's memory planning pool alignment
@@ -199,7 +202,7 @@ def build_graph_call(
     kernels: Mapping[str, bytes | memoryview],
     data_ptr_env: str,
     filename: str,
-    triton_specs: dict[str, dict[str, Any]] | None = None,
+    triton_specs: Mapping[str, TritonLaunch] | None = None,
     mutated_inputs: Sequence[int] = (),
     constants: Mapping[str, Any] | None = None,
     code: Any = None,

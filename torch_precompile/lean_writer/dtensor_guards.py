@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..lean.guard_schema import DTensorSpecRecord
 from ..lean.subclasses import mesh_layout
 from .guard_leaves import (
     LeafNode,
@@ -57,12 +58,12 @@ def _dtensor_spec(node: LeafNode, guard: Any, reader: Any) -> list[list[Any]]:
     return [
         [
             "dtensor_spec",
-            {
-                "placements": repr(tuple(value.placements)),
-                "shard_order": repr(value.shard_order),
-                "dtype": None if meta is None else str(meta.dtype),
-                "mesh": mesh_descriptor(value.mesh),
-            },
+            DTensorSpecRecord(
+                placements=repr(tuple(value.placements)),
+                shard_order=repr(value.shard_order),
+                dtype=None if meta is None else str(meta.dtype),
+                mesh=mesh_descriptor(value.mesh),
+            ).write(),
         ]
     ]
 

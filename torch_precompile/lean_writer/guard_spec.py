@@ -1,6 +1,7 @@
 """Lean guards, at precompile: Dynamo's guards read, by their types, into a plain spec.
 
-The spec (lists and dicts, saved in the file) is what :mod:`.lean.guards`
+The spec (a :class:`.lean.guard_schema.GuardTree`, saved in the file as its plain
+form) is what :mod:`.lean.guards`
 turns into a plain-Python check that runs without importing torch._dynamo; when
 that check fails, Dynamo's own guard manager is rebuilt and decides. It is read
 from typed objects only, never from Dynamo's debug text:
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..lean import shape_expr_ok
+from ..lean.guard_schema import GuardDict, GuardNode, GuardTree, Step
 from ..lean.standin.config import is_config
 from . import dtensor_guards  # noqa: F401  (registers tensor parallelism's readers)
 from .guard_leaves import (
@@ -98,7 +100,7 @@ def _key_of(source: Any) -> Any:
     return key
 
 
-def _step(accessor: Any, source: Any) -> list[Any]:
+def _step(accessor: Any, source: Any) -> Step:
     """One accessor of the tree as a step from a value to its child: ``["local",
     name]``, ``["item", key]``, ``["attr", name]`` (``getattr``), ``["oattr", name]``
     (``object.__getattribute__``) or ``["vars"]``."""
@@ -125,7 +127,7 @@ def _step(accessor: Any, source: Any) -> list[Any]:
     raise NoLeanGuards(f"{kind} to a {type(source).__name__}")
 
 
-def _apply_step(step: list[Any], value: Any) -> Any:
+def _apply_step(step: Step, value: Any) -> Any:
     kind = step[0]
     if kind == "vars":
         return value.__dict__
@@ -140,7 +142,7 @@ def _apply_step(step: list[Any], value: Any) -> Any:
 _STRUCTURAL_LEAVES = ("type", "class", "contains", "no_attr")
 
 
-def _computed_view(step: list[Any], value: Any, sub: dict[str, Any]) -> bool:
+def _computed_view(step: Step, value: Any, sub: GuardNode) -> bool:
     """Whether ``step`` reads a property of the config ``value``'s class that builds a
     new object on each read, and the guards below it check only what that object is
     (no value read through it: those are guarded on the config itself)."""
@@ -156,11 +158,11 @@ def _computed_view(step: list[Any], value: Any, sub: dict[str, Any]) -> bool:
     return _structural(sub)
 
 
-def _structural(spec: dict[str, Any]) -> bool:
+def _structural(node: GuardNode) -> bool:
     return (
-        "dict" not in spec
-        and all(leaf[0] in _STRUCTURAL_LEAVES for leaf in spec["leaves"])
-        and all(_structural(child) for _, child in spec["children"])
+        node.dict is None
+        and all(leaf[0] in _STRUCTURAL_LEAVES for leaf in node.leaves)
+        and all(_structural(child) for _, child in node.children)
     )
 
 
@@ -237,7 +239,7 @@ class _Reader:
                 self.sources.setdefault(source.name, source)
             source = source.base if isinstance(source, chained) else None
 
-    def node(self, manager: Any, value: Any, guards: list[Any] | None = None) -> dict[str, Any]:
+    def node(self, manager: Any, value: Any, guards: list[Any] | None = None) -> GuardNode:
         """The spec of one node; ``guards``: those whose leaves sit on it, if not
         the guards on its own source."""
         name = str(manager.get_source())
@@ -262,10 +264,12 @@ class _Reader:
             if read is None:
                 raise NoLeanGuards(f"{name}: a {leaf_kind} guard")
             leaves.extend(read(node, n, self))
-        spec: dict[str, Any] = {"source": name, "leaves": leaves, "children": []}
+        children: list[tuple[Step, GuardNode]] = []
         if kind == "DictGuardManager":
-            spec["dict"] = self._dict(manager, node)
-        elif kind not in ("GuardManager", "RootGuardManager"):
+            guarded_dict: GuardDict | None = self._dict(manager, node)
+        elif kind in ("GuardManager", "RootGuardManager"):
+            guarded_dict = None
+        else:
             raise NoLeanGuards(kind)
         for accessor, child in zip(manager.get_accessors(), manager.get_child_managers()):
             child_name = str(child.get_source())
@@ -294,16 +298,16 @@ class _Reader:
                 self.computed.add(child_name)
                 continue
             if step[0] in ("attr", "oattr") and not (
-                sub["leaves"] or sub["children"] or "dict" in sub
+                sub.leaves or sub.children or sub.dict is not None
             ):
                 # Nothing is checked below the attribute (torch 2.11 reads a container's
                 # ``__iter__`` this way, which a stand-in module does not have); Dynamo's
                 # manager, rebuilt from the saved guards, does not check it either.
                 continue
-            spec["children"].append([step, sub])
-        return spec
+            children.append((step, sub))
+        return GuardNode(name, leaves, children, guarded_dict)
 
-    def _dict(self, manager: Any, node: LeafNode) -> dict[str, Any]:
+    def _dict(self, manager: Any, node: LeafNode) -> GuardDict:
         value = node.need_value()
         # A config that is a dict may be its stand-in: its type is a config type, not
         # saved (the values read from it are).
@@ -316,19 +320,19 @@ class _Reader:
         if len(entries) != len(value):
             raise NoLeanGuards(f"dict guard on {node.name} covers part of the dict")
         keys, values = list(value), list(value.values())
-        return {
-            **({"config": True} if config else {}),
-            **({"ordered": True} if ordered else {}),
-            "size": len(value),
-            "entries": [
-                [
+        return GuardDict(
+            len(value),
+            [
+                (
                     int(i),
                     self.node(k, keys[i]) if k is not None else None,
                     self.node(v, values[i]) if v is not None else None,
-                ]
+                )
                 for i, (k, v) in sorted(entries.items())
             ],
-        }
+            config,
+            ordered,
+        )
 
     def shape_guards(self, root: Any) -> list[str]:
         """Dynamo's shape guards (its Python code), checked against the lean grammar,
@@ -365,22 +369,19 @@ class _Reader:
 
 def read_lean_guards(
     guards: Sequence[Any], check_fn: Any, output_graph: Any, local_scope: dict[str, Any]
-) -> dict[str, Any] | None:
+) -> GuardTree | None:
     """The lean spec of a guard tree Dynamo just built (``build_guard_manager``'s
     ``read_tree``), read under the state it was built in."""
     return lean_guard_spec(GuardReading(guards, check_fn, output_graph, local_scope))
 
 
-def lean_guard_spec(reading: GuardReading) -> dict[str, Any] | None:
-    """Dynamo's guard tree as plain data the lean check runs, or None if it cannot."""
+def lean_guard_spec(reading: GuardReading) -> GuardTree | None:
+    """Dynamo's guard tree as the record the lean check runs, or None if it cannot."""
     try:
         reader = _Reader(reading)
         root = reading.check_fn.guard_manager.root
-        spec = reader.node(root, dict(reading.local_scope))  # first: it finds the computed
-        shape_guards = reader.shape_guards(root)
-        if shape_guards:
-            spec["shape_guards"] = shape_guards  # absent: no dynamic shapes (older files)
-        return spec
+        node = reader.node(root, dict(reading.local_scope))  # first: it finds the computed
+        return GuardTree(node, tuple(reader.shape_guards(root)))
     except Exception as exc:  # NoLeanGuards, or a guard whose value cannot be read
         log.debug("no lean guards: %s: %s", type(exc).__name__, exc, exc_info=True)
         return None

@@ -37,18 +37,20 @@ from .._compat.codecache import (
 )
 from .._compat.joint import compiled_function_uses_cudagraphs
 from ..lean import (
-    AUTOGRAD_SPEC_VERSION,
-    LEAN_SECTION_VERSION,
-    RUNTIME_SPEC_VERSION,
-    SUBCLASS_SPEC_VERSION,
     AutogradSpec,
+    BackwardSection,
+    CompiledPython,
+    CUDAGraphSpec,
     InferenceSpec,
     LeanCompiledFunction,
+    LeanSection,
     SubclassSpec,
+    TritonLaunch,
     kernel_key,
     pycode,
 )
 from ..lean.bytecode_globals import global_homes
+from ..lean.guard_schema import GuardTree
 from ..lean.guards import GUARDS_FILENAME, LeanGuards, prepared
 from ..lean.pickling import dumps as stable_dumps
 from ..lean.pickling import dumps_lean
@@ -193,7 +195,7 @@ def _kernel_binary(owned: Kernels, argtypes: list[str], source: str) -> bytes:
 
 
 def lean_sections(
-    fn: Any, owned: Kernels | None = None, lean_guards: dict[str, Any] | None = None
+    fn: Any, owned: Kernels | None = None, lean_guards: GuardTree | None = None
 ) -> tuple[tuple[bytes, Kernels] | None, str | None]:
     """The ``lean`` section and the kernels (``{key: shared object}``) of a CPU
     artifact, or None and why not.
@@ -219,7 +221,7 @@ def lean_sections(
     from torch._inductor import select_algorithm
 
     graphs = plan.graphs
-    cudagraphs: dict[str, Any] | None = None
+    cudagraphs: CUDAGraphSpec | None = None
     if compiled_function_uses_cudagraphs(fn):
         if plan.autograd is not None:
             return None, 'mode="reduce-overhead" training (CUDA graphs of forward and backward)'
@@ -230,7 +232,7 @@ def lean_sections(
         if recording is None:
             log.info("no CUDA graphs for this artifact: %s", skipped)
         else:
-            cudagraphs = dataclasses.asdict(recording)
+            cudagraphs = recording
     sources = [graph.source_code for graph in graphs]
     extern_names = sorted(
         {name for src in sources for name in re.findall(r"\bextern_kernels\.(\w+)", src)}
@@ -249,7 +251,7 @@ def lean_sections(
                 continue
             binaries[key] = _kernel_binary(owned or {}, argtypes, kernel_source)
         triton_calls.append((source, triton_found))
-    triton_specs: dict[str, dict[str, Any]] = {}
+    triton_specs: dict[str, TritonLaunch] = {}
     if any(calls for _, calls in triton_calls):
         found = triton_sections(triton_calls, owned)
         if isinstance(found, str):
@@ -266,78 +268,59 @@ def lean_sections(
         closure = dumps_lean([cell.cell_contents for cell in env.closure or ()])
     except Exception as exc:
         return None, f"the closure or globals cannot be pickled ({type(exc).__name__}: {exc})"
-    spec = {
-        "version": LEAN_SECTION_VERSION,
-        "torch": torch.__version__,
-        "wrapper": sources[0],
-        "extern_kernels": extern_names,
-        "inputs_to_check": [int(i) for i in (graphs[0].inputs_to_check or ())],
-        "mutated_inputs": sorted(int(i) for i in graphs[0].mutated_input_idxs),
-        "bytecode": dumps_lean(env.bytecode),
-        "import_sources": dict(env.import_sources),
-        "global_homes": global_homes(env.bytecode, env.import_sources),
-        "used_globals": used_globals,
-        "used_global_names": sorted(env.used_globals),
-        "external_refs": sorted(env.external_refs),
-        "argdefs": env.argdefs,
-        "closure": closure if env.closure else None,
-        "kwdefaults": env.kwdefaults,
-        "backend_id": fn._artifacts.backend_id,
-        "signature": signature,
-        "original_code": dumps_lean(fn._artifacts.original_code),
-        "guards_state": fn._artifacts.guards_state,
-        "lean_guards": lean_guards,
-        "hook_guards": True,  # built under hook_guards_enabled (absent: an older file)
-        "device_type": fn._artifacts.device_type,
-        "triton": triton_specs,  # key -> launch spec of each Triton kernel (cubin in kernels)
-        "cudagraphs": cudagraphs,  # mode="reduce-overhead": how to record (None: no CUDA graphs)
-    }
-    if plan.inference is not None:
-        spec["inference"] = {
-            "version": RUNTIME_SPEC_VERSION,
-            **dataclasses.asdict(plan.inference),
-        }
-    if plan.subclasses is not None:
-        spec["subclasses"] = {
-            "version": SUBCLASS_SPEC_VERSION,
-            **dataclasses.asdict(plan.subclasses),
-        }
     autograd = plan.autograd
-    if autograd is not None:
-        # Training: the backward's wrapper and how autograd runs the pair
-        # (absent: an inference artifact).
-        spec["backward"] = {
-            "version": AUTOGRAD_SPEC_VERSION,
-            "wrapper": sources[1],
-            "inputs_to_check": [int(i) for i in (graphs[1].inputs_to_check or ())],
-            "autograd": dataclasses.asdict(autograd),
-        }
-    spec["pycode"] = _compiled_python(spec)
-    if spec["lean_guards"] is not None:
-        # Pickled apart: a load whose Python takes the saved guard function (above)
+    section = LeanSection(
+        wrapper=sources[0],
+        extern_kernels=extern_names,
+        inputs_to_check=[int(i) for i in (graphs[0].inputs_to_check or ())],
+        mutated_inputs=sorted(int(i) for i in graphs[0].mutated_input_idxs),
+        bytecode=dumps_lean(env.bytecode),
+        import_sources=dict(env.import_sources),
+        global_homes=global_homes(env.bytecode, env.import_sources),
+        used_globals=used_globals,
+        used_global_names=sorted(env.used_globals),
+        external_refs=sorted(env.external_refs),
+        argdefs=env.argdefs,
+        closure=closure if env.closure else None,
+        kwdefaults=env.kwdefaults,
+        backend_id=fn._artifacts.backend_id,
+        signature=signature,
+        original_code=dumps_lean(fn._artifacts.original_code),
+        guards_state=fn._artifacts.guards_state,
+        # Pickled apart: a load whose Python takes the saved guard function (below)
         # never unpickles the tree (a 24-layer generator's five: 25 ms on a CPU core).
-        spec["lean_guards"] = stable_dumps(spec["lean_guards"])
-    return (stable_dumps(spec), binaries), None
+        lean_guards=lean_guards,
+        hook_guards=True,  # built under hook_guards_enabled
+        device_type=fn._artifacts.device_type,
+        triton=triton_specs,
+        cudagraphs=cudagraphs,
+        pycode=_compiled_python(sources, lean_guards),
+        inference=plan.inference,
+        subclasses=plan.subclasses,
+        # Training: the backward's wrapper and how autograd runs the pair.
+        backward=None
+        if autograd is None
+        else BackwardSection(
+            sources[1], tuple(int(i) for i in (graphs[1].inputs_to_check or ())), autograd
+        ),
+    )
+    return (stable_dumps(section.write()), binaries), None
 
 
-def _compiled_python(spec: dict[str, Any]) -> dict[str, Any]:
+def _compiled_python(sources: list[str], lean_guards: GuardTree | None) -> CompiledPython:
     """What the load would compile (the wrappers, the guard function), compiled here
     (:mod:`..lean.pycode`): a load on the same Python unmarshals it instead."""
-    out = {"wrapper": pycode.compiled(strip_wrapper_imports(spec["wrapper"]), "<wrapper>")}
-    if "backward" in spec:
-        backward = strip_wrapper_imports(spec["backward"]["wrapper"])
-        out["backward"] = pycode.compiled(backward, "<wrapper>")
-    if spec["lean_guards"] is not None:
+    wrappers = [pycode.compiled(strip_wrapper_imports(s), "<wrapper>") for s in sources]
+    guards = emitted = None
+    if lean_guards is not None:
         try:
-            guards = LeanGuards(spec["lean_guards"])
+            checked = LeanGuards(lean_guards)
         except Exception as exc:  # the load will say so too, and use Dynamo's guards
             log.debug("no compiled lean guards: %s", exc)
         else:
-            out["guards"] = pycode.compiled(guards.source, GUARDS_FILENAME)
-            emitted = prepared(guards)  # the load skips writing the check
-            if emitted is not None:
-                out["guards"]["prepared"] = emitted
-    return out
+            guards = pycode.compiled(checked.source, GUARDS_FILENAME)
+            emitted = prepared(checked)  # the load skips writing the check
+    return CompiledPython(wrappers[0], wrappers[1] if len(wrappers) > 1 else None, guards, emitted)
 
 
 def cpp_kernels(fns: Sequence[tuple[Any, Kernels]]) -> dict[str, bytes]:

@@ -14,12 +14,10 @@ from typing import Any
 
 import torch
 
-from ..lean.autograd import RNG_IN_WRAPPER, AutogradSpec
-from ..lean.cudagraphs import CUDAGraphSpec
+from ..lean.autograd import RNG_IN_WRAPPER
 from ..lean.guard_types import named_class
-from ..lean.inference import InferenceSpec
 from ..lean.pickling import dumps as stable_dumps
-from ..lean.subclasses import SubclassSpec
+from ..lean.schema import AutogradSpec, CUDAGraphSpec, InferenceSpec, SubclassSpec
 from ..lean.wrapper import (
     main_code,
     strip_wrapper_imports,

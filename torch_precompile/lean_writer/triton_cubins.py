@@ -15,6 +15,7 @@ import torch
 
 from .._compat.local_collectives import UnknownCollectiveError, local_collectives
 from ..lean.kernels import kernel_key
+from ..lean.schema import TritonLaunch
 from ..lean.triton_kernels import BUILTIN_NAMES, triton_key
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,12 @@ def _cubin(kernel: Any, device: int) -> bytes:
 def triton_sections(
     wrappers: Sequence[tuple[str, Sequence[tuple[str, str, str]]]],
     owned: Mapping[str, bytes | memoryview] | None = None,
-) -> tuple[dict[str, dict[str, Any]], dict[str, bytes]] | str:
+) -> tuple[dict[str, TritonLaunch], dict[str, bytes]] | str:
     """Launch specs and cubins of the Triton kernels of each wrapper: ``(wrapper
     source, its calls (name, kernel source, device))``; or why they cannot be
     launched statically. A cubin in ``owned`` (the artifact's, by key) is taken from
     there; any other is read from the kernel or from Triton's cache."""
-    specs: dict[str, dict[str, Any]] = {}
+    specs: dict[str, TritonLaunch] = {}
     binaries: dict[str, bytes] = {}
     for wrapper_source, calls in wrappers:
         if not calls:
@@ -110,7 +111,7 @@ def kept_cubins(wrappers: Sequence[tuple[str, Sequence[tuple[str, str, str]]]]) 
 def _add_specs(
     calls: Sequence[tuple[str, str, str]],
     tuners: dict[str, Any],
-    specs: dict[str, dict[str, Any]],
+    specs: dict[str, TritonLaunch],
     binaries: dict[str, bytes],
     owned: Mapping[str, bytes | memoryview],
 ) -> str | None:
@@ -144,19 +145,19 @@ def _add_specs(
             binaries[cubin] = bytes(owned[cubin]) if cubin in owned else _cubin(kernel, device)
         except OSError as exc:
             return f"Triton kernel {name}: its cubin is not found ({exc})"
-        specs[key] = {
-            "cubin": cubin,
-            "name": kernel.name,
-            "launcher": marshal.dumps(code),
-            "defaults": launcher.__defaults__,
-            "num_warps": int(kernel.num_warps),
-            "shared": int(kernel.shared),
-            "arg_tys": str(kernel.arg_tys),
-            "scratch": int(bool(kernel.has_global_scratch))
+        specs[key] = TritonLaunch(
+            cubin=cubin,
+            name=kernel.name,
+            launcher=marshal.dumps(code),
+            defaults=launcher.__defaults__,
+            num_warps=int(kernel.num_warps),
+            shared=int(kernel.shared),
+            arg_tys=str(kernel.arg_tys),
+            scratch=int(bool(kernel.has_global_scratch))
             + int(bool(getattr(kernel, "has_profile_scratch", False))),
-            "device": device,
-            "profile_name": tuner.inductor_meta.get("kernel_name", name),
-        }
+            device=device,
+            profile_name=tuner.inductor_meta.get("kernel_name", name),
+        )
     return None
 
 

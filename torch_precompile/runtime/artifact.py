@@ -14,6 +14,7 @@ import torch
 from .. import _compat
 from ..file import sections as names
 from ..guards import Guards, RangeGuard, describe_source
+from ..lean.guard_schema import GuardTree
 from ..lean.standin.module import module_tensors
 from .call import Runtime
 from .pythonify import write_module
@@ -75,7 +76,7 @@ class PrecompiledArtifact:
     )
     # Dynamo's guard tree read at precompile as the lean check's spec (None: it cannot
     # run it, or loaded); save writes it into the lean section.
-    lean_guards: dict[str, Any] | None = dataclasses.field(default=None, repr=False, compare=False)
+    lean_guards: GuardTree | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         args = tuple(canonical_strides(a) for a in args)

@@ -29,6 +29,7 @@ from .. import _compat
 from ..file import sections as names
 from ..file.extension import MODEL_LIBRARIES
 from ..file.pickle_refs import pickle_imports
+from ..lean.schema import FALLBACK_FIELDS  # nested pickles only Dynamo's guards read
 from ..lean.standin.attributes import imported_names
 
 # The operator namespaces torch registers itself (C++ and Python), torch 2.11 to 2.15:
@@ -44,8 +45,6 @@ TORCH_NAMESPACES = frozenset(
 
 _OP_CALL = re.compile(rb"torch\.ops\.([A-Za-z_]\w*)\.([A-Za-z_]\w*)")
 _MAX_PLACES = 6  # places kept per module in the header
-# Nested pickles of a lean section that only Dynamo's guard manager reads.
-_FALLBACK_FIELDS = ("guards_state",)
 
 Imports = dict[str, dict[str, list[str]]]  # {"load"|"fallback": {module: [places]}}
 
@@ -79,7 +78,7 @@ def file_imports(
         elif base in (names.LEAN, "fastload"):
             for ref in pickle_imports(data):
                 where = ref.where.split(".")[0]
-                if where in _FALLBACK_FIELDS:
+                if where in FALLBACK_FIELDS:
                     add(fallback, ref.module, f"{base} {where} (Dynamo's guards): {ref.name}")
                 elif ref.lazy:
                     add(fallback, ref.module, f"{base} {where}: a function rebuilt by value")

@@ -1,4 +1,4 @@
-"""Each step of the artifact's call path (``torch_precompile.runtime.call``), printed as code."""
+"""Each step of the artifact's call path (``torch_precompile.runtime.steps``), printed as code."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from ...guards import AutogradGuard, Guard, describe_source
-from ..call import CheckGuards, CheckHooks, CheckIdentities, CheckIndices
+from ..steps import CheckGuards, CheckHooks, CheckIdentities, CheckIndices
 from ._names import Emitter, Names, f_locals_expr, is_model_side, source_expr
 from ._output import Output
 

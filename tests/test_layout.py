@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "torch_precompile"
-MAX_LINES = 520
+MAX_LINES = 400
+# Modules over MAX_LINES while they are split, with the size they may not pass.
+SPLITTING = {"torch_precompile.runtime.generator": 460}
 
 # Bottom to top: a unit may import units of lower layers (and itself) only.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -214,5 +216,5 @@ def test_no_import_cycles(modules: dict[str, Path]) -> None:
 
 def test_modules_stay_readable(modules: dict[str, Path]) -> None:
     sizes = {name: len(path.read_text().splitlines()) for name, path in modules.items()}
-    too_long = {name: n for name, n in sizes.items() if n > MAX_LINES}
+    too_long = {name: n for name, n in sizes.items() if n > SPLITTING.get(name, MAX_LINES)}
     assert not too_long, too_long

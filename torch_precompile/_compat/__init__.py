@@ -11,6 +11,7 @@ One module per concern, in pipeline order:
 
 - ``capture``: Dynamo's fullgraph capture and its shape environment;
 - ``joint``: AOTAutograd's joint export, partitioning and Inductor's compile;
+  ``graph_copy``: the copies of its graphs and joint each compile works on;
 - ``guard_manager``: Dynamo's guards of a capture (the save-time filter's
   entries, the guard manager and its portable state);
 - ``guard_vocab``: Dynamo's guard kinds sorted into the package's categories;
@@ -24,7 +25,9 @@ One module per concern, in pipeline order:
 - ``distributed``: DTensor meshes and ``compile_on_one_rank``;
 - ``hooks``: the module hook dicts a call checks;
 - ``contract``: every private PyTorch name this package and ``lean/`` use, in
-  one list, checked on the installed torch by ``tests/test_torch_contract.py``.
+  one list (its entry type ``contract_entry``, the compilers' entries
+  ``contract_compilers``), checked on the installed torch by
+  ``tests/test_torch_contract.py``.
 """
 
 from .capture import (
@@ -73,6 +76,7 @@ from .functions import (
     unresolved_globals,
     wrap_compiled_graph,
 )
+from .graph_copy import without_duplicates
 from .guard_manager import build_guard_manager
 from .guard_vocab import CapturedGuard, SaveCandidate, captured_guards, save_candidate
 from .hooks import hook_check, registered_global_hooks, registered_hooks
@@ -87,7 +91,6 @@ from .joint import (
     joint_needs_autograd,
     joint_placeholder_count,
     kernels_read_thread_count,
-    without_duplicates,
 )
 
 __all__ = [

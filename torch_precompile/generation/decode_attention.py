@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .._compat.joint import copy_graph_module
+from .._compat.graph_copy import copy_graph_module
 
 _FULL = slice(None)
 _SDPA = torch.nn.functional.scaled_dot_product_attention

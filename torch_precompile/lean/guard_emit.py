@@ -14,7 +14,14 @@ from typing import Any
 
 import torch
 
-from .guard_schema import Emitted, GuardNode, GuardTree, Leaf, TensorCheck
+from .guard_schema import (
+    Emitted,
+    GuardNode,
+    GuardTree,
+    Leaf,
+    TensorCheck,
+    global_state_any_threads,
+)
 from .guard_types import LEAN_TYPES, shape_expr_ok
 from .subclasses import DTensorSpecCheck, MeshCheck
 
@@ -184,7 +191,7 @@ class Emitter:
             self._fail_unless(f"len({v}) == {int(leaf[1])}")
         elif kind == "contains":
             self._fail_unless(f"({self._const(leaf[1])} in {v}) is {bool(leaf[2])}")
-        elif kind == "global_state" and len(leaf) > 2 and leaf[2].get("any_threads"):
+        elif kind == "global_state" and global_state_any_threads(leaf):
             # Kernels that read the thread count as they run: the state at the call's count.
             self._fail_unless(f"global_state_at_any_threads({self._const(str(leaf[1]))})")
         elif kind == "global_state":

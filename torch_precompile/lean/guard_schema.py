@@ -115,6 +115,17 @@ class GuardTree:
         return cls(GuardNode.read(stored), tuple(stored.get("shape_guards", ())))
 
 
+def global_state_leaf(state: str, any_threads: bool) -> Leaf:
+    """The ``global_state`` leaf: Dynamo's global state (its JSON), and whether the
+    check leaves the thread count out (kernels that read it as they run)."""
+    return ["global_state", state, *([{"any_threads": True}] if any_threads else [])]
+
+
+def global_state_any_threads(leaf: Leaf) -> bool:
+    """Whether a ``global_state`` leaf (:func:`global_state_leaf`) leaves the count out."""
+    return len(leaf) > 2 and bool(leaf[2].get("any_threads"))
+
+
 @dataclasses.dataclass(frozen=True)
 class DTensorSpecRecord:
     """What a DTensor spec guard compares (a ``dtensor_spec`` leaf's argument): the

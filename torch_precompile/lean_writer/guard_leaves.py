@@ -20,6 +20,7 @@ import torch
 
 from .._compat import FROM_2_15, kernels_read_thread_count
 from ..lean import LEAN_TYPES, named_class
+from ..lean.guard_schema import global_state_leaf
 
 MISSING = object()
 _TYPE_NAMES = {cls: name for name, cls in LEAN_TYPES.items()}
@@ -307,10 +308,8 @@ def _global_state(node: LeafNode, n: int, reader: Any) -> list[list[Any]]:
     state = reader.check_fn.global_state
     if state is None:
         raise NoLeanGuards("a global state guard without its state")
-    leaf: list[Any] = ["global_state", state.__getstate__()]
-    if kernels_read_thread_count():  # the lean check leaves the count out (lean/guards.py)
-        leaf.append({"any_threads": True})
-    return [leaf]
+    # With kernels that read the thread count, the lean check leaves the count out.
+    return [global_state_leaf(state.__getstate__(), kernels_read_thread_count())]
 
 
 @leaf_reader("TORCH_FUNCTION_MODE_STACK")

@@ -79,7 +79,7 @@ CONTRACT: tuple[PrivateName, ...] = (
         "replacements",
         "guards",
     ),
-    _n("torch.fx:Graph", "_tracer_cls", "_codegen"),  # joint.py copies a graph
+    _n("torch.fx:Graph", "_tracer_cls", "_codegen"),  # graph_copy.py copies a graph
     _n("torch:Tensor", "_is_view"),
     _n("torch:UntypedStorage", "_cdata"),
     _n("torch._C:_FunctionBase", "_materialize_non_diff_grads"),  # lean/autograd.py

@@ -231,7 +231,7 @@ COMPILERS: tuple[PrivateName, ...] = (
     _n(f"{_IND}.codegen.cpp:CppKernel", "check_bounds", "rename_indexing", "sexpr"),  # 2.11
     _n(f"{_IND}.codegen.common:Kernel", "loads", "compute", "cse"),
     _n(f"{_IND}.codegen.common:CSE", "try_get"),
-    _n(f"{_IND}.ir:argsort_sym"),  # joint.py patches both places
+    _n(f"{_IND}.ir:argsort_sym"),  # inductor_fixes.py patches both places
     _n(f"{_IND}.utils:argsort_sym"),
     _n(
         f"{_IND}.output_code:CompiledFxGraph",

@@ -36,7 +36,7 @@ TRITON_SPEC_VERSION = 1
 _VERSION = "version"
 # The section's fields that only Dynamo's guard manager reads (a load's imports
 # from them are the fallback's).
-FALLBACK_FIELDS = ("guards_state",)
+FALLBACK_FIELDS = ("guards_state",)  # LeanSection.guards_state
 
 
 def versioned(version: int, fields: dict[str, Any]) -> dict[str, Any]:
@@ -246,19 +246,6 @@ class BackwardSection:
         )
 
 
-_DEFAULTS: dict[str, Any] = {  # what a file before each of these fields meant
-    "mutated_inputs": (),
-    "global_homes": {},
-    "used_global_names": (),
-    "external_refs": (),
-    "closure": None,
-    "hook_guards": False,  # built under hook_guards_enabled
-    "device_type": "cpu",
-    "triton": {},
-    "cudagraphs": None,
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class LeanSection:
     """What the lean runtime needs to run one compiled function without the compiler.
@@ -302,34 +289,67 @@ class LeanSection:
         spec: dict[str, Any] = {
             _VERSION: LEAN_SECTION_VERSION,
             "torch": self.torch_version,
-            **{f: getattr(self, f) for f in _PLAIN},
+            "wrapper": self.wrapper,
+            "extern_kernels": self.extern_kernels,
+            "inputs_to_check": self.inputs_to_check,
+            "mutated_inputs": self.mutated_inputs,
+            "bytecode": self.bytecode,
+            "import_sources": self.import_sources,
+            "global_homes": self.global_homes,
+            "used_globals": self.used_globals,
+            "used_global_names": self.used_global_names,
+            "external_refs": self.external_refs,
+            "argdefs": self.argdefs,
+            "closure": self.closure,
+            "kwdefaults": self.kwdefaults,
+            "backend_id": self.backend_id,
+            "signature": self.signature,
+            "original_code": self.original_code,
+            "guards_state": self.guards_state,
             "lean_guards": _pickled_apart(self.lean_guards),
             "hook_guards": self.hook_guards,
             "device_type": self.device_type,
             "triton": {key: launch.write() for key, launch in self.triton.items()},
             "cudagraphs": None if self.cudagraphs is None else dataclasses.asdict(self.cudagraphs),
         }
-        for name in ("inference", "subclasses", "backward"):
-            part = getattr(self, name)
-            if part is not None:
-                spec[name] = part.write()
+        if self.inference is not None:
+            spec["inference"] = self.inference.write()
+        if self.subclasses is not None:
+            spec["subclasses"] = self.subclasses.write()
+        if self.backward is not None:
+            spec["backward"] = self.backward.write()
         spec["pycode"] = self.pycode.write()
         return spec
 
     @classmethod
     def read(cls, stored: dict[str, Any]) -> LeanSection:
-        """The section of ``stored``; ValueError if another version of the package
-        or of torch wrote it."""
+        """The section of ``stored``; ValueError if another version of the package or
+        of torch wrote it. A key an older file lacks takes what that file meant."""
         if stored.get(_VERSION) != LEAN_SECTION_VERSION or stored.get("torch") != torch.__version__:
             raise ValueError("the lean section was written by another version")
-        get = {**_DEFAULTS, **stored}.__getitem__
         cudagraphs = stored.get("cudagraphs")
         return cls(
-            **{f: get(f) for f in _PLAIN},
+            wrapper=stored["wrapper"],
+            extern_kernels=stored["extern_kernels"],
+            inputs_to_check=stored["inputs_to_check"],
+            mutated_inputs=stored.get("mutated_inputs", ()),
+            bytecode=stored["bytecode"],
+            import_sources=stored["import_sources"],
+            global_homes=stored.get("global_homes", {}),
+            used_globals=stored["used_globals"],
+            used_global_names=stored.get("used_global_names", ()),
+            external_refs=stored.get("external_refs", ()),
+            argdefs=stored["argdefs"],
+            closure=stored.get("closure"),
+            kwdefaults=stored["kwdefaults"],
+            backend_id=stored["backend_id"],
+            signature=stored["signature"],
+            original_code=stored["original_code"],
+            guards_state=stored["guards_state"],
             lean_guards=stored.get("lean_guards", stored.get("light_guards")),  # format 2
-            hook_guards=bool(get("hook_guards")),
-            device_type=get("device_type"),
-            triton={k: TritonLaunch.read(v, k) for k, v in (get("triton") or {}).items()},
+            hook_guards=bool(stored.get("hook_guards")),  # absent: built without them
+            device_type=stored.get("device_type", "cpu"),
+            triton={k: TritonLaunch.read(v, k) for k, v in (stored.get("triton") or {}).items()},
             cudagraphs=CUDAGraphSpec(**cudagraphs) if cudagraphs else None,
             pycode=CompiledPython.read(stored.get("pycode")),
             inference=InferenceSpec.read(stored.get("inference")),
@@ -344,12 +364,3 @@ def _pickled_apart(guards: GuardTree | bytes | dict[str, Any] | None) -> bytes |
     if guards is None or isinstance(guards, bytes):
         return guards
     return dumps(guards if isinstance(guards, dict) else guards.write())
-
-
-# The fields stored as they are, in the section's order.
-_PLAIN = (
-    "wrapper", "extern_kernels", "inputs_to_check", "mutated_inputs", "bytecode",
-    "import_sources", "global_homes", "used_globals", "used_global_names", "external_refs",
-    "argdefs", "closure", "kwdefaults", "backend_id", "signature", "original_code",
-    "guards_state",
-)  # fmt: skip

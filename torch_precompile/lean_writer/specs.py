@@ -3,8 +3,9 @@
 Each function reads one part of a compiled function (AOTAutograd's runtime
 metadata, a tensor subclass plan, Inductor's wrapper and CUDA-graph info) and
 answers with the spec the matching ``lean/`` module runs, or why it cannot run
-it (then the artifact loads on PyTorch's full path). The specs are the contract
-between this module and ``lean/``; ``lean_sections`` writes them into the file.
+it (then the artifact loads on PyTorch's full path). The specs are records of the
+lean format's schema (``lean/schema.py``); ``lean_sections`` writes them into the
+file.
 """
 
 from __future__ import annotations

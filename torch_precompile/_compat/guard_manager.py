@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..lean import hook_guards_enabled
+from ..lean.guard_schema import GuardTree
 from ..lean.pickling import findable_by_name, function_by_value, reducer_override_patched
 from ..lean.standin.config import dict_base, is_config, reduce_dict_config
 from .capture import Capture
@@ -201,9 +202,8 @@ def build_guard_manager(
     capture: Capture,
     guard_filter: Callable[[Sequence[Any]], Sequence[bool]],
     keep_source: Callable[[str, bool], bool],
-    read_tree: Callable[[Sequence[Any], Any, Any, dict[str, Any]], dict[str, Any] | None]
-    | None = None,
-) -> tuple[Any, bytes, dict[str, Any] | None]:
+    read_tree: Callable[[Sequence[Any], Any, Any, dict[str, Any]], GuardTree | None] | None = None,
+) -> tuple[Any, bytes, GuardTree | None]:
     """Build Dynamo's guard manager after compilation (so shape guards added by
     AOTAutograd and Inductor are included), its serialized state, and its tree
     read as the lean check's spec by ``read_tree(kept guards, check_fn,

@@ -12,7 +12,7 @@ imported. Guards are checked by a plain-Python translation of Dynamo's guard
 tree (:mod:`.guards`); Dynamo's own guard manager (which imports
 ``torch._dynamo``) is built only when that check fails or the tree could not be
 translated. The saved code was checked at save time to be one of the cases
-this runner handles: inference (:mod:`.runtime`: input mutations kept in
+this runner handles: inference (:mod:`.inference`: input mutations kept in
 the graph, outputs aliasing inputs; ``mode="reduce-overhead"`` recorded by
 :mod:`.cudagraphs`) and training (:mod:`.autograd`), on CPU or CUDA,
 static or dynamic shapes (Inductor's wrapper reads the sizes off its inputs).

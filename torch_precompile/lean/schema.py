@@ -40,10 +40,13 @@ FALLBACK_FIELDS = ("guards_state",)  # LeanSection.guards_state
 
 
 def versioned(version: int, fields: dict[str, Any]) -> dict[str, Any]:
+    """A record's stored form: its version first, then its fields."""
     return {_VERSION: version, **fields}
 
 
 def unversioned(stored: dict[str, Any], versions: tuple[int, ...], what: str) -> dict[str, Any]:
+    """The fields of a record stored by :func:`versioned` with one of ``versions``;
+    ValueError naming ``what`` for any other."""
     fields = dict(stored)
     if fields.pop(_VERSION, None) not in versions:
         raise ValueError(f"the lean {what} was written by another version")

@@ -968,3 +968,21 @@ def test_check_compatible_cuda(here: dict, monkeypatch: pytest.MonkeyPatch) -> N
     assert "9.0" in message and "8.0" in message and "A100" in message and "H100" in message
     _system.check_compatible({**here, "cuda": {**built, "capability": "8.0"}}, "cuda")
     _incompatible({**here, "cuda": None}, "cuda")
+
+
+@pytest.mark.parametrize("start", [b"", b"PT2AOT\x01"])
+def test_the_imports_of_torch_compiled_bytes_are_read_past_its_magic(start: bytes) -> None:
+    """torch's save_compiled_function writes a pickle up to 2.14 and ``PT2AOT``, a version
+    byte and the pickle from 2.15: the modules it imports are read from either (a save on
+    2.15 failed reading the magic as a pickle)."""
+    import collections
+    import pickle
+
+    from torch_precompile.file.layout import torch_compiled_pickle
+    from torch_precompile.file.pickle_refs import Ref, pickle_imports
+
+    data = start + pickle.dumps({"state": collections.OrderedDict(a=1)}, protocol=4)
+    assert Ref("collections", "OrderedDict") in pickle_imports(torch_compiled_pickle(data))
+    if start:
+        with pytest.raises(ValueError):
+            pickle_imports(data)

@@ -90,6 +90,14 @@ def looks_like_torch_compiled_file(data_prefix: bytes) -> bool:
     return bytes(data_prefix[:6]).startswith(_TORCH_COMPILED_FILE_STARTS)
 
 
+def torch_compiled_pickle(data: bytes | memoryview) -> bytes:
+    """The pickle inside what torch's ``save_compiled_function`` writes: the bytes
+    themselves up to 2.14, after the ``PT2AOT`` magic and its version byte from 2.15."""
+    data = bytes(data)
+    magic = _TORCH_COMPILED_FILE_STARTS[1]
+    return data[len(magic) + 1 :] if data.startswith(magic) else data
+
+
 def as_key(key: bytes | str | None, what: str) -> bytes | None:
     """A signing key as bytes (``str`` is encoded as UTF-8); None stays None."""
     if key is None:

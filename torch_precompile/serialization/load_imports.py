@@ -28,6 +28,7 @@ from typing import Any
 from .. import _compat
 from ..file import sections as names
 from ..file.extension import MODEL_LIBRARIES
+from ..file.layout import torch_compiled_pickle
 from ..file.pickle_refs import pickle_imports
 from ..lean.schema import FALLBACK_FIELDS  # nested pickles only Dynamo's guards read
 from ..lean.standin.attributes import imported_names
@@ -73,7 +74,7 @@ def file_imports(
             for module, place in skeleton_imports(bytes(data)):
                 add(load, module, place)
         elif base == names.COMPILED:
-            for ref in pickle_imports(data):
+            for ref in pickle_imports(torch_compiled_pickle(data)):
                 add(fallback, ref.module, f"{base} (PyTorch's full path): {ref.name}")
         elif base in (names.LEAN, "fastload"):
             for ref in pickle_imports(data):

@@ -155,6 +155,10 @@ class CallStream:
         return self._deltas(final=False)
 
     def close(self) -> list[dict[str, Any]]:
+        """The rest; in ``auto``, text that held no whole call is content after all."""
+        if not self.forced and not self.sent and not self.message()[1]:
+            rest, self.content = self.text[self.content :], len(self.text)
+            return [{"content": rest}] if rest else []
         return self._deltas(final=True)
 
     def _deltas(self, final: bool) -> list[dict[str, Any]]:
@@ -164,8 +168,8 @@ class CallStream:
             out.append({"content": parsed.content[self.content :]})
             self.content = len(parsed.content)
         for index, call in enumerate(parsed.calls):
-            if call.name is None:
-                break
+            if call.name is None or (not self.forced and call.name not in self.names):
+                break  # not whole yet, or no tool's: sent as content at the close if none is
             if index == len(self.sent):
                 self.sent.append((f"call_{uuid.uuid4().hex[:24]}", 0))
                 head = {"name": call.name, "arguments": ""}
@@ -183,7 +187,7 @@ class CallStream:
         are not all whole, valid JSON to a known tool is content, calls none."""
         parsed = self.parse(self.text, True)
         good = [c for c in parsed.calls if _valid(c, self.names)]
-        if not self.forced and (len(good) < len(parsed.calls)):
+        if not good or (not self.forced and len(good) < len(parsed.calls)):
             return self.text, []
         calls = [
             {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",

@@ -113,21 +113,37 @@ def hermes(text: str, final: bool) -> Parsed:
     if first < 0:
         keep = len(text) if final else len(text) - _held(text, _OPEN)
         return Parsed(text[:keep])
-    out = Parsed(text[:first])
-    for block in text[first + len(_OPEN) :].split(_OPEN):
-        body, closed, _ = block.partition(_CLOSE)
-        if not closed and not final:
-            body = body[: len(body) - _held(body, _CLOSE)]
-        out.calls.append(_call(body, final or bool(closed)))
-    return out
+    out, at = Parsed(text[:first]), first + len(_OPEN)
+    while True:
+        body = text[at:]
+        # The call's JSON ends where its object closes: a "</tool_call>" inside a
+        # string of its arguments is text, not the block's end.
+        end = value_end(body) if body.lstrip().startswith("{") else None
+        if end is None:
+            inner, closed, _ = body.partition(_CLOSE)
+            if not (closed or final):
+                if body.strip():
+                    out.calls.append(_call(inner[: len(inner) - _held(inner, _CLOSE)], False))
+                return out
+            out.calls.append(_call(inner, True))
+            end = len(inner)
+        else:
+            out.calls.append(_call(body[:end], True))
+        following = text.find(_OPEN, at + end)
+        if following < 0:
+            return out
+        at = following + len(_OPEN)
 
 
 def llama3_json(text: str, final: bool) -> Parsed:
     body = text.lstrip()
-    if body.startswith(_PYTHON_TAG):
+    tagged = body.startswith(_PYTHON_TAG)
+    if tagged:
         body = body[len(_PYTHON_TAG) :].lstrip()
-    elif not final and _PYTHON_TAG.startswith(body):
+    if not final and (_PYTHON_TAG.startswith(body) or (tagged and not body)):
         return Parsed()  # undecided: the tag, or only whitespace, so far
+    if tagged and not body:
+        return Parsed()
     if not body.startswith("{"):
         return Parsed(text)
     return Parsed(calls=_sequence(body, ";", final))

@@ -138,7 +138,7 @@ def test_the_parser_is_read_from_the_template() -> None:
     assert parser_for("{{ messages }}") is None and parser_for(None) is None
 
 
-RM = {"name": "rm"}
+RM = {"type": "function", "function": {"name": "rm"}}
 
 
 @pytest.mark.parametrize(
@@ -147,7 +147,7 @@ RM = {"name": "rm"}
         ({"tools": [], "tool_choice": "auto"}, "non-empty list"),
         ({"tools": [{"type": "function"}]}, "must be {'type': 'function'"),
         ({"tools": [{"type": "function", "function": {"name": 3}}]}, "name must be a string"),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": RM}}, "'rm', which is not"),
+        ({"tools": TOOLS, "tool_choice": RM}, "'rm', which is not"),
         ({"tools": TOOLS, "tool_choice": "always"}, "must be 'none', 'auto'"),
         ({"tool_choice": "required"}, "needs 'tools'"),
         ({"tools": TOOLS}, "--tool-call-parser"),

@@ -162,7 +162,8 @@ def test_bad_tools_are_400s(body: dict[str, Any], words: str) -> None:
 
 
 def test_tool_choice_plans() -> None:
-    assert read_tools({"tools": TOOLS, "tool_choice": "none"}, "hermes") is None
+    none = read_tools({"tools": TOOLS, "tool_choice": "none"}, None)  # no parser needed
+    assert none.stream() is None and none.grammar() is None and none.tools == tuple(TOOLS)
     assert read_tools({"tools": TOOLS}, "hermes").choice == "auto"
     assert read_tools({"tools": TOOLS}, "hermes").grammar() is None
     plan = read_tools({"tools": TOOLS, "tool_choice": "required"}, None)

@@ -40,7 +40,9 @@ from .engine import Engine
 from .metrics import Metrics
 from .operations import Operations
 from .protocol import ApiError, Job, choice, envelope, models_list, read_job, usage
+from .structured import Grammars
 from .tokens import Tokens
+from .tool_calls import stream_choices, whole_choice
 
 log = logging.getLogger("torch_precompile")
 
@@ -101,9 +103,12 @@ def build_app(
     tokens: Tokens,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     api_key: str | None = None,
+    grammars: Grammars | None = None,
+    tool_parser: str | None = None,
 ) -> Admission:
     """The ASGI app serving ``engine`` under the model name ``name``, behind its
-    :class:`Admission` (the API key, the drain)."""
+    :class:`Admission` (the API key, the drain); ``grammars`` and ``tool_parser``
+    as :func:`read_job` takes them."""
     created = int(time.time())
     max_length = engine.spec.max_length
     workers = concurrent.futures.ThreadPoolExecutor(
@@ -138,6 +143,8 @@ def build_app(
             encode=tokens.encode,
             render=tokens.render,
             defaults=engine.defaults,
+            grammars=grammars,
+            tool_parser=tool_parser,
         )
 
     async def generate(request: Request, chat: bool) -> Response:
@@ -223,7 +230,7 @@ async def _stream(
 
 
 async def _chunks(job: Job, events: asyncio.Queue[dict[str, Any]]) -> AsyncIterator[str]:
-    offset = 0
+    offset, calls = 0, job.tools.stream() if job.tools is not None else None
     if job.chat:
         first = envelope(job, [choice(job, "", [], None, delta=True)], chunk=True)
         first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
@@ -239,7 +246,8 @@ async def _chunks(job: Job, events: asyncio.Queue[dict[str, Any]]) -> AsyncItera
             )
             if "ids" in event:  # asked for, or a file without a tokenizer
                 piece["token_ids"] = event["ids"]
-            yield _sse(envelope(job, [piece], chunk=True))
+            for one in [piece] if calls is None else stream_choices(calls, piece):
+                yield _sse(envelope(job, [one], chunk=True))
         offset += len(event["text"])
         if event["finish"]:
             if job.include_usage:
@@ -274,6 +282,8 @@ async def _whole(
             ids += event.get("ids", [])
             if event["finish"]:
                 whole = choice(job, text, entries, event["finish"], delta=False)
+                calls = job.tools.stream() if job.tools is not None else None
+                whole = whole if calls is None else whole_choice(calls, whole)
                 if ids:  # asked for, or a file without a tokenizer
                     whole["token_ids"] = ids
                 body = envelope(job, [whole], chunk=False)

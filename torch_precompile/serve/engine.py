@@ -68,6 +68,16 @@ class _Run:
         self.tokens: list[int] = []
         self.text = IncrementalText(tokenizer, job.stop) if tokenizer is not None else None
         self.cancelled = False
+        self.chosen: list[torch.Tensor] = []  # the constraint's tokens, on the device
+        self.accepted = 0
+
+    def guide(self, count: int) -> Any:
+        """The job's constraint, told the run's first ``count`` tokens."""
+        constraint = self.job.constraint
+        for token in self.chosen[self.accepted : count]:
+            constraint.accept(int(token))
+        self.accepted = max(self.accepted, count)
+        return constraint
 
 
 class Engine:
@@ -300,6 +310,8 @@ class Engine:
         finish = None
         if (token in self.eos and not job.ignore_eos) or token in job.stop_token_ids:
             finish = "stop"
+        elif job.constraint is not None and run.guide(len(run.tokens)).done():
+            finish = "stop"
         elif len(run.tokens) >= job.max_tokens:
             finish = "length"
         text, stopped = run.text.take(finish is not None) if run.text is not None else ("", False)
@@ -350,10 +362,18 @@ class _Reading:
         extra: list[torch.Tensor] = []
         for row, _, run in rows:
             job, penalties = run.job, run.penalties
-            if penalties is not None or job.temperature > 0:
+            constrained = job.constraint is not None
+            if penalties is not None or job.temperature > 0 or constrained:
                 scores = logits[row : row + 1]
                 scores = scores if penalties is None else penalties.apply(scores)
+                if constrained:
+                    allowed = run.guide(len(run.chosen)).allowed_mask(scores.shape[-1])
+                    if allowed is not None:
+                        allowed = allowed.to(scores.device, non_blocking=True)
+                        scores = scores.masked_fill(~allowed[None], -float("inf"))
                 self.tokens[row] = run.sampler.pick(run.sampler.process(scores))[0]
+                if constrained:
+                    run.chosen.append(self.tokens[row].clone())
             if penalties is not None:
                 penalties.count(self.tokens[row : row + 1])
             if job.logprobs is not None:

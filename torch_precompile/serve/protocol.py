@@ -3,8 +3,8 @@
 Each field a client may send is checked here, once, with an error that names
 it (``ApiError``: the HTTP status and OpenAI's ``{"error": {...}}`` body).
 Fields OpenAI has that this server cannot honour (``n`` > 1, ``echo``,
-``best_of``, ``tools``, a ``response_format`` other than text) are refused, not
-ignored.
+``best_of``) are refused, not ignored. ``response_format``, ``structured_outputs``
+and ``tools`` are read by ``structured.py`` and ``tool_calls.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any
 
 from .errors import ApiError
 from .prompts import chat_messages, completion_prompt
+from .structured import Grammars, requested
+from .tool_calls import ToolPlan, read_tools
 
 __all__ = ["ApiError", "Job", "choice", "envelope", "models_list", "read_job", "usage"]
 
@@ -57,6 +59,8 @@ class Job:
     include_usage: bool = False
     ignore_eos: bool = False  # vLLM's extension: run to max_tokens (benchmarks)
     return_token_ids: bool = False  # vLLM's extension: each choice's new token ids
+    constraint: Any = None  # the grammar the output is held to (structured.py)
+    tools: ToolPlan | None = None  # how the answer's tool calls are read (tool_calls.py)
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
@@ -89,14 +93,13 @@ _KNOWN = frozenset((
     "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "ignore_eos", "return_token_ids", "n", "best_of", "echo", "tools",
     "functions", "suffix", "response_format", "min_tokens", "tool_choice", "function_call",
-    "parallel_tool_calls", "user", "metadata", "store", "service_tier",
+    "parallel_tool_calls", "user", "metadata", "store", "service_tier", "structured_outputs",
 ))  # fmt: skip
 # Fields that would change the answer in a way this server cannot: refused when set
-# (OpenAI's tools; vLLM's constrained decoding, beam search, prompt logprobs).
+# (vLLM's older guided decoding fields, token filters, beam search, prompt logprobs).
 _REFUSED = (
-    "tools", "functions", "suffix", "guided_json", "guided_regex", "guided_choice",
-    "guided_grammar", "structured_outputs", "allowed_token_ids", "bad_words",
-    "use_beam_search", "prompt_logprobs",
+    "suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "allowed_token_ids", "bad_words", "use_beam_search", "prompt_logprobs",
 )  # fmt: skip
 
 
@@ -115,14 +118,8 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise ApiError(400, "'echo' is not supported", param="echo")
     for name in _REFUSED:
         if body.get(name):
-            raise ApiError(400, f"'{name}' is not supported", param=name)
-    kind = _field(body, "response_format", (dict,), {}).get("type", "text")
-    if kind != "text":
-        raise ApiError(
-            400,
-            f"'response_format' {kind!r} is not supported: only 'text'",
-            param="response_format",
-        )
+            hint = ": use 'structured_outputs'" if name.startswith("guided_") else ""
+            raise ApiError(400, f"'{name}' is not supported{hint}", param=name)
     if _field(body, "min_tokens", (int,), 0):
         raise ApiError(400, "'min_tokens' is not supported", param="min_tokens")
 
@@ -136,6 +133,8 @@ def read_job(
     encode: Any,
     render: Any,
     defaults: dict[str, Any] | None = None,
+    grammars: Grammars | None = None,
+    tool_parser: str | None = None,
 ) -> Job:
     """A request body (parsed JSON) as a :class:`Job`, or an :class:`ApiError`.
 
@@ -146,7 +145,9 @@ def read_job(
     ``repetition_penalty``) and its ``max_new_tokens`` (as ``max_tokens``) for a
     request that leaves them out, as vLLM's: a chat without ``max_tokens`` runs to
     the model's ``max_new_tokens`` (else to the end of the cache), a completion to
-    OpenAI's 16.
+    OpenAI's 16. ``grammars`` compiles a request's ``response_format``,
+    ``structured_outputs`` or forced tool calls (None: a 400 for them);
+    ``tool_parser`` is the format ``tool_choice`` auto reads calls in.
     """
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -159,7 +160,11 @@ def read_job(
         )
     _note_unknown(body)
     _refuse_unsupported(body)
-    prompt = render(chat_messages(body)) if chat else completion_prompt(body, encode, max_length)
+    plan = _tools(body, chat, tool_parser)
+    if chat:
+        prompt = render(chat_messages(body), tools=list(plan.tools) if plan else None)
+    else:
+        prompt = completion_prompt(body, encode, max_length)
     if not prompt:
         raise ApiError(400, "the prompt is empty: give at least one token", param="prompt")
     room = max_length - len(prompt)
@@ -180,10 +185,37 @@ def read_job(
             f"model's max_length={max_length}: shorten the prompt or max_tokens",
             param="max_tokens",
         )
-    job = Job(chat=chat, model=model, prompt=prompt, max_tokens=max_tokens)
+    job = Job(chat=chat, model=model, prompt=prompt, max_tokens=max_tokens, tools=plan)
+    job.constraint = _constraint(body, plan, grammars)
     _sampling({**(defaults or {}), **{k: v for k, v in body.items() if v is not None}}, job)
     _options(body, job)
     return job
+
+
+def _tools(body: dict[str, Any], chat: bool, parser: str | None) -> ToolPlan | None:
+    if chat:
+        return read_tools(body, parser)
+    for name in ("tools", "tool_choice", "functions"):
+        if body.get(name) is not None:
+            raise ApiError(400, f"'{name}' is for /v1/chat/completions", param=name)
+    return None
+
+
+def _constraint(body: dict[str, Any], plan: ToolPlan | None, grammars: Grammars | None) -> Any:
+    """The grammar a request's output is held to, compiled here (a worker thread)."""
+    asked, forced = requested(body), plan.grammar() if plan is not None else None
+    if asked is not None and forced is not None:
+        raise ApiError(
+            400,
+            f"'{asked[2]}' and tool_choice {plan.choice!r} both set the output's form: send one",
+            param="tool_choice",
+        )
+    asked = asked or forced
+    if asked is None:
+        return None
+    if grammars is None:
+        raise ApiError(400, f"'{asked[2]}' needs the model's tokenizer", param=asked[2])
+    return grammars.constraint(*asked)
 
 
 def _sampling(body: dict[str, Any], job: Job) -> None:

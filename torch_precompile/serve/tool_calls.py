@@ -30,7 +30,7 @@ class ToolPlan:
     """What a request's tools make of its answer."""
 
     tools: tuple[dict[str, Any], ...]  # as sent, for the template
-    choice: str  # "auto", "required" or "named" ("none" makes no plan)
+    choice: str  # "none", "auto", "required" or "named"
     name: str | None = None  # the named function
     parser: str | None = None  # the format ``auto`` reads
     parallel: bool = True
@@ -54,7 +54,10 @@ class ToolPlan:
         many = {"minItems": 1} if self.parallel else {"minItems": 1, "maxItems": 1}
         return "json", {"type": "array", "items": {"anyOf": calls}, **many}, "tool_choice"
 
-    def stream(self) -> CallStream:
+    def stream(self) -> CallStream | None:
+        """A reader of this answer's calls (None for ``none``: the answer is text)."""
+        if self.choice == "none":
+            return None
         if self.choice == "named":
             return CallStream(named(self.name), {self.name}, forced=True)
         if self.choice == "required":
@@ -92,8 +95,8 @@ def _tools(value: Any) -> tuple[dict[str, Any], ...]:
 
 
 def read_tools(body: dict[str, Any], parser: str | None) -> ToolPlan | None:
-    """The request's :class:`ToolPlan`, or None (no tools, or ``tool_choice`` none);
-    ``parser`` the server's format for ``auto`` (None: it has none)."""
+    """The request's :class:`ToolPlan`, or None (no tools); ``parser`` the server's
+    format for ``auto`` (None: it has none)."""
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise ApiError(
             400,
@@ -121,10 +124,8 @@ def read_tools(body: dict[str, Any], parser: str | None) -> ToolPlan | None:
                 param="tool_choice",
             )
         return ToolPlan(choice="auto", parser=parser, **plan)
-    if choice == "none":
-        return None
-    if choice == "required":
-        return ToolPlan(choice="required", **plan)
+    if choice in ("none", "required"):
+        return ToolPlan(choice=choice, **plan)
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str):
@@ -209,3 +210,30 @@ def _valid(call: Call, names: set[str]) -> bool:
 
 def _call_delta(index: int, **fields: Any) -> dict[str, Any]:
     return {"tool_calls": [{"index": index, **fields}]}
+
+
+def stream_choices(calls: CallStream, piece: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stream chunk's choice (``delta.content`` the new text) as the chunks of its
+    calls: one per delta, the last with the piece's finish and logprobs (finish
+    ``tool_calls`` where the answer made calls and ended by itself)."""
+    finish = piece["finish_reason"]
+    deltas = calls.feed(piece["delta"]["content"]) + (calls.close() if finish else [])
+    if finish == "stop" and calls.sent:
+        finish = "tool_calls"
+    out = [{"index": 0, "finish_reason": None, "logprobs": None, "delta": d} for d in deltas]
+    if finish or piece["logprobs"]:
+        if not out:
+            out.append({"index": 0, "delta": {}})
+        out[-1].update(finish_reason=finish, logprobs=piece["logprobs"])
+    return out
+
+
+def whole_choice(calls: CallStream, whole: dict[str, Any]) -> dict[str, Any]:
+    """A whole answer's choice with its ``tool_calls`` read from its content."""
+    calls.feed(whole["message"]["content"])
+    content, found = calls.message()
+    if found:
+        whole["message"] = {"role": "assistant", "content": content, "tool_calls": found}
+        if whole["finish_reason"] == "stop":
+            whole["finish_reason"] = "tool_calls"
+    return whole

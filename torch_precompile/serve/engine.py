@@ -308,9 +308,8 @@ class Engine:
         if run.text is not None and token not in self.eos:
             run.text.add(token)
         finish = None
-        if (token in self.eos and not job.ignore_eos) or token in job.stop_token_ids:
-            finish = "stop"
-        elif job.constraint is not None and run.guide(len(run.tokens)).done():
+        done = job.constraint is not None and run.guide(len(run.tokens)).done()
+        if (token in self.eos and not job.ignore_eos) or token in job.stop_token_ids or done:
             finish = "stop"
         elif len(run.tokens) >= job.max_tokens:
             finish = "length"

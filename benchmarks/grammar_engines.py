@@ -4,8 +4,9 @@ A byte-level BPE of 49,152 tokens (SmolLM's vocabulary size) is trained here on
 torch's own sources (no download). For each engine: the tokenizer's preparation
 (once per file), one JSON schema's compile (no cache), and a step's mask for 1 and
 16 matchers walking random allowed tokens (each matcher its own seed), one after
-another and through the engine's parallel call; then the bool mask the serving
-engine applies (the packed bits unpacked with torch).
+another and through the engine's parallel call; the packed bits unpacked into bool
+masks with torch; and the server's own constraint (``serve/structured.py``), whose
+mask is llguidance's byte per token.
 
     PYTHONPATH=. python benchmarks/grammar_engines.py [--vocab 49152] [--steps 48] [--out FILE]
 
@@ -147,6 +148,28 @@ def llguidance_figures(tok: Tokenizer, eos: int, steps: int) -> dict[str, Any]:
     return out
 
 
+def served_figures(tok: Tokenizer, eos: int, steps: int) -> dict[str, Any]:
+    """The server's own constraint (serve/structured.py): llguidance's byte-per-token
+    mask read as a bool tensor, 16 requests one after another."""
+    from torch_precompile.serve.structured import Grammars
+
+    grammars = Grammars(tok.to_str(), [eos])
+    began = time.perf_counter()
+    constraints = [grammars.constraint("json", SCHEMA, "bench") for _ in range(16)]
+    made = time.perf_counter() - began
+    vocab = tok.get_vocab_size()
+    rngs, times = [random.Random(i) for i in range(16)], []
+    for _ in range(steps):
+        began = time.perf_counter()
+        masks = [c.allowed_mask(vocab) for c in constraints]
+        times.append(time.perf_counter() - began)
+        if any(c.done() for c in constraints):
+            break
+        for c, mask, rng in zip(constraints, masks, rngs):
+            c.accept(rng.choice(mask.nonzero().flatten().tolist()))
+    return {"sixteen_made_s": made, "mask_ms_16": figures_of(times)}
+
+
 def xgrammar_figures(tok: Tokenizer, eos: int, steps: int) -> dict[str, Any]:
     import transformers
     import xgrammar as xgr
@@ -205,7 +228,8 @@ def main() -> None:
         unpack(bits, tok.get_vocab_size())
     unpack_ms = 1e3 * (time.perf_counter() - began) / 20
     results: dict[str, Any] = {"vocab": tok.get_vocab_size(), "unpack_ms_16": unpack_ms}
-    for name, figures in (("llguidance", llguidance_figures), ("xgrammar", xgrammar_figures)):
+    engines = (("llguidance", llguidance_figures), ("xgrammar", xgrammar_figures))
+    for name, figures in (*engines, ("served", served_figures)):
         results[name] = figures(tok, eos, args.steps)
         print(name, json.dumps(results[name], indent=1))
     print(f"bool mask from 16 rows of bits: {unpack_ms:.2f} ms")

@@ -241,10 +241,11 @@ def test_tools_and_their_history_are_rendered_by_the_template(server: Server, bu
                 max_tokens=8, temperature=0,
             )  # fmt: skip
             as_sent = [{**m, "content": m["content"] or ""} for m in messages]
-            ids = tok.apply_chat_template(
-                as_sent, tools=[WEATHER, ADD], add_generation_prompt=True, tokenize=True
+            text = tok.apply_chat_template(
+                as_sent, tools=[WEATHER, ADD], add_generation_prompt=True, tokenize=False
             )
-            ids = ids["input_ids"] if isinstance(ids, dict) else ids
+            assert "<tools>" in text and ('"a": 2' in text) == (messages is history)
+            ids = tok(text, add_special_tokens=False)["input_ids"]
             assert out.usage.prompt_tokens == len(ids), tool_choice
             assert out.choices[0].message.tool_calls is None  # this model writes no call
             assert out.choices[0].finish_reason in ("stop", "length")

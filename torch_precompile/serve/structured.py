@@ -27,6 +27,7 @@ from .errors import ApiError
 _CACHED = 64
 _JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _INSTALL = "pip install 'torch_precompile[serve]'"
+_AS_BOOL = bytes(int(i > 0) for i in range(256))
 
 
 class Constraint:
@@ -35,21 +36,19 @@ class Constraint:
 
     def __init__(self, matcher: Any) -> None:
         self._matcher = matcher
-        self._next: torch.Tensor | None = self._mask()  # the first, off the engine's step
+        self._next: bytes | None = self._mask()  # the first, off the engine's step
 
-    def _mask(self) -> torch.Tensor:
-        # One byte per token (0 or 200): cheaper to read as bools than packed bits.
-        return (
-            torch.frombuffer(bytearray(self._matcher.compute_logit_bias()), dtype=torch.uint8) > 0
-        )
+    def _mask(self) -> bytes:
+        # One byte per token (0 or 200), made 0 or 1 by a C call on the bytes: on a
+        # busy CPU, even one torch op over the vocabulary could stall for ms.
+        return self._matcher.compute_logit_bias().translate(_AS_BOOL)
 
     def allowed_mask(self, vocab_size: int) -> torch.Tensor | None:
         """The tokens that may come next: a bool tensor of ``vocab_size`` (tokens the
         tokenizer does not have, a model's padded rows, are not allowed)."""
         mask, self._next = (self._next if self._next is not None else self._mask()), None
-        if len(mask) >= vocab_size:
-            return mask[:vocab_size]
-        return torch.cat([mask, torch.zeros(vocab_size - len(mask), dtype=torch.bool)])
+        mask = mask[:vocab_size] + bytes(max(0, vocab_size - len(mask)))
+        return torch.frombuffer(bytearray(mask), dtype=torch.bool)
 
     def accept(self, token_id: int) -> None:
         """The token chosen; one the grammar did not allow ends the constraint (``done``)."""

@@ -7,8 +7,9 @@
   stream chunks written as OpenAI writes them.
 - ``tokens.py``: the file's tokenizer for requests, off the GIL, with a bound on text.
 - ``chat.py``: the chat template saved in the file, rendered in jinja2's sandbox.
-- ``engine.py``: one scheduler thread owning the cache; each request a slot.
-- ``detokenizer.py``: a run's text, decoded a few tokens at a time; stop strings.
+- ``engine.py``: the engine (``torch_precompile/engine``) taking a ``Job``, its
+  refusals as statuses.
+- ``detokenizer.py``: the engine's streaming text, under its old name.
 - ``app.py``: the routes, on Starlette served by uvicorn.
 - ``operations.py``: ``/tokenize``, ``/detokenize``, ``/version``, ``/metrics``.
 - ``metrics.py``: the Prometheus metrics (prometheus-client).

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..engine.requests import Delta, Event, Failed, TokenLogprob
 from .admission import Admission
 from .body import ClientGone, parse_json, read_body
 from .engine import Engine
@@ -145,9 +146,9 @@ def build_app(
         raw = await read_body(request, max_request_bytes)
         job = await off_loop(lambda: job_of(raw, chat))
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        events: asyncio.Queue[Event] = asyncio.Queue()
         tracker = metrics.track(len(job.prompt), began)
-        run = engine.submit(job, _sink(loop, events, tracker.see))
+        run = engine.open(job, _sink(loop, events, tracker.see))
         ended = functools.partial(_ended, engine, run, tracker)
         if job.stream:
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -210,7 +211,7 @@ def _sse(data: Any) -> str:
 
 
 async def _stream(
-    ended: Callable[[], None], job: Job, events: asyncio.Queue[dict[str, Any]]
+    ended: Callable[[], None], job: Job, events: asyncio.Queue[Event]
 ) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of text, the finish, usage if asked, ``[DONE]``."""
     try:
@@ -222,30 +223,36 @@ async def _stream(
         ended()  # a client gone mid-stream: the slot frees at once
 
 
-async def _chunks(job: Job, events: asyncio.Queue[dict[str, Any]]) -> AsyncIterator[str]:
+async def _chunks(job: Job, events: asyncio.Queue[Event]) -> AsyncIterator[str]:
     offset = 0
     if job.chat:
-        first = envelope(job, [choice(job, "", [], None, delta=True)], chunk=True)
+        first = envelope(job, [choice(job, "", (), None, delta=True)], chunk=True)
         first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
         yield _sse(first)
     while True:
         event = await events.get()
-        if "error" in event:
-            yield _sse(ApiError(500, event["error"], kind="server_error").body())
+        if isinstance(event, Failed):
+            yield _sse(ApiError(500, event.message, kind="server_error").body())
             break
-        if event["text"] or event["entries"] or event["finish"] or "ids" in event:
-            piece = choice(
-                job, event["text"], event["entries"], event["finish"], delta=True, offset=offset
-            )
-            if "ids" in event:  # asked for, or a file without a tokenizer
-                piece["token_ids"] = event["ids"]
+        finish = None if event.finish is None else event.finish.reason
+        if event.text or event.logprobs or finish or event.token_ids:
+            piece = choice(job, event.text, event.logprobs, finish, delta=True, offset=offset)
+            if event.token_ids:  # asked for, or a file without a tokenizer
+                piece["token_ids"] = list(event.token_ids)
             yield _sse(envelope(job, [piece], chunk=True))
-        offset += len(event["text"])
-        if event["finish"]:
+        offset += len(event.text)
+        if event.finish is not None:
             if job.include_usage:
-                yield _sse({**envelope(job, [], chunk=True), "usage": usage(job, event["tokens"])})
+                yield _sse({**envelope(job, [], chunk=True), "usage": usage(job, event.tokens)})
             break
     yield "data: [DONE]\n\n"
+
+
+def _delta(event: Event) -> Delta:
+    """The event, or the 500 of a step that failed."""
+    if isinstance(event, Failed):
+        raise ApiError(500, event.message, kind="server_error")
+    return event
 
 
 async def _disconnected(request: Request) -> None:
@@ -254,11 +261,11 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _whole(
-    request: Request, ended: Callable[[], None], job: Job, events: asyncio.Queue[dict[str, Any]]
+    request: Request, ended: Callable[[], None], job: Job, events: asyncio.Queue[Event]
 ) -> Response:
     """The whole answer once the run ends; a client that leaves first frees its slot."""
     gone = asyncio.ensure_future(_disconnected(request))
-    text, entries, ids = "", [], []
+    text, entries, ids = "", list[TokenLogprob](), list[int]()
     try:
         while True:
             got = asyncio.ensure_future(events.get())
@@ -266,18 +273,16 @@ async def _whole(
             if not got.done():
                 got.cancel()
                 return Response(status_code=499)  # nobody to read it
-            event = got.result()
-            if "error" in event:
-                raise ApiError(500, event["error"], kind="server_error")
-            text += event["text"]
-            entries += event["entries"]
-            ids += event.get("ids", [])
-            if event["finish"]:
-                whole = choice(job, text, entries, event["finish"], delta=False)
+            event = _delta(got.result())
+            text += event.text
+            entries += event.logprobs
+            ids += event.token_ids
+            if event.finish is not None:
+                whole = choice(job, text, entries, event.finish.reason, delta=False)
                 if ids:  # asked for, or a file without a tokenizer
                     whole["token_ids"] = ids
                 body = envelope(job, [whole], chunk=False)
-                body["usage"] = usage(job, event["tokens"])
+                body["usage"] = usage(job, event.tokens)
                 return JSONResponse(body)
     finally:
         gone.cancel()

@@ -13,8 +13,10 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
+from ..engine.requests import TokenLogprob
 from .errors import ApiError
 from .prompts import chat_messages, completion_prompt
 
@@ -273,18 +275,18 @@ def usage(job: Job, completion: int) -> dict[str, int]:
     return {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion}
 
 
-def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
+def _logprobs(job: Job, entries: Sequence[TokenLogprob], offset: int) -> dict[str, Any] | None:
     """Each token's logprob (and its top alternatives) as OpenAI writes them."""
     if job.logprobs is None:
         return None
     if job.chat:
         content = [
             {
-                "token": e["token"],
-                "logprob": e["logprob"],
-                "bytes": list(e["bytes"]),
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": list(e.bytes),
                 "top_logprobs": [
-                    {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in e["top"]
+                    {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in e.top
                 ],
             }
             for e in entries
@@ -293,16 +295,16 @@ def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int) -> dict[str,
     offsets, at = [], offset
     for e in entries:
         offsets.append(at)
-        at += len(e["token"])
+        at += len(e.token)
     return {
-        "tokens": [e["token"] for e in entries],
-        "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [_first_of_each(e["top"]) for e in entries],
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [_first_of_each(e.top) for e in entries],
         "text_offset": offsets,
     }
 
 
-def _first_of_each(top: list[tuple[str, float, bytes]]) -> dict[str, float]:
+def _first_of_each(top: Sequence[tuple[str, float, bytes]]) -> dict[str, float]:
     """OpenAI's dict of alternatives: two tokens that decode alike keep the likelier."""
     out: dict[str, float] = {}
     for token, logprob, _ in top:
@@ -313,7 +315,7 @@ def _first_of_each(top: list[tuple[str, float, bytes]]) -> dict[str, float]:
 def choice(
     job: Job,
     text: str,
-    entries: list[dict[str, Any]],
+    entries: Sequence[TokenLogprob],
     finish: str | None,
     *,
     delta: bool,

@@ -346,7 +346,7 @@ BAD = [
     ({"model": "tiny", "prompt": [VOCAB]}, 400, "past the vocabulary"),
     ({"model": "tiny", "prompt": "a", "temperature": 3}, 400, "temperature"),
     ({"model": "tiny", "prompt": "a", "top_p": 0}, 400, "top_p"),
-    ({"model": "tiny", "prompt": "a", "n": 2}, 400, "'n' must be 1"),
+    ({"model": "tiny", "prompt": "a", "n": SLOTS + 1}, 400, "'n' must be 1 to 16"),
     ({"model": "tiny", "prompt": "a", "logprobs": 9}, 400, "logprobs"),
     ({"model": "tiny", "prompt": "a", "stop": 5}, 400, "stop"),
     ({"model": "tiny", "prompt": "a", "stream": "yes"}, 400, "'stream' must be bool"),

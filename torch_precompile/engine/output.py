@@ -88,14 +88,15 @@ class Chooser:
         return tokens
 
 
-def request_chooser(request: Request, device: torch.device, vocab: int) -> Chooser:
-    """One server run's chooser: its sampler, penalties over its prompt, constraint."""
+def request_chooser(request: Request, device: torch.device, vocab: int, index: int = 0) -> Chooser:
+    """One server run's chooser (its choice ``index``): its sampler, penalties over its
+    prompt, constraint."""
     sampler = Sampler(
         request.temperature > 0,
         request.temperature or 1.0,
         request.top_k,
         request.top_p,
-        request.seed,
+        None if request.seed is None else request.seed + index,
         device,
         min_p=request.min_p,
     )
@@ -124,17 +125,43 @@ class Stream:
         eos: frozenset[int],
         tokenizer: Any,
         with_ids: bool,
+        pieces: Pieces,
+        index: int = 0,
     ) -> None:
-        self.request, self.chooser = request, chooser
+        self.request, self.chooser, self.index = request, chooser, index
         self.eos = eos
         self.ends = (frozenset() if request.ignore_eos else eos) | request.stop_token_ids
         self.text = IncrementalText(tokenizer, request.stop) if tokenizer is not None else None
         self.with_ids = with_ids or tokenizer is None
         self.tokens: list[int] = []
+        # The prompt's tokens the decode step is fed before any is chosen (prompt_logprobs).
+        self.forced = list(request.prompt[1:]) if request.prompt_logprobs is not None else []
+        self.prompt_entries: list[TokenLogprob] = []
+        if request.prompt_logprobs is not None:
+            ((text, raw),) = pieces([request.prompt[0]])
+            self.prompt_entries.append(TokenLogprob(text, raw, None, token_id=request.prompt[0]))
 
-    def next(self, token: int, logprobs: tuple[TokenLogprob, ...]) -> Delta:
-        """The run's next token as an event, with its finish if the run ends there."""
+    @property
+    def prefilled(self) -> tuple[int, ...]:
+        """The tokens the prefill takes: the prompt, or its first token alone where the
+        rest is teacher-forced for its logprobs."""
+        return self.request.prompt[:1] if self.forced else self.request.prompt
+
+    def force(self) -> int | None:
+        """The prompt token this launch feeds on, instead of a choice (None: choose)."""
+        return self.forced.pop(0) if self.forced else None
+
+    def next(self, token: int, logprobs: tuple[TokenLogprob, ...], forced: bool) -> Delta | None:
+        """The run's next token as an event, with its finish if the run ends there; a
+        prompt token (``forced``) is news once the whole prompt is in."""
         request = self.request
+        prompt = len(request.prompt)
+        if forced or request.max_tokens == 0:
+            self.prompt_entries += logprobs if forced else ()
+            if len(self.prompt_entries) < prompt:
+                return None
+            finish = Finish("length", Usage(prompt, 0)) if request.max_tokens == 0 else None
+            return Delta((), "", (), 0, finish, self.index, tuple(self.prompt_entries))
         self.tokens.append(token)
         if self.text is not None and token not in self.eos:
             self.text.add(token)
@@ -153,7 +180,7 @@ class Stream:
         if reason is not None:
             finish = Finish(reason, Usage(len(request.prompt), len(self.tokens)))
         ids = (token,) if self.with_ids else ()
-        return Delta(ids, text, logprobs, len(self.tokens), finish)
+        return Delta(ids, text, logprobs, len(self.tokens), finish, self.index)
 
 
 class Reading:
@@ -170,36 +197,51 @@ class Reading:
     ) -> None:
         self.rows, self.pieces = rows, pieces
         self.tokens = logits.argmax(-1)
+        self.forced: list[bool] = []
         extra: list[torch.Tensor] = []
         for row, _, stream in rows:
-            if not stream.chooser.plain:
+            prompt_token = stream.force()
+            self.forced.append(prompt_token is not None)
+            if prompt_token is not None:  # teacher-forced: the prompt's own next token
+                self.tokens[row] = prompt_token
+            elif not stream.chooser.plain:
                 chooser = stream.chooser
                 self.tokens[row] = chooser.pick(chooser.scores(logits[row : row + 1]))[0]
                 chooser.chosen(self.tokens[row : row + 1])
-            top = stream.request.logprobs
+            request = stream.request
+            top = request.logprobs if prompt_token is None else request.prompt_logprobs
             if top is not None:
                 logprobs = logits[row].log_softmax(-1)
                 best = logprobs.topk(top)
-                extra += [logprobs[self.tokens[row]], best.values, best.indices]
+                chosen = logprobs[self.tokens[row]]
+                extra += [chosen, best.values, best.indices]
+                if prompt_token is not None:
+                    extra.append((logprobs > chosen).sum() + 1)
         self.host = [t.to("cpu", non_blocking=True) for t in (self.tokens, *extra)]
         self.done = None
         if logits.device.type == "cuda":
             self.done = torch.cuda.Event()
             self.done.record()
 
-    def results(self) -> list[tuple[tuple[int, Any, Stream], int, tuple[TokenLogprob, ...]]]:
-        """Per row: the row, its token, and its logprob (if asked)."""
+    def results(
+        self,
+    ) -> list[tuple[tuple[int, Any, Stream], int, tuple[TokenLogprob, ...], bool]]:
+        """Per row: the row, its token, its logprob (if asked), whether it was forced."""
         if self.done is not None:
             self.done.synchronize()
         tokens, extra = self.host[0].tolist(), iter(self.host[1:])
         out = []
-        for row in self.rows:
+        for row, forced in zip(self.rows, self.forced):
             token, entries = tokens[row[0]], ()
-            if row[2].request.logprobs is not None:
+            request = row[2].request
+            if (request.prompt_logprobs if forced else request.logprobs) is not None:
                 chosen, values, ids = next(extra), next(extra), next(extra)
+                rank = int(next(extra)) if forced else 0
                 pieces = self.pieces(ids.tolist())
                 top = tuple((t, lp, b) for (t, b), lp in zip(pieces, values.tolist()))
                 ((piece, raw),) = self.pieces([token])
-                entries = (TokenLogprob(piece, raw, float(chosen), top),)
-            out.append((row, token, entries))
+                entries = (
+                    TokenLogprob(piece, raw, float(chosen), top, token, tuple(ids.tolist()), rank),
+                )
+            out.append((row, token, entries, forced))
         return out

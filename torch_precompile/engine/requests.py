@@ -17,7 +17,11 @@ class Request:
     (0: the chosen token's logprob alone; None: none). ``stop`` strings end the text
     before them; ``stop_token_ids`` end it after them, as the model's end tokens do
     unless ``ignore_eos``. ``constraint``: the tokens allowed at each step
-    (:class:`~torch_precompile.engine.constraint.Constraint`).
+    (:class:`~torch_precompile.engine.constraint.Constraint`). ``n``: choices from the
+    one prompt, each in its own slot (choice ``i`` sampled with ``seed + i``).
+    ``prompt_logprobs``: each prompt token's logprob after the tokens before it, with
+    its top-n alternatives (0: none), teacher-forced through the decode step; then
+    ``max_tokens`` (0: none) new tokens.
     """
 
     prompt: tuple[int, ...]
@@ -35,6 +39,8 @@ class Request:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     logprobs: int | None = None
+    n: int = 1
+    prompt_logprobs: int | None = None
     constraint: Constraint | None = dataclasses.field(default=None, compare=False)
 
     @property
@@ -50,13 +56,18 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class TokenLogprob:
-    """A chosen token's log-probability and its ``top`` alternatives, each
-    ``(text, logprob, bytes)``; ``text`` as logprobs show the token alone."""
+    """A token's log-probability and its ``top`` alternatives, each ``(text, logprob,
+    bytes)`` (their ids in ``top_ids``); ``text`` as logprobs show the token alone;
+    ``rank``: 1 for the likeliest token (prompt tokens only; else 0). The prompt's
+    first token has none (``logprob`` None): nothing comes before it."""
 
     token: str
     bytes: bytes
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[str, float, bytes], ...] = ()
+    token_id: int = -1
+    top_ids: tuple[int, ...] = ()
+    rank: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,13 +93,16 @@ class Finish:
 class Delta:
     """A step's news for one run: its token, the text that may be sent now (held back
     while it could begin a stop string), its logprob if asked, and the finish once
-    the run ends. ``tokens``: the run's tokens so far."""
+    the run ends. ``tokens``: the run's tokens so far; ``index``: its choice;
+    ``prompt_logprobs``: the prompt's tokens, once, where asked."""
 
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[TokenLogprob, ...]
     tokens: int
     finish: Finish | None = None
+    index: int = 0
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

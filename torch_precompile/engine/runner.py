@@ -84,6 +84,12 @@ class SlotRunner:
         with not_recorded():  # no CUDA graph a prompt length (lean/cudagraphs.py)
             return self.step(ids, mask, positions, start, *rows)[:, -1, :].float()
 
+    def copy(self, source: int, slot: int, length: int) -> None:
+        """The first ``length`` cache entries of ``source`` into ``slot`` (a prompt
+        prefilled once for several choices)."""
+        for t in self.cache:
+            t[slot, :, :length].copy_(t[source, :, :length])
+
     def joined(self, slot: int, token: torch.Tensor, length: int) -> None:
         """The slot's run decodes ``token`` (on the device) next, at index ``length``."""
         self.ids[slot, 0] = token

@@ -3,10 +3,13 @@
 
 One thread owns the cache (:class:`~.runner.SlotRunner`). A request takes the
 lowest free slot, is prefilled there, then decodes with every other busy slot
-at each step. A run leaves at an end token (or a stop token id), its stop string,
-its ``max_tokens``, its constraint's end or its client's cancel, freeing its slot
-for the next in the queue at once. Each run's tokens go through the output stage
-(:mod:`.output`) and reach its sink as :class:`~.requests.Delta` events.
+at each step. A request of ``n`` choices waits for ``n`` free slots, is prefilled
+once, and its cache entries are copied to the other slots; each choice then
+draws its first token from the same logits with its own sampler. A run leaves at
+an end token (or a stop token id), its stop string, its ``max_tokens``, its
+constraint's end or its client's cancel, freeing its slot for the next in the
+queue at once. Each run's tokens go through the output stage (:mod:`.output`)
+and reach its sink as :class:`~.requests.Delta` events.
 """
 
 from __future__ import annotations
@@ -34,15 +37,22 @@ Sink = Callable[[Event], None]
 
 
 class Run:
-    """A request in the scheduler: its output stream and where its events go."""
+    """A request in the scheduler: each choice's output stream, and where its events go."""
 
-    def __init__(self, stream: Stream, sink: Sink) -> None:
-        self.stream, self.sink = stream, sink
+    def __init__(self, streams: list[Stream], sink: Sink) -> None:
+        self.streams, self.sink = streams, sink
         self.cancelled = False
 
     @property
     def request(self) -> Request:
-        return self.stream.request
+        return self.streams[0].request
+
+
+class _Choice:
+    """One choice of a run, in its slot."""
+
+    def __init__(self, run: Run, stream: Stream) -> None:
+        self.run, self.stream = run, stream
 
 
 class Scheduler:
@@ -55,7 +65,7 @@ class Scheduler:
         self.device = self.runner.device
         self.batches = self.runner.batches
         self.reading: collections.deque[Reading] = collections.deque()  # launched, unread
-        self.active: list[Run | None] = [None] * self.spec.max_batch
+        self.active: list[_Choice | None] = [None] * self.spec.max_batch
         self.pending: collections.deque[Run] = collections.deque()
         self.cv = threading.Condition()
         self.vocab = 0
@@ -103,16 +113,20 @@ class Scheduler:
         """Queue a request (``with_ids``: its events carry the token ids); a
         :class:`RequestError` for ids past the vocabulary, :class:`EngineBusy` when
         ``max_queue`` runs already wait for a slot."""
-        named = (request.prompt, [t for t, _ in request.logit_bias], request.stop_token_ids)
-        for param, ids in zip(("prompt", "logit_bias", "stop_token_ids"), named):
-            bad = [t for t in ids if t >= self.vocab]
-            if bad:
-                raise RequestError(
-                    f"token id {bad[0]} is past the vocabulary of {self.vocab}", param=param
-                )
-        chooser = request_chooser(request, self.device, self.vocab)
-        stream = Stream(request, chooser, eos=self.eos, tokenizer=self.tokenizer, with_ids=with_ids)
-        run = Run(stream, sink)
+        self._check(request)
+        streams = [
+            Stream(
+                request,
+                request_chooser(request, self.device, self.vocab, i),
+                eos=self.eos,
+                tokenizer=self.tokenizer,
+                with_ids=with_ids,
+                index=i,
+                pieces=self._pieces,
+            )
+            for i in range(request.n)
+        ]
+        run = Run(streams, sink)
         with self.cv:
             free = sum(r is None for r in self.active)
             if len(self.pending) >= self.max_queue + free:
@@ -123,6 +137,30 @@ class Scheduler:
             self.pending.append(run)
             self.cv.notify()
         return run
+
+    def _check(self, request: Request) -> None:
+        named = (request.prompt, [t for t, _ in request.logit_bias], request.stop_token_ids)
+        for param, ids in zip(("prompt", "logit_bias", "stop_token_ids"), named):
+            bad = [t for t in ids if t >= self.vocab]
+            if bad:
+                raise RequestError(
+                    f"token id {bad[0]} is past the vocabulary of {self.vocab}", param=param
+                )
+        slots = len(self.active)
+        if not 1 <= request.n <= slots:
+            raise RequestError(
+                f"'n' must be 1 to {slots}, got {request.n}: each choice takes a slot "
+                f"(the file's max_batch={slots})",
+                param="n",
+            )
+        if request.max_tokens < (request.prompt_logprobs is None):
+            raise RequestError(
+                f"'max_tokens' must be 1 or more (0 with prompt logprobs), got "
+                f"{request.max_tokens}",
+                param="max_tokens",
+            )
+        if request.constraint is not None and request.n > 1:
+            raise RequestError("a constraint keeps one choice's state: n must be 1", param="n")
 
     def cancel(self, run: Run) -> None:
         """The client left: its slot (or queue place) is freed before the next step."""
@@ -155,8 +193,8 @@ class Scheduler:
                 joining = self._admit()
             try:
                 with torch.no_grad():
-                    for slot, run in joining:
-                        self._join(slot, run)
+                    for slots, run in joining:
+                        self._join(slots, run)
                     launched = any(self.active)
                     if launched:
                         self._decode()
@@ -165,34 +203,43 @@ class Scheduler:
             except Exception as exc:  # never leave the server stalled: fail who was running
                 log.exception("serve: a step failed")
                 self.reading.clear()
-                for slot, run in enumerate(self.active):
-                    if run is not None:
-                        self._free(slot, Failed(f"the model's step failed: {exc}"))
+                failed = set()
+                for slot, choice in enumerate(self.active):
+                    if choice is not None:
+                        first = id(choice.run) not in failed
+                        failed.add(id(choice.run))
+                        message = Failed(f"the model's step failed: {exc}")
+                        self._free(slot, message if first else None)
 
     def _drop_cancelled(self) -> None:
         kept = collections.deque(r for r in self.pending if not r.cancelled)
         self.cancelled += len(self.pending) - len(kept)
         self.pending = kept
-        for slot, run in enumerate(self.active):
-            if run is not None and run.cancelled:
-                self.cancelled += 1
+        left = {id(c.run) for c in self.active if c is not None and c.run.cancelled}
+        self.cancelled += len(left)
+        for slot, choice in enumerate(self.active):
+            if choice is not None and choice.run.cancelled:
                 self._free(slot, None)
 
-    def _admit(self) -> list[tuple[int, Run]]:
+    def _admit(self) -> list[tuple[list[int], Run]]:
+        """The runs that join now, in queue order, each with its free slots (the lowest)."""
         joining = []
-        for slot, run in enumerate(self.active):
-            if run is None and self.pending:
-                self.active[slot] = self.pending.popleft()
-                joining.append((slot, self.active[slot]))
+        free = [slot for slot, c in enumerate(self.active) if c is None]
+        while self.pending and len(free) >= len(self.pending[0].streams):
+            run = self.pending.popleft()
+            slots, free = free[: len(run.streams)], free[len(run.streams) :]
+            for slot, stream in zip(slots, run.streams):
+                self.active[slot] = _Choice(run, stream)
+            joining.append((slots, run))
         return joining
 
     def _free(self, slot: int, event: Event | None) -> None:
         """Empty the slot, sending its run ``event`` (if any)."""
-        run = self.active[slot]
+        choice = self.active[slot]
         self.active[slot] = None
         self.runner.free(slot)
-        if run is not None and event is not None:
-            run.sink(event)
+        if choice is not None and event is not None:
+            choice.run.sink(event)
 
     def _prefill_logits(self, slot: int, prompt: list[int] | tuple[int, ...]) -> torch.Tensor:
         return self.runner.prefill(slot, prompt)
@@ -200,23 +247,32 @@ class Scheduler:
     def _decode_logits(self, batch: int) -> torch.Tensor:
         return self.runner.decode(batch)
 
-    def _join(self, slot: int, run: Run) -> None:
+    def _join(self, slots: list[int], run: Run) -> None:
+        """Prefill the run's prompt once, into its first slot, then copy its entries to
+        the others: each choice draws its first token from the same logits."""
         if run.cancelled:
             self.cancelled += 1
-            self._free(slot, None)
+            for slot in slots:
+                self._free(slot, None)
             return
+        prompt = run.streams[0].prefilled
         try:
-            logits = self._prefill_logits(slot, run.request.prompt)
-            reading = Reading(logits, [(0, slot, run.stream)], self._pieces)
+            logits = self._prefill_logits(slots[0], prompt)
+            for slot in slots[1:]:
+                self.runner.copy(slots[0], slot, len(prompt))
+            rows = [(i, slot, s) for i, (slot, s) in enumerate(zip(slots, run.streams))]
+            reading = Reading(logits.expand(len(slots), -1), rows, self._pieces)
         except Exception as exc:
             log.exception("serve: a prefill failed")
-            self._free(slot, Failed(f"the model's prefill failed: {exc}"))
+            for i, slot in enumerate(slots):
+                self._free(slot, None if i else Failed(f"the model's prefill failed: {exc}"))
             return
-        self.runner.joined(slot, reading.tokens[0], len(run.request.prompt))
+        for i, slot in enumerate(slots):
+            self.runner.joined(slot, reading.tokens[i], len(prompt))
         self.reading.append(reading)
 
     def _decode(self) -> None:
-        rows = [(slot, slot, run.stream) for slot, run in enumerate(self.active) if run]
+        rows = [(slot, slot, c.stream) for slot, c in enumerate(self.active) if c is not None]
         batch = self.runner.batch_for(rows[-1][1])
         reading = Reading(self._decode_logits(batch), rows, self._pieces)
         self.runner.advance(batch, reading.tokens)
@@ -224,14 +280,23 @@ class Scheduler:
 
     def _deliver(self, reading: Reading) -> None:
         """Send each run of a launch its token; a run that ended since is skipped."""
-        for (_, slot, stream), token, entries in reading.results():
-            run = self.active[slot]
-            if run is not None and run.stream is stream:
-                self._next(slot, run, token, entries)
+        for (_, slot, stream), token, entries, forced in reading.results():
+            choice = self.active[slot]
+            if choice is not None and choice.stream is stream:
+                self._next(slot, choice, token, entries, forced)
 
-    def _next(self, slot: int, run: Run, token: int, entries: tuple[TokenLogprob, ...]) -> None:
-        event = run.stream.next(token, entries)
+    def _next(
+        self,
+        slot: int,
+        choice: _Choice,
+        token: int,
+        entries: tuple[TokenLogprob, ...],
+        forced: bool,
+    ) -> None:
+        event = choice.stream.next(token, entries, forced)
+        if event is None:
+            return
         if event.finish is not None:
             self._free(slot, event)
         else:
-            run.sink(event)
+            choice.run.sink(event)

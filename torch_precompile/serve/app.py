@@ -41,6 +41,7 @@ from .engine import Engine
 from .metrics import Metrics
 from .operations import Operations
 from .protocol import ApiError, Job, choice, envelope, models_list, read_job, usage
+from .scoring import echoed, prompt_logprobs
 from .tokens import Tokens
 
 log = logging.getLogger("torch_precompile")
@@ -155,7 +156,7 @@ def build_app(
             return StreamingResponse(
                 _stream(ended, job, events), media_type="text/event-stream", headers=headers
             )
-        return await _whole(request, ended, job, events)
+        return await _whole(request, ended, job, events, tokens.decode)
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
@@ -224,28 +225,62 @@ async def _stream(
 
 
 async def _chunks(job: Job, events: asyncio.Queue[Event]) -> AsyncIterator[str]:
-    offset = 0
+    """Each choice's pieces as they come (``index`` tells them apart); the usage once
+    every choice has finished."""
+    offsets, used = [0] * job.n, list[int | None]([None] * job.n)
     if job.chat:
-        first = envelope(job, [choice(job, "", (), None, delta=True)], chunk=True)
-        first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-        yield _sse(first)
-    while True:
+        for i in range(job.n):
+            first = envelope(job, [choice(job, "", (), None, delta=True, index=i)], chunk=True)
+            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+            yield _sse(first)
+    while None in used:
         event = await events.get()
         if isinstance(event, Failed):
             yield _sse(ApiError(500, event.message, kind="server_error").body())
             break
-        finish = None if event.finish is None else event.finish.reason
+        i, finish = event.index, None if event.finish is None else event.finish.reason
         if event.text or event.logprobs or finish or event.token_ids:
-            piece = choice(job, event.text, event.logprobs, finish, delta=True, offset=offset)
+            piece = choice(
+                job, event.text, event.logprobs, finish, delta=True, offset=offsets[i], index=i
+            )
             if event.token_ids:  # asked for, or a file without a tokenizer
                 piece["token_ids"] = list(event.token_ids)
             yield _sse(envelope(job, [piece], chunk=True))
-        offset += len(event.text)
+        offsets[i] += len(event.text)
         if event.finish is not None:
-            if job.include_usage:
-                yield _sse({**envelope(job, [], chunk=True), "usage": usage(job, event.tokens)})
-            break
+            used[i] = event.tokens
+            if None not in used and job.include_usage:
+                yield _sse({**envelope(job, [], chunk=True), "usage": usage(job, sum(used))})
     yield "data: [DONE]\n\n"
+
+
+class _Gathered:
+    """One choice's events, gathered into its whole answer."""
+
+    def __init__(self) -> None:
+        self.text, self.tokens, self.finish = "", 0, None
+        self.entries: list[TokenLogprob] = []
+        self.prompt: tuple[TokenLogprob, ...] = ()
+        self.ids: list[int] = []
+
+    def add(self, event: Delta) -> None:
+        self.text += event.text
+        self.entries += event.logprobs
+        self.ids += event.token_ids
+        self.tokens = event.tokens
+        self.prompt = event.prompt_logprobs or self.prompt
+        if event.finish is not None:
+            self.finish = event.finish.reason
+
+    def choice(self, job: Job, index: int, decode: Callable[[list[int]], str]) -> dict[str, Any]:
+        whole = choice(job, self.text, self.entries, self.finish, delta=False, index=index)
+        if self.ids:  # asked for, or a file without a tokenizer
+            whole["token_ids"] = self.ids
+        if job.echo:
+            echoed(job, whole, self.prompt, decode)
+        if job.prompt_logprobs is not None:
+            whole["prompt_logprobs"] = prompt_logprobs(self.prompt, job.prompt_logprobs)
+        return whole
 
 
 def _delta(event: Event) -> Delta:
@@ -261,29 +296,29 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _whole(
-    request: Request, ended: Callable[[], None], job: Job, events: asyncio.Queue[Event]
+    request: Request,
+    ended: Callable[[], None],
+    job: Job,
+    events: asyncio.Queue[Event],
+    decode: Callable[[list[int]], str],
 ) -> Response:
-    """The whole answer once the run ends; a client that leaves first frees its slot."""
+    """The whole answer once every choice ends; a client that leaves first frees the
+    slots."""
     gone = asyncio.ensure_future(_disconnected(request))
-    text, entries, ids = "", list[TokenLogprob](), list[int]()
+    got_all = [_Gathered() for _ in range(job.n)]
     try:
-        while True:
+        while any(g.finish is None for g in got_all):
             got = asyncio.ensure_future(events.get())
             await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not got.done():
                 got.cancel()
                 return Response(status_code=499)  # nobody to read it
             event = _delta(got.result())
-            text += event.text
-            entries += event.logprobs
-            ids += event.token_ids
-            if event.finish is not None:
-                whole = choice(job, text, entries, event.finish.reason, delta=False)
-                if ids:  # asked for, or a file without a tokenizer
-                    whole["token_ids"] = ids
-                body = envelope(job, [whole], chunk=False)
-                body["usage"] = usage(job, event.tokens)
-                return JSONResponse(body)
+            got_all[event.index].add(event)
+        answers = [g.choice(job, i, decode) for i, g in enumerate(got_all)]
+        body = envelope(job, answers, chunk=False)
+        body["usage"] = usage(job, sum(g.tokens for g in got_all))
+        return JSONResponse(body)
     finally:
         gone.cancel()
         ended()

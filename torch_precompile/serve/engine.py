@@ -43,7 +43,18 @@ def request_of(job: Job) -> Request:
         stop_token_ids=job.stop_token_ids,
         ignore_eos=job.ignore_eos,
         logprobs=job.logprobs,
+        n=job.n,
+        prompt_logprobs=_prompt_top(job),
     )
+
+
+def _prompt_top(job: Job) -> int | None:
+    """How many alternatives each prompt token needs: echo's logprobs, vLLM's
+    prompt_logprobs, the more of the two (echo alone with no new token: 0)."""
+    asked = [t for t in (job.prompt_logprobs, job.logprobs if job.echo else None) if t is not None]
+    if asked:
+        return max(asked)
+    return 0 if job.echo and job.max_tokens == 0 else None
 
 
 class Engine(Scheduler):

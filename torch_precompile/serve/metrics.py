@@ -42,7 +42,7 @@ class _Tracker:
     def __init__(self, metrics: Metrics, prompt: int, began: float) -> None:
         self.metrics, self.prompt, self.began = metrics, prompt, began
         self.last: float | None = None
-        self.tokens = 0
+        self.tokens: dict[int, int] = {}  # each choice's tokens so far
         self.finished = False
 
     def see(self, event: Event) -> None:
@@ -50,7 +50,7 @@ class _Tracker:
         if isinstance(event, Failed):
             self._finish("error", now)
             return
-        new = event.tokens - self.tokens
+        new = event.tokens - self.tokens.get(event.index, 0)
         if new > 0:
             if self.last is None:
                 m.ttft.observe(now - self.began)
@@ -58,7 +58,7 @@ class _Tracker:
             else:
                 m.itl.observe((now - self.last) / new)
             m.generation_tokens.inc(new)
-            self.tokens, self.last = event.tokens, now
+            self.tokens[event.index], self.last = event.tokens, now
         if event.finish is not None:
             self._finish(event.finish.reason, now)
 

@@ -2,9 +2,8 @@
 
 Each field a client may send is checked here, once, with an error that names
 it (``ApiError``: the HTTP status and OpenAI's ``{"error": {...}}`` body).
-Fields OpenAI has that this server cannot honour (``n`` > 1, ``echo``,
-``best_of``, ``tools``, a ``response_format`` other than text) are refused, not
-ignored.
+Fields OpenAI has that this server cannot honour (``best_of``, ``tools``, a
+``response_format`` other than text) are refused, not ignored.
 """
 
 from __future__ import annotations
@@ -59,6 +58,10 @@ class Job:
     include_usage: bool = False
     ignore_eos: bool = False  # vLLM's extension: run to max_tokens (benchmarks)
     return_token_ids: bool = False  # vLLM's extension: each choice's new token ids
+    n: int = 1  # choices, each its own slot
+    echo: bool = False  # completions: the prompt before each choice's text (and logprobs)
+    prompt_logprobs: int | None = None  # vLLM's extension: the prompt's logprobs, top-n
+    prompt_text: str | None = None  # echo: the prompt as sent (None: sent as token ids)
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
@@ -91,14 +94,14 @@ _KNOWN = frozenset((
     "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "ignore_eos", "return_token_ids", "n", "best_of", "echo", "tools",
     "functions", "suffix", "response_format", "min_tokens", "tool_choice", "function_call",
-    "parallel_tool_calls", "user", "metadata", "store", "service_tier",
+    "parallel_tool_calls", "user", "metadata", "store", "service_tier", "prompt_logprobs",
 ))  # fmt: skip
 # Fields that would change the answer in a way this server cannot: refused when set
 # (OpenAI's tools; vLLM's constrained decoding, beam search, prompt logprobs).
 _REFUSED = (
     "tools", "functions", "suffix", "guided_json", "guided_regex", "guided_choice",
     "guided_grammar", "structured_outputs", "allowed_token_ids", "bad_words",
-    "use_beam_search", "prompt_logprobs",
+    "use_beam_search",
 )  # fmt: skip
 
 
@@ -109,12 +112,8 @@ def _note_unknown(body: dict[str, Any]) -> None:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    if _field(body, "n", (int,), 1) != 1:
-        raise ApiError(400, "'n' must be 1: one choice per request", param="n")
     if _field(body, "best_of", (int,), 1) != 1:
         raise ApiError(400, "'best_of' is not supported", param="best_of")
-    if _field(body, "echo", (bool,), False):
-        raise ApiError(400, "'echo' is not supported", param="echo")
     for name in _REFUSED:
         if body.get(name):
             raise ApiError(400, f"'{name}' is not supported", param=name)
@@ -167,8 +166,13 @@ def read_job(
     room = max_length - len(prompt)
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     asked = next((_field(body, n, (int,)) for n in names if body.get(n) is not None), None)
-    if asked is not None and asked < 1:
-        raise ApiError(400, f"'max_tokens' must be 1 or more, got {asked}", param="max_tokens")
+    scored = bool(body.get("echo")) or body.get("prompt_logprobs") is not None
+    if asked is not None and asked < (0 if scored else 1):
+        raise ApiError(
+            400,
+            f"'max_tokens' must be 1 or more (0 with echo or prompt_logprobs), got {asked}",
+            param="max_tokens",
+        )
     own = (defaults or {}).get("max_tokens")  # the model's max_new_tokens
     if not chat:  # OpenAI's default, as vLLM's completions keep it
         default = min(_COMPLETION_DEFAULT, room)
@@ -254,6 +258,8 @@ def _options(body: dict[str, Any], job: Job) -> None:
     job.stream = bool(_field(body, "stream", (bool,), False))
     job.ignore_eos = bool(_field(body, "ignore_eos", (bool,), False))
     job.return_token_ids = bool(_field(body, "return_token_ids", (bool,), False))
+    job.n = _field(body, "n", (int,), 1)
+    _scoring(body, job)
     options = _field(body, "stream_options", (dict,), {})
     job.include_usage = bool(options.get("include_usage", False))
     if job.chat:
@@ -268,6 +274,25 @@ def _options(body: dict[str, Any], job: Job) -> None:
         job.logprobs = _field(body, "logprobs", (int,))
         if job.logprobs is not None and not 0 <= job.logprobs <= _MAX_LOGPROBS:
             raise ApiError(400, f"'logprobs' must be in 0..{_MAX_LOGPROBS}", param="logprobs")
+
+
+def _scoring(body: dict[str, Any], job: Job) -> None:
+    """``echo`` (completions) and ``prompt_logprobs``: whole answers only."""
+    job.echo = bool(_field(body, "echo", (bool,), False))
+    if job.echo and job.chat:
+        raise ApiError(400, "'echo' is for /v1/completions", param="echo")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    job.prompt_text = prompt if job.echo and isinstance(prompt, str) else None
+    job.prompt_logprobs = _field(body, "prompt_logprobs", (int,))
+    top = job.prompt_logprobs
+    if top is not None and not 0 <= top <= _MAX_TOP_LOGPROBS:
+        message = f"'prompt_logprobs' must be in 0..{_MAX_TOP_LOGPROBS}"
+        raise ApiError(400, message, param="prompt_logprobs")
+    for name in ("echo", "prompt_logprobs"):
+        if body.get(name) not in (None, False) and job.stream:
+            raise ApiError(400, f"'{name}' is not supported with 'stream'", param=name)
 
 
 def usage(job: Job, completion: int) -> dict[str, int]:
@@ -299,7 +324,9 @@ def _logprobs(job: Job, entries: Sequence[TokenLogprob], offset: int) -> dict[st
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [_first_of_each(e.top) for e in entries],
+        "top_logprobs": [
+            None if e.logprob is None else _first_of_each(e.top[: job.logprobs]) for e in entries
+        ],
         "text_offset": offsets,
     }
 
@@ -320,10 +347,11 @@ def choice(
     *,
     delta: bool,
     offset: int = 0,
+    index: int = 0,
 ) -> dict[str, Any]:
     """One choice: a whole answer, or (``delta``) a stream chunk's piece of one."""
     out: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "finish_reason": finish,
         "logprobs": _logprobs(job, entries, offset),
     }

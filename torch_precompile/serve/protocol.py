@@ -2,9 +2,9 @@
 
 Each field a client may send is checked here, once, with an error that names
 it (``ApiError``: the HTTP status and OpenAI's ``{"error": {...}}`` body).
-Fields OpenAI has that this server cannot honour (``n`` > 1, ``echo``,
-``best_of``) are refused, not ignored. ``response_format``, ``structured_outputs``
-and ``tools`` are read by ``structured.py`` and ``tool_calls.py``.
+Fields OpenAI has that this server cannot honour (``best_of``) are refused, not
+ignored. ``response_format``, ``structured_outputs`` and ``tools`` are read by
+``structured.py`` and ``tool_calls.py``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
+from ..engine.requests import TokenLogprob
 from .errors import ApiError
 from .prompts import chat_messages, completion_prompt
-from .structured import Grammars, requested
+from .structured import Grammars, constraint_of
 from .tool_calls import ToolPlan, read_tools
 
 __all__ = ["ApiError", "Job", "choice", "envelope", "models_list", "read_job", "usage"]
@@ -59,6 +61,10 @@ class Job:
     include_usage: bool = False
     ignore_eos: bool = False  # vLLM's extension: run to max_tokens (benchmarks)
     return_token_ids: bool = False  # vLLM's extension: each choice's new token ids
+    n: int = 1  # choices, each its own slot
+    echo: bool = False  # completions: the prompt before each choice's text (and logprobs)
+    prompt_logprobs: int | None = None  # vLLM's extension: the prompt's logprobs, top-n
+    prompt_text: str | None = None  # echo: the prompt as sent (None: sent as token ids)
     constraint: Any = None  # the grammar the output is held to (structured.py)
     tools: ToolPlan | None = None  # how the answer's tool calls are read (tool_calls.py)
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
@@ -93,13 +99,14 @@ _KNOWN = frozenset((
     "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "ignore_eos", "return_token_ids", "n", "best_of", "echo", "tools",
     "functions", "suffix", "response_format", "min_tokens", "tool_choice", "function_call",
-    "parallel_tool_calls", "user", "metadata", "store", "service_tier", "structured_outputs",
+    "parallel_tool_calls", "user", "metadata", "store", "service_tier", "prompt_logprobs",
+    "structured_outputs",
 ))  # fmt: skip
 # Fields that would change the answer in a way this server cannot: refused when set
-# (vLLM's older guided decoding fields, token filters, beam search, prompt logprobs).
+# (vLLM's older guided decoding fields, token filters, beam search).
 _REFUSED = (
     "suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "allowed_token_ids", "bad_words", "use_beam_search", "prompt_logprobs",
+    "allowed_token_ids", "bad_words", "use_beam_search",
 )  # fmt: skip
 
 
@@ -110,12 +117,8 @@ def _note_unknown(body: dict[str, Any]) -> None:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    if _field(body, "n", (int,), 1) != 1:
-        raise ApiError(400, "'n' must be 1: one choice per request", param="n")
     if _field(body, "best_of", (int,), 1) != 1:
         raise ApiError(400, "'best_of' is not supported", param="best_of")
-    if _field(body, "echo", (bool,), False):
-        raise ApiError(400, "'echo' is not supported", param="echo")
     for name in _REFUSED:
         if body.get(name):
             hint = ": use 'structured_outputs'" if name.startswith("guided_") else ""
@@ -160,7 +163,7 @@ def read_job(
         )
     _note_unknown(body)
     _refuse_unsupported(body)
-    plan = _tools(body, chat, tool_parser)
+    plan = read_tools(body, tool_parser, chat=chat)
     if chat:
         prompt = render(chat_messages(body), tools=list(plan.tools) if plan else None)
     else:
@@ -170,8 +173,13 @@ def read_job(
     room = max_length - len(prompt)
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     asked = next((_field(body, n, (int,)) for n in names if body.get(n) is not None), None)
-    if asked is not None and asked < 1:
-        raise ApiError(400, f"'max_tokens' must be 1 or more, got {asked}", param="max_tokens")
+    scored = bool(body.get("echo")) or body.get("prompt_logprobs") is not None
+    if asked is not None and asked < (0 if scored else 1):
+        raise ApiError(
+            400,
+            f"'max_tokens' must be 1 or more (0 with echo or prompt_logprobs), got {asked}",
+            param="max_tokens",
+        )
     own = (defaults or {}).get("max_tokens")  # the model's max_new_tokens
     if not chat:  # OpenAI's default, as vLLM's completions keep it
         default = min(_COMPLETION_DEFAULT, room)
@@ -186,36 +194,10 @@ def read_job(
             param="max_tokens",
         )
     job = Job(chat=chat, model=model, prompt=prompt, max_tokens=max_tokens, tools=plan)
-    job.constraint = _constraint(body, plan, grammars)
+    job.constraint = constraint_of(body, plan.grammar() if plan else None, grammars)
     _sampling({**(defaults or {}), **{k: v for k, v in body.items() if v is not None}}, job)
     _options(body, job)
     return job
-
-
-def _tools(body: dict[str, Any], chat: bool, parser: str | None) -> ToolPlan | None:
-    if chat:
-        return read_tools(body, parser)
-    for name in ("tools", "tool_choice", "functions"):
-        if body.get(name) is not None:
-            raise ApiError(400, f"'{name}' is for /v1/chat/completions", param=name)
-    return None
-
-
-def _constraint(body: dict[str, Any], plan: ToolPlan | None, grammars: Grammars | None) -> Any:
-    """The grammar a request's output is held to, compiled here (a worker thread)."""
-    asked, forced = requested(body), plan.grammar() if plan is not None else None
-    if asked is not None and forced is not None:
-        raise ApiError(
-            400,
-            f"'{asked[2]}' and tool_choice {plan.choice!r} both set the output's form: send one",
-            param="tool_choice",
-        )
-    asked = asked or forced
-    if asked is None:
-        return None
-    if grammars is None:
-        raise ApiError(400, f"'{asked[2]}' needs the model's tokenizer", param=asked[2])
-    return grammars.constraint(*asked)
 
 
 def _sampling(body: dict[str, Any], job: Job) -> None:
@@ -284,6 +266,8 @@ def _options(body: dict[str, Any], job: Job) -> None:
     job.stream = bool(_field(body, "stream", (bool,), False))
     job.ignore_eos = bool(_field(body, "ignore_eos", (bool,), False))
     job.return_token_ids = bool(_field(body, "return_token_ids", (bool,), False))
+    job.n = _field(body, "n", (int,), 1)
+    _scoring(body, job)
     options = _field(body, "stream_options", (dict,), {})
     job.include_usage = bool(options.get("include_usage", False))
     if job.chat:
@@ -300,23 +284,42 @@ def _options(body: dict[str, Any], job: Job) -> None:
             raise ApiError(400, f"'logprobs' must be in 0..{_MAX_LOGPROBS}", param="logprobs")
 
 
+def _scoring(body: dict[str, Any], job: Job) -> None:
+    """``echo`` (completions) and ``prompt_logprobs``: whole answers only."""
+    job.echo = bool(_field(body, "echo", (bool,), False))
+    if job.echo and job.chat:
+        raise ApiError(400, "'echo' is for /v1/completions", param="echo")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    job.prompt_text = prompt if job.echo and isinstance(prompt, str) else None
+    job.prompt_logprobs = _field(body, "prompt_logprobs", (int,))
+    top = job.prompt_logprobs
+    if top is not None and not 0 <= top <= _MAX_TOP_LOGPROBS:
+        message = f"'prompt_logprobs' must be in 0..{_MAX_TOP_LOGPROBS}"
+        raise ApiError(400, message, param="prompt_logprobs")
+    for name in ("echo", "prompt_logprobs"):
+        if body.get(name) not in (None, False) and job.stream:
+            raise ApiError(400, f"'{name}' is not supported with 'stream'", param=name)
+
+
 def usage(job: Job, completion: int) -> dict[str, int]:
     n = len(job.prompt)
     return {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion}
 
 
-def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
+def _logprobs(job: Job, entries: Sequence[TokenLogprob], offset: int) -> dict[str, Any] | None:
     """Each token's logprob (and its top alternatives) as OpenAI writes them."""
     if job.logprobs is None:
         return None
     if job.chat:
         content = [
             {
-                "token": e["token"],
-                "logprob": e["logprob"],
-                "bytes": list(e["bytes"]),
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": list(e.bytes),
                 "top_logprobs": [
-                    {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in e["top"]
+                    {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in e.top
                 ],
             }
             for e in entries
@@ -325,16 +328,18 @@ def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int) -> dict[str,
     offsets, at = [], offset
     for e in entries:
         offsets.append(at)
-        at += len(e["token"])
+        at += len(e.token)
     return {
-        "tokens": [e["token"] for e in entries],
-        "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [_first_of_each(e["top"]) for e in entries],
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [
+            None if e.logprob is None else _first_of_each(e.top[: job.logprobs]) for e in entries
+        ],
         "text_offset": offsets,
     }
 
 
-def _first_of_each(top: list[tuple[str, float, bytes]]) -> dict[str, float]:
+def _first_of_each(top: Sequence[tuple[str, float, bytes]]) -> dict[str, float]:
     """OpenAI's dict of alternatives: two tokens that decode alike keep the likelier."""
     out: dict[str, float] = {}
     for token, logprob, _ in top:
@@ -345,15 +350,16 @@ def _first_of_each(top: list[tuple[str, float, bytes]]) -> dict[str, float]:
 def choice(
     job: Job,
     text: str,
-    entries: list[dict[str, Any]],
+    entries: Sequence[TokenLogprob],
     finish: str | None,
     *,
     delta: bool,
     offset: int = 0,
+    index: int = 0,
 ) -> dict[str, Any]:
     """One choice: a whole answer, or (``delta``) a stream chunk's piece of one."""
     out: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "finish_reason": finish,
         "logprobs": _logprobs(job, entries, offset),
     }

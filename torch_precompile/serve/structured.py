@@ -230,3 +230,24 @@ def requested(body: dict[str, Any]) -> tuple[str, Any, str] | None:
             400, "give 'response_format' or 'structured_outputs', not both", param="response_format"
         )
     return (*asked[0][0], asked[0][1]) if asked else None
+
+
+def constraint_of(
+    body: dict[str, Any], forced: tuple[str, Any, str] | None, grammars: Grammars | None
+) -> Constraint | None:
+    """The constraint a request's output is held to: its ``response_format`` or
+    ``structured_outputs``, or ``forced`` (``tool_choice``'s grammar), never two."""
+    asked = requested(body)
+    if asked is not None and forced is not None:
+        raise ApiError(
+            400,
+            f"'{asked[2]}' and tool_choice {body.get('tool_choice')!r} both set the output's "
+            "form: send one",
+            param="tool_choice",
+        )
+    asked = asked or forced
+    if asked is None:
+        return None
+    if grammars is None:
+        raise ApiError(400, f"'{asked[2]}' needs the model's tokenizer", param=asked[2])
+    return grammars.constraint(*asked)

@@ -94,9 +94,14 @@ def _tools(value: Any) -> tuple[dict[str, Any], ...]:
     return tuple(value)
 
 
-def read_tools(body: dict[str, Any], parser: str | None) -> ToolPlan | None:
+def read_tools(body: dict[str, Any], parser: str | None, *, chat: bool = True) -> ToolPlan | None:
     """The request's :class:`ToolPlan`, or None (no tools); ``parser`` the server's
-    format for ``auto`` (None: it has none)."""
+    format for ``auto`` (None: it has none). Tools are for chats only."""
+    if not chat:
+        for name in ("tools", "tool_choice", "functions"):
+            if body.get(name) is not None:
+                raise ApiError(400, f"'{name}' is for /v1/chat/completions", param=name)
+        return None
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise ApiError(
             400,
@@ -220,10 +225,11 @@ def stream_choices(calls: CallStream, piece: dict[str, Any]) -> list[dict[str, A
     deltas = calls.feed(piece["delta"]["content"]) + (calls.close() if finish else [])
     if finish == "stop" and calls.sent:
         finish = "tool_calls"
-    out = [{"index": 0, "finish_reason": None, "logprobs": None, "delta": d} for d in deltas]
+    index = piece["index"]
+    out = [{"index": index, "finish_reason": None, "logprobs": None, "delta": d} for d in deltas]
     if finish or piece["logprobs"]:
         if not out:
-            out.append({"index": 0, "delta": {}})
+            out.append({"index": index, "delta": {}})
         out[-1].update(finish_reason=finish, logprobs=piece["logprobs"])
     return out
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
@@ -29,6 +30,7 @@ from test_serve import Server  # noqa: E402
 from tests.fixtures.trained_lm import train  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
+from torch_precompile.serve.structured import Grammars  # noqa: E402
 
 TEMPLATE = (
     "{% if tools %}<bos>system: Tools:\n<tools>\n{% for t in tools %}{{ t | tojson }}\n"
@@ -73,6 +75,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 class Person(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")  # no other keys: additionalProperties false
+
     name: str = pydantic.Field(max_length=8)
     age: int = pydantic.Field(ge=0, le=120)
     kind: Literal["person", "company"]
@@ -272,3 +276,19 @@ def test_bad_requests_are_400s(
     status, answer = server.request("POST", "/v1/chat/completions", body)
     assert status == 400 and words in answer["error"]["message"], answer
     assert answer["error"]["param"] == param, answer
+
+
+def test_the_same_constraint_holds_generate(built: Path) -> None:
+    """The server's constraint is the engine's protocol: ``Generator.generate`` takes
+    it too, and its sampled rows each parse and validate."""
+    generator = Precompile.load(built / "trained.pt")
+    tok = transformers.AutoTokenizer.from_pretrained(built / "model")
+    grammars = Grammars(tok.backend_tokenizer.to_str(), generator.spec.eos_token_id)
+    schema = Person.model_json_schema()
+    ids = torch.tensor([tok("Describe a person:")["input_ids"]] * 2)
+    rows = [grammars.constraint("json", schema, "p") for _ in range(2)]
+    out = generator.generate(ids, max_new_tokens=200, do_sample=True, constraint=rows)
+    texts = {tok.decode(row[ids.shape[1] :], skip_special_tokens=True) for row in out}
+    for text in texts:
+        assert errors(json.loads(text), schema) == [], text
+    assert all(c.done() for c in rows)

@@ -23,7 +23,7 @@ import torch
 
 from .errors import ApiError
 
-# Compiled grammars a server keeps (a matcher of a small schema is a few hundred KB).
+# Compiled grammars a server keeps, the least recently used dropped past it.
 _CACHED = 64
 _JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _INSTALL = "pip install 'torch_precompile[serve]'"
@@ -58,10 +58,6 @@ class Constraint:
     def done(self) -> bool:
         """Whether the grammar is complete and nothing may follow (or it failed)."""
         return self._matcher.is_stopped() or self._matcher.is_error()
-
-    @property
-    def error(self) -> str | None:
-        return self._matcher.get_error() if self._matcher.is_error() else None
 
 
 class Grammars:

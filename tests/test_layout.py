@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_compat",),  # adapters over PyTorch's private APIs
     ("lean_writer",),  # the lean format's writer: reads what the compiler built
     ("guards",),
+    ("engine",),  # decoding a generator's step: scheduler, runner, output stage; no HTTP
     ("runtime",),  # an artifact's call path
     ("distributed",),
     ("stages", "serialization"),  # build an artifact; save and load one

@@ -346,7 +346,7 @@ BAD = [
     ({"model": "tiny", "prompt": [VOCAB]}, 400, "past the vocabulary"),
     ({"model": "tiny", "prompt": "a", "temperature": 3}, 400, "temperature"),
     ({"model": "tiny", "prompt": "a", "top_p": 0}, 400, "top_p"),
-    ({"model": "tiny", "prompt": "a", "n": 2}, 400, "'n' must be 1"),
+    ({"model": "tiny", "prompt": "a", "n": SLOTS + 1}, 400, "'n' must be 1 to 16"),
     ({"model": "tiny", "prompt": "a", "logprobs": 9}, 400, "logprobs"),
     ({"model": "tiny", "prompt": "a", "stop": 5}, 400, "stop"),
     ({"model": "tiny", "prompt": "a", "stream": "yes"}, 400, "'stream' must be bool"),
@@ -362,10 +362,16 @@ BAD = [
     ({"model": "tiny", "prompt": "a", "min_p": 1.5}, 400, "'min_p' must be in [0, 1]"),
     ({"model": "tiny", "prompt": "a", "guided_choice": ["x"]}, 400, "'guided_choice' is not"),
     (
-        {"model": "tiny", "prompt": "a", "response_format": {"type": "json_object"}},
+        {"model": "tiny", "prompt": "a", "response_format": {"type": "xml"}},
         400,
-        "'response_format' 'json_object' is not supported",
+        "'response_format' 'xml' is not one of",
     ),
+    (
+        {"model": "tiny", "prompt": "a", "n": 2, "response_format": {"type": "json_object"}},
+        400,
+        "n must be 1",
+    ),
+    ({"model": "tiny", "prompt": "a", "structured_outputs": {"grammar": "x"}}, 400, "'grammar'"),
     ({"model": "other", "prompt": "a"}, 404, "does not exist"),
 ]
 

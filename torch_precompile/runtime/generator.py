@@ -1,21 +1,18 @@
-"""A generator served with torch alone: the decode loop around one precompiled step.
+"""A generator served with torch alone: a loaded generator file's step and its calls.
 
 :func:`~torch_precompile.generation.compile_generator` compiles a step of a
 decoder language model over a static key/value cache held in plain tensors;
 this module runs it and imports neither the model's library nor the
 compiler. :class:`Generator` owns the cache (``max_batch`` x ``max_length``
 per layer, allocated on the first call and reused: entries of earlier calls
-are masked), runs the prompt through the step (prefill), then one token at a
-time (decode), greedy or sampled on the device, and stops rows at an end of
-sequence token as transformers' ``generate`` does.
-
-Left padding: each row's positions count its own tokens (the cumulative sum
-of its attention mask, less one), so a padded row computes as it would alone.
+are masked) and checks a ``generate`` call's inputs and settings; the engine
+decodes them (``torch_precompile/engine/batch.py``: the prompt through the step,
+then one token at a time, greedy or sampled on the device, rows stopped at an
+end of sequence token as transformers' ``generate`` does).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
@@ -24,14 +21,12 @@ from typing import Any
 import torch
 
 from .._errors import GenerationLimitError
-from ..lean.cudagraphs import not_recorded
+from ..engine.batch import Rows, decode_rows, guides_for
+from ..engine.constraint import Constraint, Guided
+from ..engine.output import Chooser
+from ..engine.sampling import Penalties, Sampler
 from .generator_spec import DEFAULT_NEW_TOKENS, SAMPLING_DEFAULTS, GeneratorSpec
 from .loop import LoopCall
-from .sampling import Penalties, Sampler
-
-# Without a streamer, whether every row has finished is read back from the
-# device every this many tokens only (the extra tokens are cut off).
-_EOS_CHECK_EVERY = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +175,7 @@ class Generator:
         return_dict_in_generate: bool = False,
         output_scores: bool = False,
         output_logits: bool = False,
+        constraint: Constraint | Sequence[Constraint | None] | None = None,
     ) -> torch.Tensor | GenerateOutput:
         """Generate up to ``max_new_tokens`` per row: ``(batch, prompt + new)`` token ids.
         Left out (None), as many as :meth:`new_tokens` says: the model's.
@@ -203,6 +199,10 @@ class Generator:
         (what the tokens were chosen from) and the model's raw logits, as
         transformers'.
 
+        ``constraint``: the tokens each row may take next
+        (:class:`~torch_precompile.engine.constraint.Constraint`), one per row (None:
+        free), or one for a call of one row; a row whose constraint is done stops.
+
         Calls on one generator from several threads run one at a time (``lock``).
         """
         ids, mask, max_new_tokens = self._check(
@@ -224,26 +224,54 @@ class Generator:
             self.spec.device,
             min_p=chosen["min_p"],
         )
+        rows = self._rows(ids, mask, eos_token_id, pad_token_id)
+        repetition = chosen["repetition_penalty"]
+
+        def penalties(vocab: int) -> Penalties:
+            return Penalties(rows.ids, vocab, prompt_mask=rows.mask, repetition=repetition)
+
+        chooser = Chooser(
+            sampler,
+            penalties_for=penalties if repetition != 1.0 else None,
+            guides=[Guided(c) if c is not None else None for c in guides_for(constraint, len(ids))],
+            banned=torch.tensor(rows.eos, device=rows.ids.device) if rows.eos else None,
+            min_tokens=min_new_tokens,
+        )
         with self.lock:
-            sequences, scores, logits = self._generate(
-                ids,
-                mask,
+            cache = [t[: len(ids)] for t in self.cache()]
+            out = decode_rows(
+                self._loop(cache),
+                rows,
+                chooser,
                 max_new_tokens=max_new_tokens,
-                min_new_tokens=min_new_tokens,
-                sampler=sampler,
-                repetition=chosen["repetition_penalty"],
-                eos_token_id=eos_token_id,
-                pad_token_id=pad_token_id,
                 streamer=streamer,
                 keep=(output_scores, output_logits),
+                settle=self.settle,
             )
         if not return_dict_in_generate:
-            return sequences
+            return out.sequences
         return GenerateOutput(
-            sequences,
-            tuple(scores) if output_scores else None,
-            tuple(logits) if output_logits else None,
+            out.sequences,
+            tuple(out.scores) if output_scores else None,
+            tuple(out.logits) if output_logits else None,
         )
+
+    def _rows(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        eos_token_id: int | Sequence[int] | None,
+        pad_token_id: int | None,
+    ) -> Rows:
+        """The call's rows on the device, with its end tokens (-1: the model's) and pad
+        (-1: the model's; None: the first end token, else 0)."""
+        spec = self.spec
+        eos = _eos_ids(spec.eos_token_id if eos_token_id == -1 else eos_token_id)
+        pad = spec.pad_token_id if pad_token_id == -1 else pad_token_id
+        if pad is None:
+            pad = eos[0] if eos else 0
+        device = torch.device(spec.device)
+        return Rows(_row_major(ids.to(device)), mask.to(device), tuple(eos), pad, spec.max_length)
 
     def new_tokens(self, prompt: int, asked: int | None = None) -> int:
         """How many tokens a call with a prompt of ``prompt`` tokens generates at most, as
@@ -276,103 +304,6 @@ class Generator:
             key: asked[key] if asked.get(key) is not None else own.get(key, SAMPLING_DEFAULTS[key])
             for key in SAMPLING_DEFAULTS
         }
-
-    def _generate(
-        self,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        min_new_tokens: int,
-        sampler: Sampler,
-        repetition: float,
-        eos_token_id: int | Sequence[int] | None,
-        pad_token_id: int | None,
-        streamer: Any,
-        keep: tuple[bool, bool],
-    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """The decode loop (``lock`` held): the sequences, and each step's scores and
-        logits where ``keep`` asks for them."""
-        spec = self.spec
-        eos = _eos_ids(spec.eos_token_id if eos_token_id == -1 else eos_token_id)
-        pad = spec.pad_token_id if pad_token_id == -1 else pad_token_id
-        if pad is None:
-            pad = eos[0] if eos else 0
-        device = torch.device(spec.device)
-        ids, mask = _row_major(ids.to(device)), mask.to(device)
-        batch, prompt = ids.shape
-        kept_scores: list[torch.Tensor] = []
-        kept_logits: list[torch.Tensor] = []
-        if max_new_tokens == 0:
-            return ids.clone(), kept_scores, kept_logits
-        cache = [t[:batch] for t in self.cache()]
-        full = torch.zeros((batch, spec.max_length), dtype=torch.long, device=device)
-        full[:, :prompt] = mask
-        positions = mask.cumsum(-1) - 1
-        positions.masked_fill_(mask == 0, 1)
-        eos_t = torch.tensor(eos or [-1], dtype=torch.long, device=device)
-        put, end = _streamer_calls(streamer)
-        out = torch.full((batch, max_new_tokens), pad, dtype=torch.long, device=device)
-        running = torch.ones(batch, dtype=torch.bool, device=device)
-        last_pos = positions[:, -1:].clone()
-        start = torch.zeros((), dtype=torch.long, device=device)
-        step_ids, step_pos = ids, positions
-        steps = max_new_tokens
-        run = self._loop(cache)
-        penalties = None
-        for i in range(max_new_tokens):
-            if i == 1:  # the prefill ran beside a load's warm-up; a decode step may record
-                self.settle()
-            # The prefill runs without CUDA graphs: one a prompt length would pile up.
-            with not_recorded() if i == 0 else _RECORDED:
-                logits = run(step_ids, full, step_pos, start)[:, -1, :].float()
-            if keep[1]:
-                kept_logits.append(logits.clone())
-            scores = logits
-            if repetition != 1.0:
-                if penalties is None:
-                    penalties = Penalties(
-                        ids, logits.shape[-1], prompt_mask=mask, repetition=repetition
-                    )
-                scores = penalties.apply(scores)
-            if eos and i < min_new_tokens:
-                scores = logits.index_fill(1, eos_t, -float("inf"))
-            scores = sampler.process(scores)
-            if keep[0]:  # a copy where the step's output buffer is the next step's too
-                kept_scores.append(scores.clone() if scores is logits else scores)
-            token = sampler.pick(scores)
-            token = torch.where(running, token, torch.full_like(token, pad))
-            if penalties is not None:  # the token appended, pad for a row that ended
-                penalties.count(token)
-            out[:, i] = token
-            if put is not None:
-                put(token)
-            if eos:
-                running &= ~torch.isin(token, eos_t)
-            at = prompt + i
-            if i + 1 == max_new_tokens:
-                break
-            check = put is not None or (i + 1) % _EOS_CHECK_EVERY == 0
-            if eos and check and not bool(running.any()):
-                steps = i + 1
-                break
-            full[:, at] = 1
-            start = start + step_ids.shape[1]
-            last_pos = last_pos + 1
-            step_ids, step_pos = token[:, None], last_pos
-        if end is not None:
-            end()
-        new = out[:, :steps]
-        if eos and steps > 1:
-            # Tokens past the step where every row had stopped are cut, as generate
-            # stops there: the first step whose token ends the last running row.
-            ended = torch.isin(new, eos_t).cumsum(-1) > 0
-            ended = torch.cat([torch.zeros_like(ended[:, :1]), ended[:, :-1]], dim=1)
-            alive = (~ended).any(0)
-            last = int(alive.nonzero().max()) + 1 if bool(alive.any()) else 1
-            new = new[:, :last]
-        steps = new.shape[1]
-        return torch.cat([ids, new], dim=1), kept_scores[:steps], kept_logits[:steps]
 
     def _check(
         self,
@@ -431,9 +362,6 @@ class Generator:
         return input_ids.long(), mask, max_new_tokens
 
 
-_RECORDED = contextlib.nullcontext()  # a decode step: replayed from its CUDA graph
-
-
 def _row_major(t: torch.Tensor) -> torch.Tensor:
     """``t``, copied if its strides are not a fresh tensor's: a slice of a wider tensor
     (``tokens[:, :n]``, even of one row) has others, which the steps' guards refuse."""
@@ -450,11 +378,3 @@ def _eos_ids(value: int | Sequence[int] | None) -> list[int]:
     if isinstance(value, int):
         return [value]
     return [int(v) for v in value]
-
-
-def _streamer_calls(streamer: Any) -> tuple[Callable[[torch.Tensor], Any] | None, Any]:
-    if streamer is None:
-        return None, None
-    if hasattr(streamer, "put"):
-        return streamer.put, getattr(streamer, "end", None)
-    return streamer, None

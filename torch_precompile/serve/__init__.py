@@ -7,8 +7,14 @@
   stream chunks written as OpenAI writes them.
 - ``tokens.py``: the file's tokenizer for requests, off the GIL, with a bound on text.
 - ``chat.py``: the chat template saved in the file, rendered in jinja2's sandbox.
-- ``engine.py``: one scheduler thread owning the cache; each request a slot.
-- ``detokenizer.py``: a run's text, decoded a few tokens at a time; stop strings.
+- ``structured.py``: ``response_format`` and ``structured_outputs`` as a grammar
+  the engine holds a request to (llguidance).
+- ``tool_calls.py``: ``tools`` and ``tool_choice``; the answer's ``tool_calls``,
+  whole and streamed.
+- ``tool_parsers.py``: a model's calls read from its text (Hermes, Llama 3 JSON).
+- ``engine.py``: the engine (``torch_precompile/engine``) taking a ``Job``, its
+  refusals as statuses.
+- ``detokenizer.py``: the engine's streaming text, under its old name.
 - ``app.py``: the routes, on Starlette served by uvicorn.
 - ``operations.py``: ``/tokenize``, ``/detokenize``, ``/version``, ``/metrics``.
 - ``metrics.py``: the Prometheus metrics (prometheus-client).

@@ -34,13 +34,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..engine.requests import Delta, Event, Failed, TokenLogprob
 from .admission import Admission
 from .body import ClientGone, parse_json, read_body
 from .engine import Engine
 from .metrics import Metrics
 from .operations import Operations
 from .protocol import ApiError, Job, choice, envelope, models_list, read_job, usage
+from .scoring import echoed, prompt_logprobs
+from .structured import Grammars
 from .tokens import Tokens
+from .tool_calls import stream_choices, whole_choice
 
 log = logging.getLogger("torch_precompile")
 
@@ -101,9 +105,12 @@ def build_app(
     tokens: Tokens,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     api_key: str | None = None,
+    grammars: Grammars | None = None,
+    tool_parser: str | None = None,
 ) -> Admission:
     """The ASGI app serving ``engine`` under the model name ``name``, behind its
-    :class:`Admission` (the API key, the drain)."""
+    :class:`Admission` (the API key, the drain); ``grammars`` and ``tool_parser``
+    as :func:`read_job` takes them."""
     created = int(time.time())
     max_length = engine.spec.max_length
     workers = concurrent.futures.ThreadPoolExecutor(
@@ -138,6 +145,8 @@ def build_app(
             encode=tokens.encode,
             render=tokens.render,
             defaults=engine.defaults,
+            grammars=grammars,
+            tool_parser=tool_parser,
         )
 
     async def generate(request: Request, chat: bool) -> Response:
@@ -145,16 +154,16 @@ def build_app(
         raw = await read_body(request, max_request_bytes)
         job = await off_loop(lambda: job_of(raw, chat))
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        events: asyncio.Queue[Event] = asyncio.Queue()
         tracker = metrics.track(len(job.prompt), began)
-        run = engine.submit(job, _sink(loop, events, tracker.see))
+        run = engine.open(job, _sink(loop, events, tracker.see))
         ended = functools.partial(_ended, engine, run, tracker)
         if job.stream:
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(
                 _stream(ended, job, events), media_type="text/event-stream", headers=headers
             )
-        return await _whole(request, ended, job, events)
+        return await _whole(request, ended, job, events, tokens.decode)
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
@@ -210,7 +219,7 @@ def _sse(data: Any) -> str:
 
 
 async def _stream(
-    ended: Callable[[], None], job: Job, events: asyncio.Queue[dict[str, Any]]
+    ended: Callable[[], None], job: Job, events: asyncio.Queue[Event]
 ) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of text, the finish, usage if asked, ``[DONE]``."""
     try:
@@ -222,30 +231,74 @@ async def _stream(
         ended()  # a client gone mid-stream: the slot frees at once
 
 
-async def _chunks(job: Job, events: asyncio.Queue[dict[str, Any]]) -> AsyncIterator[str]:
-    offset = 0
+async def _chunks(job: Job, events: asyncio.Queue[Event]) -> AsyncIterator[str]:
+    """Each choice's pieces as they come (``index`` tells them apart); the usage once
+    every choice has finished."""
+    offsets, used = [0] * job.n, list[int | None]([None] * job.n)
+    calls = [job.tools.stream() if job.tools is not None else None for _ in range(job.n)]
     if job.chat:
-        first = envelope(job, [choice(job, "", [], None, delta=True)], chunk=True)
-        first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-        yield _sse(first)
-    while True:
+        for i in range(job.n):
+            first = envelope(job, [choice(job, "", (), None, delta=True, index=i)], chunk=True)
+            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+            yield _sse(first)
+    while None in used:
         event = await events.get()
-        if "error" in event:
-            yield _sse(ApiError(500, event["error"], kind="server_error").body())
+        if isinstance(event, Failed):
+            yield _sse(ApiError(500, event.message, kind="server_error").body())
             break
-        if event["text"] or event["entries"] or event["finish"] or "ids" in event:
+        i, finish = event.index, None if event.finish is None else event.finish.reason
+        if event.text or event.logprobs or finish or event.token_ids:
             piece = choice(
-                job, event["text"], event["entries"], event["finish"], delta=True, offset=offset
+                job, event.text, event.logprobs, finish, delta=True, offset=offsets[i], index=i
             )
-            if "ids" in event:  # asked for, or a file without a tokenizer
-                piece["token_ids"] = event["ids"]
-            yield _sse(envelope(job, [piece], chunk=True))
-        offset += len(event["text"])
-        if event["finish"]:
-            if job.include_usage:
-                yield _sse({**envelope(job, [], chunk=True), "usage": usage(job, event["tokens"])})
-            break
+            if event.token_ids:  # asked for, or a file without a tokenizer
+                piece["token_ids"] = list(event.token_ids)
+            for one in [piece] if calls[i] is None else stream_choices(calls[i], piece):
+                yield _sse(envelope(job, [one], chunk=True))
+        offsets[i] += len(event.text)
+        if event.finish is not None:
+            used[i] = event.tokens
+            if None not in used and job.include_usage:
+                yield _sse({**envelope(job, [], chunk=True), "usage": usage(job, sum(used))})
     yield "data: [DONE]\n\n"
+
+
+class _Gathered:
+    """One choice's events, gathered into its whole answer."""
+
+    def __init__(self) -> None:
+        self.text, self.tokens, self.finish = "", 0, None
+        self.entries: list[TokenLogprob] = []
+        self.prompt: tuple[TokenLogprob, ...] = ()
+        self.ids: list[int] = []
+
+    def add(self, event: Delta) -> None:
+        self.text += event.text
+        self.entries += event.logprobs
+        self.ids += event.token_ids
+        self.tokens = event.tokens
+        self.prompt = event.prompt_logprobs or self.prompt
+        if event.finish is not None:
+            self.finish = event.finish.reason
+
+    def choice(self, job: Job, index: int, decode: Callable[[list[int]], str]) -> dict[str, Any]:
+        whole = choice(job, self.text, self.entries, self.finish, delta=False, index=index)
+        calls = job.tools.stream() if job.tools is not None else None
+        whole = whole if calls is None else whole_choice(calls, whole)
+        if self.ids:  # asked for, or a file without a tokenizer
+            whole["token_ids"] = self.ids
+        if job.echo:
+            echoed(job, whole, self.prompt, decode)
+        if job.prompt_logprobs is not None:
+            whole["prompt_logprobs"] = prompt_logprobs(self.prompt, job.prompt_logprobs)
+        return whole
+
+
+def _delta(event: Event) -> Delta:
+    """The event, or the 500 of a step that failed."""
+    if isinstance(event, Failed):
+        raise ApiError(500, event.message, kind="server_error")
+    return event
 
 
 async def _disconnected(request: Request) -> None:
@@ -254,31 +307,29 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _whole(
-    request: Request, ended: Callable[[], None], job: Job, events: asyncio.Queue[dict[str, Any]]
+    request: Request,
+    ended: Callable[[], None],
+    job: Job,
+    events: asyncio.Queue[Event],
+    decode: Callable[[list[int]], str],
 ) -> Response:
-    """The whole answer once the run ends; a client that leaves first frees its slot."""
+    """The whole answer once every choice ends; a client that leaves first frees the
+    slots."""
     gone = asyncio.ensure_future(_disconnected(request))
-    text, entries, ids = "", [], []
+    got_all = [_Gathered() for _ in range(job.n)]
     try:
-        while True:
+        while any(g.finish is None for g in got_all):
             got = asyncio.ensure_future(events.get())
             await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not got.done():
                 got.cancel()
                 return Response(status_code=499)  # nobody to read it
-            event = got.result()
-            if "error" in event:
-                raise ApiError(500, event["error"], kind="server_error")
-            text += event["text"]
-            entries += event["entries"]
-            ids += event.get("ids", [])
-            if event["finish"]:
-                whole = choice(job, text, entries, event["finish"], delta=False)
-                if ids:  # asked for, or a file without a tokenizer
-                    whole["token_ids"] = ids
-                body = envelope(job, [whole], chunk=False)
-                body["usage"] = usage(job, event["tokens"])
-                return JSONResponse(body)
+            event = _delta(got.result())
+            got_all[event.index].add(event)
+        answers = [g.choice(job, i, decode) for i, g in enumerate(got_all)]
+        body = envelope(job, answers, chunk=False)
+        body["usage"] = usage(job, sum(g.tokens for g in got_all))
+        return JSONResponse(body)
     finally:
         gone.cancel()
         ended()

@@ -33,8 +33,9 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, *
 
 
 def chat_renderer(template: str, tokens: dict[str, str]) -> Callable[..., str]:
-    """``render(messages, generation=True) -> prompt text`` (``generation``: with
-    ``add_generation_prompt``); a template that refuses a chat raises ``ApiError``."""
+    """``render(messages, generation=True, tools=None) -> prompt text``
+    (``generation``: with ``add_generation_prompt``; ``tools``: the request's, as
+    transformers passes them); a template that refuses a chat raises ``ApiError``."""
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -47,9 +48,13 @@ def chat_renderer(template: str, tokens: dict[str, str]) -> Callable[..., str]:
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     compiled = env.from_string(template)
 
-    def render(messages: list[dict[str, Any]], generation: bool = True) -> str:
+    def render(
+        messages: list[dict[str, Any]], generation: bool = True, tools: list[Any] | None = None
+    ) -> str:
         try:
-            return compiled.render(messages=messages, add_generation_prompt=generation, **tokens)
+            return compiled.render(
+                messages=messages, tools=tools, add_generation_prompt=generation, **tokens
+            )
         except _TemplateRefused as exc:
             raise ApiError(
                 400, f"the chat template refused the messages: {exc}", param="messages"

@@ -51,6 +51,15 @@ def add_serve(sub: Any) -> None:
         help="a key every request but /health must send as 'Authorization: Bearer KEY' "
         "(default: $TORCH_PRECOMPILE_API_KEY; none: open)",
     )
+    from .tool_parsers import PARSERS
+
+    p.add_argument(
+        "--tool-call-parser",
+        choices=sorted(PARSERS),
+        default=None,
+        help="the format the model writes tool calls in, read for tool_choice auto "
+        "(default: the one its chat template names, if any)",
+    )
     p.add_argument(
         "--drain-timeout",
         type=float,
@@ -184,13 +193,19 @@ def _listen(server: Any, engine: Any) -> None:
 
 def _app(engine: Any, name: str, tokenizer: Any, args: argparse.Namespace) -> Any:
     from .app import build_app
+    from .structured import Grammars
     from .tokens import Tokens
+    from .tool_parsers import parser_for
 
     tokens = Tokens(tokenizer, engine.spec)
+    own = tokenizer.to_str() if tokenizer is not None else None
+    parser = getattr(args, "tool_call_parser", None) or parser_for(engine.spec.chat_template)
     return build_app(
         engine,
         name=name,
         tokens=tokens,
         max_request_bytes=args.max_request_bytes,
         api_key=args.api_key,
+        grammars=Grammars(own, engine.spec.eos_token_id),
+        tool_parser=parser,
     )

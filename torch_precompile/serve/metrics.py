@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..engine.requests import Event, Failed
+
 # Seconds: a small model on a CPU answers in milliseconds, a long prompt on a big one in
 # seconds; each histogram spans both.
 _TTFT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -27,7 +29,7 @@ PREFIX = "torch_precompile_"
 class _Untracked:
     """A request's tracker where there are no metrics."""
 
-    def see(self, event: dict[str, Any]) -> None:
+    def see(self, event: Event) -> None:
         pass
 
     def close(self) -> None:
@@ -40,15 +42,15 @@ class _Tracker:
     def __init__(self, metrics: Metrics, prompt: int, began: float) -> None:
         self.metrics, self.prompt, self.began = metrics, prompt, began
         self.last: float | None = None
-        self.tokens = 0
+        self.tokens: dict[int, int] = {}  # each choice's tokens so far
         self.finished = False
 
-    def see(self, event: dict[str, Any]) -> None:
+    def see(self, event: Event) -> None:
         m, now = self.metrics, time.perf_counter()
-        if "error" in event:
+        if isinstance(event, Failed):
             self._finish("error", now)
             return
-        new = event["tokens"] - self.tokens
+        new = event.tokens - self.tokens.get(event.index, 0)
         if new > 0:
             if self.last is None:
                 m.ttft.observe(now - self.began)
@@ -56,9 +58,9 @@ class _Tracker:
             else:
                 m.itl.observe((now - self.last) / new)
             m.generation_tokens.inc(new)
-            self.tokens, self.last = event["tokens"], now
-        if event["finish"]:
-            self._finish(event["finish"], now)
+            self.tokens[event.index], self.last = event.tokens, now
+        if event.finish is not None:
+            self._finish(event.finish.reason, now)
 
     def _finish(self, reason: str, now: float) -> None:
         if not self.finished:

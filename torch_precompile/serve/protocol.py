@@ -2,9 +2,9 @@
 
 Each field a client may send is checked here, once, with an error that names
 it (``ApiError``: the HTTP status and OpenAI's ``{"error": {...}}`` body).
-Fields OpenAI has that this server cannot honour (``n`` > 1, ``echo``,
-``best_of``, ``tools``, a ``response_format`` other than text) are refused, not
-ignored.
+Fields OpenAI has that this server cannot honour (``best_of``) are refused, not
+ignored. ``response_format``, ``structured_outputs`` and ``tools`` are read by
+``structured.py`` and ``tool_calls.py``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
+from ..engine.requests import TokenLogprob
 from .errors import ApiError
 from .prompts import chat_messages, completion_prompt
+from .structured import Grammars, constraint_of
+from .tool_calls import ToolPlan, read_tools
 
 __all__ = ["ApiError", "Job", "choice", "envelope", "models_list", "read_job", "usage"]
 
@@ -57,6 +61,12 @@ class Job:
     include_usage: bool = False
     ignore_eos: bool = False  # vLLM's extension: run to max_tokens (benchmarks)
     return_token_ids: bool = False  # vLLM's extension: each choice's new token ids
+    n: int = 1  # choices, each its own slot
+    echo: bool = False  # completions: the prompt before each choice's text (and logprobs)
+    prompt_logprobs: int | None = None  # vLLM's extension: the prompt's logprobs, top-n
+    prompt_text: str | None = None  # echo: the prompt as sent (None: sent as token ids)
+    constraint: Any = None  # the grammar the output is held to (structured.py)
+    tools: ToolPlan | None = None  # how the answer's tool calls are read (tool_calls.py)
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
@@ -89,14 +99,14 @@ _KNOWN = frozenset((
     "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "ignore_eos", "return_token_ids", "n", "best_of", "echo", "tools",
     "functions", "suffix", "response_format", "min_tokens", "tool_choice", "function_call",
-    "parallel_tool_calls", "user", "metadata", "store", "service_tier",
+    "parallel_tool_calls", "user", "metadata", "store", "service_tier", "prompt_logprobs",
+    "structured_outputs",
 ))  # fmt: skip
 # Fields that would change the answer in a way this server cannot: refused when set
-# (OpenAI's tools; vLLM's constrained decoding, beam search, prompt logprobs).
+# (vLLM's older guided decoding fields, token filters, beam search).
 _REFUSED = (
-    "tools", "functions", "suffix", "guided_json", "guided_regex", "guided_choice",
-    "guided_grammar", "structured_outputs", "allowed_token_ids", "bad_words",
-    "use_beam_search", "prompt_logprobs",
+    "suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "allowed_token_ids", "bad_words", "use_beam_search",
 )  # fmt: skip
 
 
@@ -107,22 +117,12 @@ def _note_unknown(body: dict[str, Any]) -> None:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    if _field(body, "n", (int,), 1) != 1:
-        raise ApiError(400, "'n' must be 1: one choice per request", param="n")
     if _field(body, "best_of", (int,), 1) != 1:
         raise ApiError(400, "'best_of' is not supported", param="best_of")
-    if _field(body, "echo", (bool,), False):
-        raise ApiError(400, "'echo' is not supported", param="echo")
     for name in _REFUSED:
         if body.get(name):
-            raise ApiError(400, f"'{name}' is not supported", param=name)
-    kind = _field(body, "response_format", (dict,), {}).get("type", "text")
-    if kind != "text":
-        raise ApiError(
-            400,
-            f"'response_format' {kind!r} is not supported: only 'text'",
-            param="response_format",
-        )
+            hint = ": use 'structured_outputs'" if name.startswith("guided_") else ""
+            raise ApiError(400, f"'{name}' is not supported{hint}", param=name)
     if _field(body, "min_tokens", (int,), 0):
         raise ApiError(400, "'min_tokens' is not supported", param="min_tokens")
 
@@ -136,6 +136,8 @@ def read_job(
     encode: Any,
     render: Any,
     defaults: dict[str, Any] | None = None,
+    grammars: Grammars | None = None,
+    tool_parser: str | None = None,
 ) -> Job:
     """A request body (parsed JSON) as a :class:`Job`, or an :class:`ApiError`.
 
@@ -146,7 +148,9 @@ def read_job(
     ``repetition_penalty``) and its ``max_new_tokens`` (as ``max_tokens``) for a
     request that leaves them out, as vLLM's: a chat without ``max_tokens`` runs to
     the model's ``max_new_tokens`` (else to the end of the cache), a completion to
-    OpenAI's 16.
+    OpenAI's 16. ``grammars`` compiles a request's ``response_format``,
+    ``structured_outputs`` or forced tool calls (None: a 400 for them);
+    ``tool_parser`` is the format ``tool_choice`` auto reads calls in.
     """
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -159,14 +163,23 @@ def read_job(
         )
     _note_unknown(body)
     _refuse_unsupported(body)
-    prompt = render(chat_messages(body)) if chat else completion_prompt(body, encode, max_length)
+    plan = read_tools(body, tool_parser, chat=chat)
+    if chat:
+        prompt = render(chat_messages(body), tools=list(plan.tools) if plan else None)
+    else:
+        prompt = completion_prompt(body, encode, max_length)
     if not prompt:
         raise ApiError(400, "the prompt is empty: give at least one token", param="prompt")
     room = max_length - len(prompt)
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     asked = next((_field(body, n, (int,)) for n in names if body.get(n) is not None), None)
-    if asked is not None and asked < 1:
-        raise ApiError(400, f"'max_tokens' must be 1 or more, got {asked}", param="max_tokens")
+    scored = bool(body.get("echo")) or body.get("prompt_logprobs") is not None
+    if asked is not None and asked < (0 if scored else 1):
+        raise ApiError(
+            400,
+            f"'max_tokens' must be 1 or more (0 with echo or prompt_logprobs), got {asked}",
+            param="max_tokens",
+        )
     own = (defaults or {}).get("max_tokens")  # the model's max_new_tokens
     if not chat:  # OpenAI's default, as vLLM's completions keep it
         default = min(_COMPLETION_DEFAULT, room)
@@ -180,7 +193,8 @@ def read_job(
             f"model's max_length={max_length}: shorten the prompt or max_tokens",
             param="max_tokens",
         )
-    job = Job(chat=chat, model=model, prompt=prompt, max_tokens=max_tokens)
+    job = Job(chat=chat, model=model, prompt=prompt, max_tokens=max_tokens, tools=plan)
+    job.constraint = constraint_of(body, plan.grammar() if plan else None, grammars)
     _sampling({**(defaults or {}), **{k: v for k, v in body.items() if v is not None}}, job)
     _options(body, job)
     return job
@@ -252,6 +266,8 @@ def _options(body: dict[str, Any], job: Job) -> None:
     job.stream = bool(_field(body, "stream", (bool,), False))
     job.ignore_eos = bool(_field(body, "ignore_eos", (bool,), False))
     job.return_token_ids = bool(_field(body, "return_token_ids", (bool,), False))
+    job.n = _field(body, "n", (int,), 1)
+    _scoring(body, job)
     options = _field(body, "stream_options", (dict,), {})
     job.include_usage = bool(options.get("include_usage", False))
     if job.chat:
@@ -268,23 +284,42 @@ def _options(body: dict[str, Any], job: Job) -> None:
             raise ApiError(400, f"'logprobs' must be in 0..{_MAX_LOGPROBS}", param="logprobs")
 
 
+def _scoring(body: dict[str, Any], job: Job) -> None:
+    """``echo`` (completions) and ``prompt_logprobs``: whole answers only."""
+    job.echo = bool(_field(body, "echo", (bool,), False))
+    if job.echo and job.chat:
+        raise ApiError(400, "'echo' is for /v1/completions", param="echo")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    job.prompt_text = prompt if job.echo and isinstance(prompt, str) else None
+    job.prompt_logprobs = _field(body, "prompt_logprobs", (int,))
+    top = job.prompt_logprobs
+    if top is not None and not 0 <= top <= _MAX_TOP_LOGPROBS:
+        message = f"'prompt_logprobs' must be in 0..{_MAX_TOP_LOGPROBS}"
+        raise ApiError(400, message, param="prompt_logprobs")
+    for name in ("echo", "prompt_logprobs"):
+        if body.get(name) not in (None, False) and job.stream:
+            raise ApiError(400, f"'{name}' is not supported with 'stream'", param=name)
+
+
 def usage(job: Job, completion: int) -> dict[str, int]:
     n = len(job.prompt)
     return {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion}
 
 
-def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int) -> dict[str, Any] | None:
+def _logprobs(job: Job, entries: Sequence[TokenLogprob], offset: int) -> dict[str, Any] | None:
     """Each token's logprob (and its top alternatives) as OpenAI writes them."""
     if job.logprobs is None:
         return None
     if job.chat:
         content = [
             {
-                "token": e["token"],
-                "logprob": e["logprob"],
-                "bytes": list(e["bytes"]),
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": list(e.bytes),
                 "top_logprobs": [
-                    {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in e["top"]
+                    {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in e.top
                 ],
             }
             for e in entries
@@ -293,16 +328,18 @@ def _logprobs(job: Job, entries: list[dict[str, Any]], offset: int) -> dict[str,
     offsets, at = [], offset
     for e in entries:
         offsets.append(at)
-        at += len(e["token"])
+        at += len(e.token)
     return {
-        "tokens": [e["token"] for e in entries],
-        "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [_first_of_each(e["top"]) for e in entries],
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [
+            None if e.logprob is None else _first_of_each(e.top[: job.logprobs]) for e in entries
+        ],
         "text_offset": offsets,
     }
 
 
-def _first_of_each(top: list[tuple[str, float, bytes]]) -> dict[str, float]:
+def _first_of_each(top: Sequence[tuple[str, float, bytes]]) -> dict[str, float]:
     """OpenAI's dict of alternatives: two tokens that decode alike keep the likelier."""
     out: dict[str, float] = {}
     for token, logprob, _ in top:
@@ -313,15 +350,16 @@ def _first_of_each(top: list[tuple[str, float, bytes]]) -> dict[str, float]:
 def choice(
     job: Job,
     text: str,
-    entries: list[dict[str, Any]],
+    entries: Sequence[TokenLogprob],
     finish: str | None,
     *,
     delta: bool,
     offset: int = 0,
+    index: int = 0,
 ) -> dict[str, Any]:
     """One choice: a whole answer, or (``delta``) a stream chunk's piece of one."""
     out: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "finish_reason": finish,
         "logprobs": _logprobs(job, entries, offset),
     }

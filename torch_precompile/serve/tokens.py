@@ -127,11 +127,16 @@ class Tokens:
         return encoding.ids
 
     def render(
-        self, messages: list[dict[str, Any]], *, generation: bool = True, special: bool = False
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        generation: bool = True,
+        special: bool = False,
+        tools: list[Any] | None = None,
     ) -> list[int]:
-        """A chat's ids: its messages rendered by the file's template (``generation``:
-        ending with the assistant's prompt), no special tokens added unless asked
-        (the template writes its own)."""
+        """A chat's ids: its messages (and ``tools``) rendered by the file's template
+        (``generation``: ending with the assistant's prompt), no special tokens added
+        unless asked (the template writes its own)."""
         if not self.templated:
             raise ApiError(
                 400,
@@ -140,7 +145,8 @@ class Tokens:
                 param="messages",
             )
         self._need("messages")
-        return self.encode(self.chat(messages, generation), special=special, param="messages")
+        text = self.chat(messages, generation, tools)
+        return self.encode(text, special=special, param="messages")
 
     def decode(self, ids: list[int]) -> str:
         return self._need("tokens").decode(ids, skip_special_tokens=False)

@@ -1,0 +1,116 @@
+"""The runner: a generator file's step over the slots of one static cache.
+
+Each of the cache's ``max_batch`` rows is a *slot*. A run joining a free slot is
+prefilled alone (batch 1, the step's prefill variant on views of that slot's
+rows) from cache index 0, so in a slot the cache index is the position; then
+every step decodes all slots at once with the slot step (``start`` a
+``(batch,)`` tensor, each row its own offset). A step runs on the first rows
+only: as many as the highest busy slot needs, rounded up to a power of two
+(:func:`step_batches`). Free slots among them decode too (token 0 at index 0,
+attending to that one entry, so no NaN): a few shapes, each recorded once, and a
+row's result never depends on its neighbours.
+
+The runner's cache is its own, not the ``Generator``'s: ``Generator.generate``
+in the same process touches other tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..lean.cudagraphs import not_recorded
+from .errors import NotServable
+
+if TYPE_CHECKING:
+    from ..runtime.generator import Generator
+
+
+def step_batches(slots: int) -> list[int]:
+    """The batches a decode step runs at: powers of two from 2, then ``slots``. The slot
+    step is compiled for 2 rows or more (one row is the prefill's shape), unless the
+    file has one slot."""
+    if slots == 1:
+        return [1]
+    return [b for b in (2**i for i in range(1, slots.bit_length())) if b < slots] + [slots]
+
+
+class SlotRunner:
+    """The cache, each slot's next token and index on the device, and the steps."""
+
+    def __init__(self, generator: Generator) -> None:
+        spec = generator.spec
+        if not spec.slots:
+            raise NotServable(
+                "this generator file has no slot decode step (built before serve existed, or a "
+                "model whose attention cannot take a per-row mask: ALiBi families such as Bloom "
+                "and Falcon): build it again with compile_generator, or use Generator.generate"
+            )
+        self.spec, self.step = spec, generator.run_step
+        self.device = torch.device(spec.device)
+        slots, length = spec.max_batch, spec.max_length
+        dtype = getattr(torch, spec.dtype)
+        self.cache = [
+            torch.zeros((slots, h, length, d), dtype=dtype, device=self.device)
+            for h, d in spec.kv_shapes
+        ]
+        self.full = torch.ones((slots, length), dtype=torch.long, device=self.device)
+        # Per slot, on the device: its next input token, the cache index it goes to, and
+        # 1 while a run holds the slot (a free slot decodes token 0 at index 0).
+        self.ids = torch.zeros((slots, 1), dtype=torch.long, device=self.device)
+        self.index = torch.zeros((slots,), dtype=torch.long, device=self.device)
+        self.member = torch.zeros((slots,), dtype=torch.long, device=self.device)
+        self.batches = step_batches(slots)
+        # Per batch, the decode step as one loop over views of the first rows (the
+        # guards are checked at its first call: the runner owns the model and cache).
+        self._steps: dict[int, Callable[..., Any]] = {
+            batch: generator.loop([t[:batch] for t in self.cache]) for batch in self.batches
+        }
+
+    def prefill(self, slot: int, prompt: list[int] | tuple[int, ...]) -> torch.Tensor:
+        """The prompt into the slot's rows from index 0: its last position's logits."""
+        n, length = len(prompt), self.spec.max_length
+        ids = torch.tensor([prompt], dtype=torch.long)
+        if self.device.type == "cuda":  # pinned, so the copy does not wait for the device
+            ids = ids.pin_memory()
+        ids = ids.to(self.device, non_blocking=True)
+        mask = torch.zeros((1, length), dtype=torch.long, device=self.device)
+        mask[:, :n] = 1
+        positions = torch.arange(n, device=self.device)[None]
+        start = torch.zeros((), dtype=torch.long, device=self.device)
+        rows = [t[slot : slot + 1] for t in self.cache]
+        with not_recorded():  # no CUDA graph a prompt length (lean/cudagraphs.py)
+            return self.step(ids, mask, positions, start, *rows)[:, -1, :].float()
+
+    def copy(self, source: int, slot: int, length: int) -> None:
+        """The first ``length`` cache entries of ``source`` into ``slot`` (a prompt
+        prefilled once for several choices)."""
+        for t in self.cache:
+            t[slot, :, :length].copy_(t[source, :, :length])
+
+    def joined(self, slot: int, token: torch.Tensor, length: int) -> None:
+        """The slot's run decodes ``token`` (on the device) next, at index ``length``."""
+        self.ids[slot, 0] = token
+        self.index[slot], self.member[slot] = length, 1
+
+    def decode(self, batch: int) -> torch.Tensor:
+        """One decode step of the first ``batch`` slots (views of their rows)."""
+        index = self.index[:batch]
+        out = self._steps[batch](self.ids[:batch], self.full[:batch], index[:, None].clone(), index)
+        return out[:, -1, :].float()
+
+    def advance(self, batch: int, tokens: torch.Tensor) -> None:
+        """The busy slots of the first ``batch`` take ``tokens`` as their next input."""
+        member = self.member[:batch]
+        self.ids[:batch].copy_((tokens * member)[:, None])
+        self.index[:batch].add_(member)
+
+    def free(self, slot: int) -> None:
+        """The slot's rows go back to token 0 at index 0 (after the steps launched)."""
+        self.ids[slot], self.index[slot], self.member[slot] = 0, 0, 0
+
+    def batch_for(self, top: int) -> int:
+        """The batch a step runs at when slot ``top`` is the highest busy one."""
+        return next(b for b in self.batches if b > top)

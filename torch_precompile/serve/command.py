@@ -183,8 +183,8 @@ def _listen(server: Any, engine: Any) -> None:
 
 
 def _app(engine: Any, name: str, tokenizer: Any, args: argparse.Namespace) -> Any:
+    from ..engine.text import Tokens
     from .app import build_app
-    from .tokens import Tokens
 
     tokens = Tokens(tokenizer, engine.spec)
     return build_app(

@@ -150,3 +150,22 @@ def test_the_server_engine_follows_a_constraint_beside_free_runs(built: dict[str
     finishes = [run[-1].finish for run in events]
     assert [f.reason for f in finishes] == ["stop", "length", "stop"]
     assert [f.usage.completion_tokens for f in finishes] == [5, 8, 8]
+
+
+def test_n_choices_prefill_once_and_each_continue_as_generate(built: dict[str, Any]) -> None:
+    """A request of three greedy choices: one prefill (its cache entries copied to the
+    other slots), and every choice's tokens are ``generate``'s for the prompt alone."""
+    gen = Precompile.load(built["path"])
+    free = gen.generate(torch.tensor([PROMPT]), max_new_tokens=7, eos_token_id=None)
+    engine = Scheduler(gen, max_queue=4)
+    engine.warm()
+    prefills = []
+    prefill = engine._prefill_logits
+    engine._prefill_logits = lambda slot, prompt: prefills.append(slot) or prefill(slot, prompt)  # type: ignore[method-assign]
+    request = Request(prompt=tuple(PROMPT), max_tokens=7, temperature=0, ignore_eos=True, n=3)
+    (events,) = _run(engine, [request])
+    tokens: list[list[int]] = [[], [], []]
+    for event in events:
+        tokens[event.index] += event.token_ids
+    assert prefills == [0]
+    assert tokens == [free[0, 5:].tolist()] * 3

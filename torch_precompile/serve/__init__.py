@@ -1,12 +1,12 @@
 """``torch-precompile serve FILE``: a generator file served as OpenAI's API, batching continuously.
 
-- ``body.py``: a request's body read up to the size cap, parsed, its text checked.
+- ``body.py``: a request's body read up to the size cap, parsed.
 - ``errors.py``: ``ApiError``, a status and OpenAI's error body.
 - ``prompts.py``: a completion's prompt, a chat's messages (content parts joined).
 - ``protocol.py``: OpenAI's request fields checked into a ``Job``; responses and
   stream chunks written as OpenAI writes them.
-- ``tokens.py``: the file's tokenizer for requests, off the GIL, with a bound on text.
-- ``chat.py``: the chat template saved in the file, rendered in jinja2's sandbox.
+- ``tokens.py``: the engine's tokenizer work (``engine/text.py``: encoding off the
+  GIL with a bound on text, the chat template in jinja2's sandbox), under its old name.
 - ``structured.py``: ``response_format`` and ``structured_outputs`` as a grammar
   the engine holds a request to (llguidance).
 - ``tool_calls.py``: ``tools`` and ``tool_choice``; the answer's ``tool_calls``,

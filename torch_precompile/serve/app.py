@@ -34,7 +34,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..engine.errors import EngineBusy, EngineError
 from ..engine.requests import Delta, Event, Failed, TokenLogprob
+from ..engine.text import Tokens
 from .admission import Admission
 from .body import ClientGone, parse_json, read_body
 from .engine import Engine
@@ -43,7 +45,6 @@ from .operations import Operations
 from .protocol import ApiError, Job, choice, envelope, models_list, read_job, usage
 from .scoring import echoed, prompt_logprobs
 from .structured import Grammars
-from .tokens import Tokens
 from .tool_calls import stream_choices, whole_choice
 
 log = logging.getLogger("torch_precompile")
@@ -60,7 +61,16 @@ _WORKERS = 2
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+def _api_error(exc: EngineError) -> ApiError:
+    """The engine's refusal as OpenAI's: 400 naming the field, 503 when busy."""
+    if isinstance(exc, EngineBusy):
+        return ApiError(503, str(exc), kind="server_overloaded")
+    return ApiError(400, str(exc), param=getattr(exc, "param", None))
+
+
 def _error(exc: Exception) -> JSONResponse:
+    if isinstance(exc, EngineError):
+        exc = _api_error(exc)
     if isinstance(exc, ApiError):
         return JSONResponse(exc.body(), status_code=exc.status)
     if isinstance(exc, HTTPException):
@@ -87,7 +97,7 @@ def _guarded(handler: Handler) -> Handler:
     async def run(request: Request) -> Response:
         try:
             return await handler(request)
-        except ApiError as exc:
+        except (ApiError, EngineError) as exc:
             return _error(exc)
         except ClientGone:  # nobody to answer: not the server's fault, not logged as one
             log.debug("serve: a client left before sending its whole request")

@@ -1,4 +1,4 @@
-"""A request's body: read up to a size cap, parsed as JSON, its text checked to be Unicode.
+"""A request's body: read up to a size cap, parsed as JSON.
 
 The body is read as it arrives and never held past ``cap`` bytes: a larger one is a
 413. Its rest is still read and dropped (up to ``_DRAIN`` bytes), because a server
@@ -60,19 +60,3 @@ def parse_json(raw: bytes) -> Any:
         raise ApiError(400, "the request body is JSON nested too deep to read") from None
     except ValueError as exc:  # UnicodeDecodeError included
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-
-
-def require_unicode(text: str, where: str, param: str | None) -> str:
-    """``text``, or a 400 where it holds a lone surrogate (JSON's ``"\\ud800"``): no
-    tokenizer can read it, and UTF-8 cannot spell it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        at = exc.start
-        raise ApiError(
-            400,
-            f"{where} holds a lone surrogate (U+{ord(text[at]):04X} at character {at}), "
-            "which is not text: send valid Unicode",
-            param=param,
-        ) from None
-    return text

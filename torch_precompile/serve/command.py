@@ -192,9 +192,9 @@ def _listen(server: Any, engine: Any) -> None:
 
 
 def _app(engine: Any, name: str, tokenizer: Any, args: argparse.Namespace) -> Any:
+    from ..engine.text import Tokens
     from .app import build_app
     from .structured import Grammars
-    from .tokens import Tokens
     from .tool_parsers import parser_for
 
     tokens = Tokens(tokenizer, engine.spec)

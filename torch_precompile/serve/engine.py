@@ -1,12 +1,12 @@
 """The engine as the HTTP side uses it: a request's :class:`Job` in, the engine's
-typed events out, its refusals as ``ApiError`` statuses.
+typed events out.
 
 The scheduling, the model's steps and the output stage are the engine's
 (``torch_precompile/engine``); this module adds what belongs to the API: the
 model's own sampling settings as defaults for the fields a request leaves out
-(as vLLM's, which reads the same generation_config), a :class:`Job` as the
-engine's :class:`~torch_precompile.engine.requests.Request`, and OpenAI's
-statuses for the engine's errors (400 for a request it refuses, 503 when busy).
+(as vLLM's, which reads the same generation_config) and a :class:`Job` as the
+engine's :class:`~torch_precompile.engine.requests.Request`. The engine's errors
+(``RequestError``, ``EngineBusy``) become OpenAI's statuses in ``app.py``.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.errors import EngineBusy, NotServable, RequestError
+from ..engine.errors import NotServable
 from ..engine.requests import Delta, Event, Request
 from ..engine.runner import step_batches
 from ..engine.scheduler import Run, Scheduler, Sink
 from ..runtime.generator import Generator
-from .errors import ApiError
 from .protocol import Job
 
 __all__ = ["Engine", "NotServable", "request_of", "step_batches"]
@@ -71,13 +70,9 @@ class Engine(Scheduler):
             self.defaults["max_tokens"] = own
 
     def open(self, job: Job, sink: Sink) -> Run:
-        """Queue a job, its events to ``sink``; a 400 or a 503 as :class:`ApiError`."""
-        try:
-            return super().submit(request_of(job), sink, with_ids=job.return_token_ids)
-        except RequestError as exc:
-            raise ApiError(400, str(exc), param=exc.param) from None
-        except EngineBusy as exc:
-            raise ApiError(503, str(exc), kind="server_overloaded") from None
+        """Queue a job, its events to ``sink`` (the engine's errors as
+        :meth:`Scheduler.submit` raises them; the app maps them to statuses)."""
+        return super().submit(request_of(job), sink, with_ids=job.return_token_ids)
 
     def submit(  # type: ignore[override]
         self, job: Job, sink: Callable[[dict[str, Any]], None]

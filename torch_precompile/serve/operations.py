@@ -18,11 +18,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..engine.text import Tokens
 from .body import parse_json, read_body
 from .errors import ApiError
 from .metrics import Metrics
 from .prompts import chat_messages
-from .tokens import Tokens
 
 OffLoop = Callable[[Callable[[], Any]], Awaitable[Any]]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .body import require_unicode
+from ..engine.text import require_unicode
 from .errors import ApiError
 
 

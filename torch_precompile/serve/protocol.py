@@ -65,7 +65,7 @@ class Job:
     echo: bool = False  # completions: the prompt before each choice's text (and logprobs)
     prompt_logprobs: int | None = None  # vLLM's extension: the prompt's logprobs, top-n
     prompt_text: str | None = None  # echo: the prompt as sent (None: sent as token ids)
-    constraint: Any = None  # the grammar the output is held to (structured.py)
+    constraint: Any = None  # the tokens allowed next (engine/constraint.py's Constraint)
     tools: ToolPlan | None = None  # how the answer's tool calls are read (tool_calls.py)
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))

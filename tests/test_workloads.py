@@ -247,9 +247,7 @@ def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str])
         """
         import json, sys, torch
         from contextlib import nullcontext
-        from tests.fixtures import generation_files
-from tests.fixtures.hf_models import tiny_decoder
-from tests.fixtures.store import Store
+        from tests.fixtures.hf_models import tiny_decoder
         from torch_precompile import Precompile
         from torch_precompile.generation import generate_with
         model = tiny_decoder(sys.argv[1])
@@ -356,9 +354,7 @@ def test_generate_with_a_static_cache_equals_eager(static_cache_file: str) -> No
     result = _run(
         """
         import json, sys, torch
-        from tests.fixtures import generation_files
-from tests.fixtures.hf_models import tiny_decoder
-from tests.fixtures.store import Store
+        from tests.fixtures.hf_models import tiny_decoder
         from torch_precompile import Precompile
         from torch_precompile.generation import generate_with
         model = tiny_decoder("gpt2")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.fixtures.generation_files import generation_file
 from tests.fixtures.hf_models import assert_same_generation, generate_both, tiny_decoder
+from tests.fixtures.store import Store
 from torch_precompile import Precompile
 from torch_precompile._errors import CaptureError, GuardError
 
@@ -19,15 +21,10 @@ VOCAB = 1000
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
-def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    from torch_precompile.generation import compile_for_generation
-
+def built(request: pytest.FixtureRequest, store: Store):
+    """The tiny decoder's generation file, built once per run (test_workloads' too)."""
     model = tiny_decoder(request.param)
-    prompt = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        artifact = compile_for_generation(model, prompt)
-    path = str(tmp_path_factory.mktemp(request.param) / "gen.pt")
-    Precompile.save(path, artifact)
+    path = generation_file(store, request.param)
     return request.param, model, Precompile.load(path, model=model)
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.fixtures.generation_files import generation_file
 from tests.fixtures.hf_models import assert_same_generation, generate_both, tiny_decoder
+from tests.fixtures.store import Store
 from torch_precompile import Precompile
 
 T = pytest.importorskip("transformers")
@@ -19,17 +21,10 @@ WINDOW = 8
 
 
 @pytest.fixture(scope="module", params=["mistral", "gemma2"])
-def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    from torch_precompile.generation import compile_for_generation
-
+def built(request: pytest.FixtureRequest, store: Store):
     model = tiny_decoder(request.param)
     assert model.config.sliding_window == WINDOW
-    prompt = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        artifact = compile_for_generation(model, prompt)
-    path = str(tmp_path_factory.mktemp(request.param) / "gen.pt")
-    Precompile.save(path, artifact)
-    return request.param, model, Precompile.load(path)
+    return request.param, model, Precompile.load(generation_file(store, request.param))
 
 
 @pytest.mark.parametrize("prompt", [1, 3, WINDOW - 2, WINDOW - 1, WINDOW, WINDOW + 1, 20])

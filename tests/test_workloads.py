@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,9 @@ import textwrap
 import pytest
 import torch
 
+from tests.fixtures import generation_files
 from tests.fixtures.hf_models import tiny_decoder
+from tests.fixtures.store import Store
 from torch_precompile import Precompile
 
 T = pytest.importorskip("transformers")
@@ -226,21 +229,16 @@ def test_dynamic_serves_size_one_to_max_in_a_fresh_process(gpt2_dynamic_file: st
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
-def generation_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    from torch_precompile.generation import compile_for_generation
-
-    model = tiny_decoder(request.param)
-    # 16 tokens: the models' head dimension, which Dynamo's duck sizing would tie a
-    # cache of that length to (compile_for_generation picks another example length).
-    prompt = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    artifact = compile_for_generation(model, prompt)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert "forward" not in model.__dict__  # the spy is gone
-    path = str(tmp_path_factory.mktemp(request.param) / "gen.pt")
-    Precompile.save(path, artifact)
-    torch.save(model.state_dict(), path + ".weights")
-    return request.param, path
+def generation_file(
+    request: pytest.FixtureRequest, store: Store, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, str]:
+    """The tiny decoder's generation file (built once per run, the build checking that
+    compile left the model alone: tests/fixtures/generation_files.py), copied beside the
+    model's weights."""
+    path = tmp_path_factory.mktemp(request.param) / "gen.pt"
+    shutil.copyfile(generation_files.generation_file(store, request.param), path)
+    torch.save(tiny_decoder(request.param).state_dict(), f"{path}.weights")
+    return request.param, str(path)
 
 
 def test_generate_on_one_artifact_equals_eager(generation_file: tuple[str, str]) -> None:

@@ -137,3 +137,55 @@ def test_vllm_prompt_logprobs_carry_ids_ranks_and_alternatives(
     assert status == 200 and answer["choices"][0]["prompt_logprobs"][0] is None, answer
     status, answer = server.request("POST", "/v1/completions", {**body, "stream": True})
     assert status == 400 and answer["error"]["param"] == "prompt_logprobs", answer
+
+
+def test_a_list_of_prompts_as_lm_eval_batches_them(server: Server, built: dict[str, Any]) -> None:
+    """lm-eval's local-completions with ``--batch_size 3`` sends its prompts as one list
+    (these are its bodies, as it sends them): each prompt is answered as it is alone,
+    prompt ``i``'s choice ``j`` at index ``i * n + j``, the usage summed."""
+    texts = [TEXT, "the dog sat", "a mat and the cat sat on"]
+    scored = {"model": "tiny", "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234}
+    scored["echo"] = True
+    ids = [built["tokenizer"](t)["input_ids"] for t in texts]
+    for prompts in (texts, ids):  # tokenized_requests=False, then True
+        status, batch = server.request("POST", "/v1/completions", {**scored, "prompt": prompts})
+        assert status == 200, batch
+        assert [c["index"] for c in batch["choices"]] == [0, 1, 2]
+        for prompt, got, tokens in zip(prompts, batch["choices"], ids, strict=True):
+            status, alone = server.request("POST", "/v1/completions", {**scored, "prompt": prompt})
+            assert status == 200, alone
+            want = alone["choices"][0]
+            assert got["text"] == want["text"]
+            assert got["logprobs"]["token_logprobs"][1:] == pytest.approx(
+                want["logprobs"]["token_logprobs"][1:], abs=1e-4
+            )  # beside other slots' steps: another batch's summation order
+            eager = _eager(built, tokens)
+            first = [float(eager[j - 1, tokens[j]]) for j in range(1, len(tokens))]
+            assert got["logprobs"]["token_logprobs"][1 : len(tokens)] == pytest.approx(
+                first, abs=1e-4
+            )
+        assert batch["usage"]["prompt_tokens"] == sum(map(len, ids))
+        assert batch["usage"]["completion_tokens"] == 3
+    # generate_until's body: greedy, its stop string, n 2 for the index order.
+    gen = {"model": "tiny", "max_tokens": 6, "temperature": 0, "stop": ["\n\n"], "seed": 1234}
+    alone = [server.request("POST", "/v1/completions", {**gen, "prompt": t})[1] for t in texts]
+    for t, answer in zip(texts, alone, strict=True):
+        assert answer["choices"][0]["text"] == _greedy(built, t, 6).split("\n\n")[0], answer
+    status, batch = server.request("POST", "/v1/completions", {**gen, "prompt": texts, "n": 2})
+    assert status == 200, batch
+    assert [c["index"] for c in batch["choices"]] == list(range(6))
+    want = [a["choices"][0]["text"] for a in alone for _ in "ij"]
+    assert [c["text"] for c in batch["choices"]] == want
+    assert batch["usage"]["completion_tokens"] == 2 * sum(
+        a["usage"]["completion_tokens"] for a in alone
+    )
+    status, answer = server.request(
+        "POST", "/v1/completions", {**gen, "prompt": texts, "stream": True}
+    )
+    assert status == 400 and answer["error"]["param"] == "stream", answer
+    status, answer = server.request("POST", "/v1/completions", {**gen, "prompt": [TEXT, [5, 6]]})
+    assert status == 400 and answer["error"]["param"] == "prompt", answer
+    far = {**gen, "prompt": [[5, 6], [10**9]]}  # the second prompt's id is past the vocabulary
+    status, answer = server.request("POST", "/v1/completions", far)
+    assert status == 400 and answer["error"]["param"] == "prompt", answer
+    assert server.request("GET", "/health")[1]["busy"] == 0  # the first prompt never ran

@@ -42,6 +42,7 @@ from .body import ClientGone, parse_json, read_body
 from .engine import Engine
 from .metrics import Metrics
 from .operations import Operations
+from .prompts import prompt_batch
 from .protocol import ApiError, Job, choice, envelope, models_list, read_job, usage
 from .scoring import echoed, prompt_logprobs
 from .structured import Grammars
@@ -59,6 +60,7 @@ MAX_REQUEST_BYTES = 4 * 2**20
 _WORKERS = 2
 
 Handler = Callable[[Request], Awaitable[Response]]
+_Run = tuple[Job, "asyncio.Queue[Event]", Callable[[], None]]  # a job, its events, its end
 
 
 def _api_error(exc: EngineError) -> ApiError:
@@ -146,34 +148,48 @@ def build_app(
     async def models(request: Request) -> Response:
         return JSONResponse(models_list(name, created, max_length))
 
-    def job_of(raw: bytes, chat: bool) -> Job:
-        return read_job(
-            parse_json(raw),
-            chat=chat,
-            served=name,
-            max_length=max_length,
-            encode=tokens.encode,
-            render=tokens.render,
-            defaults=engine.defaults,
-            grammars=grammars,
-            tool_parser=tool_parser,
-        )
+    def jobs_of(raw: bytes, chat: bool) -> list[Job]:
+        """The request's jobs: one, or a completion's one a prompt of its list."""
+        body = parse_json(raw)
+        bodies = [body] if chat or not isinstance(body, dict) else prompt_batch(body)
+        return [
+            read_job(
+                one,
+                chat=chat,
+                served=name,
+                max_length=max_length,
+                encode=tokens.encode,
+                render=tokens.render,
+                defaults=engine.defaults,
+                grammars=grammars,
+                tool_parser=tool_parser,
+            )
+            for one in bodies
+        ]
 
     async def generate(request: Request, chat: bool) -> Response:
         began = time.perf_counter()
         raw = await read_body(request, max_request_bytes)
-        job = await off_loop(lambda: job_of(raw, chat))
+        jobs = await off_loop(lambda: jobs_of(raw, chat))
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-        tracker = metrics.track(len(job.prompt), began)
-        run = engine.open(job, _sink(loop, events, tracker.see))
-        ended = functools.partial(_ended, engine, run, tracker)
-        if job.stream:
+        runs: list[_Run] = []
+        try:
+            for job in jobs:
+                events: asyncio.Queue[Event] = asyncio.Queue()
+                tracker = metrics.track(len(job.prompt), began)
+                run = engine.open(job, _sink(loop, events, tracker.see))
+                runs.append((job, events, functools.partial(_ended, engine, run, tracker)))
+        except BaseException:  # a full queue: the prompts already in leave it
+            for _, _, ended in runs:
+                ended()
+            raise
+        if jobs[0].stream:  # one job: prompt_batch refuses a list of prompts streamed
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            job, events, ended = runs[0]
             return StreamingResponse(
                 _stream(ended, job, events), media_type="text/event-stream", headers=headers
             )
-        return await _whole(request, ended, job, events, tokens.decode)
+        return await _whole(request, runs, tokens.decode)
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
@@ -317,29 +333,32 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _whole(
-    request: Request,
-    ended: Callable[[], None],
-    job: Job,
-    events: asyncio.Queue[Event],
-    decode: Callable[[list[int]], str],
+    request: Request, runs: list[_Run], decode: Callable[[list[int]], str]
 ) -> Response:
-    """The whole answer once every choice ends; a client that leaves first frees the
+    """The whole answer once every choice of every prompt ends (prompt ``i``'s choice
+    ``j`` at index ``i * n + j``, as OpenAI's); a client that leaves first frees the
     slots."""
     gone = asyncio.ensure_future(_disconnected(request))
-    got_all = [_Gathered() for _ in range(job.n)]
+    answers: list[dict[str, Any]] = []
+    counts = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     try:
-        while any(g.finish is None for g in got_all):
-            got = asyncio.ensure_future(events.get())
-            await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not got.done():
-                got.cancel()
-                return Response(status_code=499)  # nobody to read it
-            event = _delta(got.result())
-            got_all[event.index].add(event)
-        answers = [g.choice(job, i, decode) for i, g in enumerate(got_all)]
-        body = envelope(job, answers, chunk=False)
-        body["usage"] = usage(job, sum(g.tokens for g in got_all))
+        for job, events, _ in runs:
+            got_all = [_Gathered() for _ in range(job.n)]
+            while any(g.finish is None for g in got_all):
+                got = asyncio.ensure_future(events.get())
+                await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not got.done():
+                    got.cancel()
+                    return Response(status_code=499)  # nobody to read it
+                event = _delta(got.result())
+                got_all[event.index].add(event)
+            answers += [g.choice(job, len(answers) + i, decode) for i, g in enumerate(got_all)]
+            for key, count in usage(job, sum(g.tokens for g in got_all)).items():
+                counts[key] += count
+        body = envelope(runs[0][0], answers, chunk=False)
+        body["usage"] = counts
         return JSONResponse(body)
     finally:
         gone.cancel()
-        ended()
+        for _, _, ended in runs:
+            ended()

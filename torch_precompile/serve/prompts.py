@@ -18,10 +18,26 @@ from ..engine.text import require_unicode
 from .errors import ApiError
 
 
+def prompt_batch(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A completion's ``prompt`` as a list of prompts (strings, or lists of token ids:
+    what lm-eval's ``local-completions`` sends with ``--batch_size``): a body for each,
+    its ``prompt`` that one. Any other body, a batch of one included: ``[body]``."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or len(prompt) < 2:
+        return [body]
+    if not (all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt)):
+        return [body]  # token ids, or a mix completion_prompt refuses
+    if body.get("stream"):
+        message = "a list of prompts is answered whole: leave out 'stream' or send one prompt"
+        raise ApiError(400, message, param="stream")
+    return [dict(body, prompt=p) for p in prompt]
+
+
 def completion_prompt(
     body: dict[str, Any], encode: Callable[[str], list[int]], max_length: int
 ) -> list[int]:
-    """``prompt``: a string (tokenized by ``encode``) or token ids, one prompt a request.
+    """``prompt``: a string (tokenized by ``encode``) or token ids (a list of prompts is
+    split before, by :func:`prompt_batch`).
     A list of ids too long to fit is refused before each id is looked at."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -43,7 +59,7 @@ def completion_prompt(
         raise ApiError(400, "'prompt' is required", param="prompt")
     raise ApiError(
         400,
-        "'prompt' must be a string or a list of token ids (one prompt per request)",
+        "'prompt' must be a string, a list of token ids, or a list of either",
         param="prompt",
     )
 

@@ -134,20 +134,29 @@ def version(venv: Path, package: str) -> str:
     ).stdout.strip()
 
 
-def lm_eval(args: argparse.Namespace, port: int, work: Path) -> dict[str, Any]:
-    """lm-eval's ``local-completions`` over both tasks: its scores and its samples."""
+# lm-eval's ways to send: (tokenized_requests, --batch_size, num_concurrent). Text one
+# request at a time; token ids, 4 prompts a request (one list), 2 requests at once.
+RUNS = {"text": (False, 1, 1), "ids_batch4_concurrent2": (True, 4, 2)}
+
+
+def lm_eval(args: argparse.Namespace, port: int, work: Path, run: str) -> dict[str, Any]:
+    """lm-eval's ``local-completions`` over both tasks, sending as ``RUNS[run]``: its
+    scores and its samples."""
+    tokenized, batch, concurrent = RUNS[run]
+    out = work / run
     model_args = f"model=trained,base_url=http://127.0.0.1:{port}/v1/completions"
     model_args += f",tokenizer={args.dir / 'model'},tokenizer_backend=huggingface"
-    model_args += ",tokenized_requests=False,num_concurrent=1,max_retries=1"
+    model_args += f",tokenized_requests={tokenized},num_concurrent={concurrent},max_retries=1"
     command = ["--model", "local-completions", "--model_args", model_args]
+    command += ["--batch_size", str(batch)]
     command += ["--tasks", "clients_mc,clients_gen", "--include_path", str(TASKS)]
-    command += ["--limit", str(args.limit), "--output_path", str(work / "lm_eval"), "--log_samples"]
-    client(args.venv, "lm_eval", *command, log=work / "lm_eval.log")
-    results = json.loads(next((work / "lm_eval").rglob("results_*.json")).read_text())
+    command += ["--limit", str(args.limit), "--output_path", str(out), "--log_samples"]
+    client(args.venv, "lm_eval", *command, log=work / f"{run}.log")
+    results = json.loads(next(out.rglob("results_*.json")).read_text())
     samples = {
         task: [
             json.loads(line)
-            for line in next((work / "lm_eval").rglob(f"samples_{task}_*")).read_text().splitlines()
+            for line in next(out.rglob(f"samples_{task}_*")).read_text().splitlines()
         ]
         for task in ("clients_mc", "clients_gen")
     }
@@ -157,13 +166,16 @@ def lm_eval(args: argparse.Namespace, port: int, work: Path) -> dict[str, Any]:
     return {"command": ["lm_eval", *command], "scores": scores, "samples": samples}
 
 
-def eager_check(root: Path, samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """lm-eval's answers against the transformers model's own on the same text.
+def eager_check(
+    root: Path, samples: dict[str, list[dict[str, Any]]], tokenized: bool
+) -> dict[str, Any]:
+    """lm-eval's answers against the transformers model's own on the same tokens.
 
-    ``loglikelihood``: lm-eval sends the decode of its context's and continuation's
-    tokens and sums the logprobs past the context's tokens; here the same sum from
-    the eager logits of that text's tokens. ``generate_until``: eager greedy
-    ``generate`` of the context, cut at the first stop string, as lm-eval cuts.
+    ``loglikelihood``: lm-eval sends its context's and continuation's tokens (or,
+    ``tokenized`` false, their decode, which the server tokenizes again) and sums the
+    logprobs past the context's tokens; here the same sum from the eager logits.
+    ``generate_until``: eager greedy ``generate`` of the context, cut at the first
+    stop string, as lm-eval cuts.
     """
     import torch
     import transformers
@@ -175,13 +187,13 @@ def eager_check(root: Path, samples: dict[str, list[dict[str, Any]]]) -> dict[st
         for key, request in sample["arguments"].items():
             context = tok.encode(request["arg_0"], add_special_tokens=False)
             whole = context + tok.encode(request["arg_1"], add_special_tokens=False)
-            ids = tok.encode(tok.decode(whole), add_special_tokens=False)
+            ids = whole if tokenized else tok.encode(tok.decode(whole), add_special_tokens=False)
             with torch.no_grad():
                 logprobs = model(torch.tensor([ids])).logits[0].log_softmax(-1)
             mine = sum(float(logprobs[i - 1, ids[i]]) for i in range(len(context), len(ids)))
             theirs = float(sample["resps"][int(key.rsplit("_", 1)[1])][0][0])
             worst = max(worst, abs(mine - theirs))
-    same = 0
+    same = written = 0
     for sample in samples["clients_gen"]:
         request = sample["arguments"]["gen_args_0"]
         ids = tok(request["arg_0"], return_tensors="pt", add_special_tokens=False)["input_ids"]
@@ -197,9 +209,11 @@ def eager_check(root: Path, samples: dict[str, list[dict[str, Any]]]) -> dict[st
         for stop in kwargs["until"]:
             text = text.split(stop)[0]
         same += text == sample["resps"][0][0]
+        written += bool(text)
     return {
         "loglikelihood_max_abs_diff": worst,
         "generations_equal": same,
+        "generations_not_empty": written,
         "generations": len(samples["clients_gen"]),
     }
 
@@ -265,22 +279,26 @@ def main() -> None:
         port = free_port()
         server = start(args.dir / "trained.pt", port, work / "server.log")
         try:
-            lm = lm_eval(args, port, work)
+            lm = {run: lm_eval(args, port, work, run) for run in RUNS}
             load = guidellm(args, port, work)
             ends = finished(port)
         finally:
             server.send_signal(signal.SIGINT)
             server.wait(60)
         log = (work / "server.log").read_text()
-    check = eager_check(args.dir, lm.pop("samples"))
+    check = {run: eager_check(args.dir, lm[run].pop("samples"), RUNS[run][0]) for run in RUNS}
     errors = {
         # lm_eval exits non-zero on a request that failed (max_retries=1): client() raises
         "guidellm_errored": sum(f["requests"]["errored"] for f in load["figures"].values()),
         "guidellm_incomplete": sum(f["requests"]["incomplete"] for f in load["figures"].values()),
         "server_finish_error": int(ends.get("error", 0)),
         "server_tracebacks": log.count("Traceback"),
-        "loglikelihood_off_eager": int(check["loglikelihood_max_abs_diff"] > 1e-3),
-        "generations_off_eager": check["generations"] - check["generations_equal"],
+        "loglikelihoods_off_eager": sum(
+            c["loglikelihood_max_abs_diff"] > 1e-3 for c in check.values()
+        ),
+        "generations_off_eager": sum(
+            c["generations"] - c["generations_equal"] for c in check.values()
+        ),
     }
     result = {
         "file": str(args.dir / "trained.pt"),
@@ -292,7 +310,8 @@ def main() -> None:
         "errors": errors,
     }
     write_result(args.out, result)
-    print(json.dumps({"scores": lm["scores"], "eager_check": check, "errors": errors}, indent=1))
+    scores = {run: lm[run]["scores"] for run in RUNS}
+    print(json.dumps({"scores": scores, "eager_check": check, "errors": errors}, indent=1))
     if any(errors.values()):
         raise SystemExit(f"errors: {errors}")
 

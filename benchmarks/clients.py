@@ -10,20 +10,24 @@
    one's alone), model ``local-completions`` against ``/v1/completions``, the
    tokenizer ``DIR/model``, over the task YAMLs in ``benchmarks/clients/``:
    ``clients_mc`` (multiple choice: ``loglikelihood`` requests, ``echo`` with
-   ``logprobs`` and ``max_tokens`` 0) and ``clients_gen`` (``generate_until``:
-   greedy, stop strings), ``--limit`` documents each;
+   ``logprobs`` 1 and ``max_tokens`` 1, the last token dropped) and
+   ``clients_gen`` (``generate_until``: greedy, stop strings), ``--limit``
+   documents each, twice (``RUNS``): text one prompt a request, then token ids 4
+   prompts a request (one list), 2 requests at once; every loglikelihood and
+   generation it got is checked against the eager transformers model's own;
 4. guidellm (the same venv): a synthetic chat sweep, concurrency ``--concurrency``
    (1,4), ``--requests`` each, ``--prompt-tokens`` in and ``--output-tokens`` out,
    the processor ``DIR/model``.
 
-Errors are counted three ways: the clients' own (lm-eval exits non-zero on a
-request that failed after its retries; guidellm's errored and incomplete
-requests), and the server's log (every answer that was not a 200). The run
-fails on any. The JSON result has the versions, lm-eval's scores and guidellm's
-figures per concurrency.
+Errors are counted by the clients (lm-eval exits non-zero on a request that
+failed after its retries; guidellm's errored and incomplete requests) and by the
+server (``/metrics``' requests finished at ``error``, tracebacks in its log), and
+an answer off eager's is one too. The run fails on any. The JSON result has the
+versions, lm-eval's scores and guidellm's figures per concurrency.
 
-Usage (repository root; the venv once: ``python3 -m venv /tmp/clients-venv &&
-/tmp/clients-venv/bin/pip install lm-eval guidellm``)::
+Usage (repository root; the venv once, torch's CPU wheel first so that pip keeps
+it: ``python3 -m venv /tmp/clients-venv && /tmp/clients-venv/bin/pip install torch
+'lm-eval[api]' guidellm``)::
 
     PYTHONPATH=. python benchmarks/clients.py --dir /tmp/clients-build \
         --out benchmarks/results/clients_2026-12-02_cpu.json

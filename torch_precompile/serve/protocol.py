@@ -70,16 +70,6 @@ class Job:
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
-    @property
-    def penalized(self) -> bool:
-        """Whether a bias or penalty changes the logits the token is chosen from."""
-        return bool(
-            self.logit_bias
-            or self.presence_penalty
-            or self.frequency_penalty
-            or self.repetition_penalty != 1.0
-        )
-
 
 def _field(body: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any = None) -> Any:
     value = body.get(name, default)

@@ -87,10 +87,17 @@ def build(args: argparse.Namespace, path: Path) -> None:
     config = transformers.Qwen2Config(
         **SHAPES[args.shape], max_position_embeddings=max(args.max_length, 128)
     )
-    config.eos_token_id = None
+    tokenizer = None
+    if args.tokenizer:  # its end token ends a grammar's answers; the loads ignore it
+        tokenizer = transformers.AutoTokenizer.from_pretrained(args.tokenizer)
+    config.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else None
     model = transformers.Qwen2ForCausalLM(config).to(args.device, getattr(torch, args.dtype))
     generator = compile_generator(
-        model.eval(), max_batch=args.max_batch, max_length=args.max_length, mode=args.mode
+        model.eval(),
+        max_batch=args.max_batch,
+        max_length=args.max_length,
+        mode=args.mode,
+        tokenizer=tokenizer,
     )
     Precompile.save(path, generator)
 
@@ -273,6 +280,9 @@ def main() -> None:
         "--mode", default=None, help="compile_generator's mode (CUDA graphs: reduce-overhead)"
     )
     parser.add_argument("--out", type=Path, default=None, help="write the results (JSON) here")
+    parser.add_argument(
+        "--tokenizer", default=None, help="a tokenizer directory the file holds (text in and out)"
+    )
     parser.add_argument("--build-only", action="store_true", help="build the file and stop")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)

@@ -219,6 +219,12 @@ def test_bad_grammars_are_400s(grammars: Grammars, body: dict[str, Any], words: 
     assert caught.value.status == 400 and words in caught.value.message, caught.value.message
 
 
+def test_a_file_without_an_end_token_is_a_400(tokenizer: Any) -> None:
+    with pytest.raises(ApiError) as caught:  # llguidance would raise a ValueError: a 500
+        Grammars(tokenizer.to_str(), []).constraint("json", PERSON, "response_format")
+    assert caught.value.status == 400 and "end token" in caught.value.message
+
+
 def test_without_llguidance_the_400_names_the_extra(tokenizer: Any) -> None:
     code = (
         "import sys; sys.modules['llguidance'] = None\n"

@@ -91,6 +91,13 @@ class Grammars:
                 f"'{param}' needs the model's tokenizer, which its file does not hold",
                 param=param,
             )
+        if not self._eos:  # a grammar ends at an end token
+            raise ApiError(
+                400,
+                f"'{param}' needs the model's end token, which its file does not name "
+                "(build it from a model whose generation_config has an eos_token_id)",
+                param=param,
+            )
         with self._lock:
             if self._tokenizer is None:
                 self._tokenizer = llguidance.LLTokenizer(self._json, eos_token=self._eos)

@@ -4,8 +4,9 @@ Each build runs in a fresh process with empty compiler caches (as a user's first
 build, or CI's). The child times every program the build compiles (the span from
 its "compiling the step" line to the next) and, inside each, Dynamo, AOTAutograd,
 Inductor and the precompile stage from their own "done in" lines; then the whole
-build, the saved file's size and one forward compile of the same model
-(``Precompile.compile`` on a prompt) for scale. Usage::
+build and the saved file's size; with ``--forward``, one forward compile of the
+same model (``Precompile.compile`` on a prompt) in a fresh process of its own,
+for scale. Usage::
 
     python benchmarks/build_time.py --model smollm2 --device cpu --max-batch 1,4
     python benchmarks/build_time.py --model qwen05 --device cuda --max-batch 1,8
@@ -50,6 +51,14 @@ dtype = torch.bfloat16 if device == "cuda" else torch.float32
 with torch.device(device):
     model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
 
+if forward:  # one forward compile of the same model alone, for scale
+    ids = torch.randint(0, 100, (1, 16), device=device)
+    f0 = time.perf_counter()
+    with torch.no_grad():
+        Precompile.compile(model, (ids,), {"use_cache": False})
+    print("RESULT", json.dumps({"forward_compile_s": round(time.perf_counter() - f0, 2)}))
+    sys.exit(0)
+
 t0 = time.perf_counter()
 marks = []  # (time, message) of every INFO line of the build
 class Marks(logging.Handler):
@@ -87,12 +96,6 @@ result = {
     "build_s": round(build, 2), "save_s": round(save, 2), "programs": programs,
     "file_mb": round(os.path.getsize(path) / 2**20, 1),
 }
-if forward:  # one forward compile of the same model, for scale (its own cache)
-    ids = torch.randint(0, 100, (1, 16), device=device)
-    f0 = time.perf_counter()
-    with torch.no_grad():
-        Precompile.compile(model, (ids,), {"use_cache": False})
-    result["forward_compile_s"] = round(time.perf_counter() - f0, 2)
 print("RESULT", json.dumps(result))
 """
 
@@ -107,17 +110,21 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per build")
     p.add_argument("--out", default=None, help="results file (default: benchmarks/results/)")
     a = p.parse_args()
-    rows = []
-    for i, batch in enumerate(int(b) for b in a.max_batch.split(",")):
-        forward = "1" if a.forward and i == 0 else "0"
+    rows: list[dict] = []
+    extra: dict[str, float] = {}
+    runs = [(int(b), "0") for b in a.max_batch.split(",")] + ([(1, "1")] if a.forward else [])
+    for batch, forward in runs:  # each in a fresh process with empty caches
         args = [a.model, a.device, str(batch), str(a.max_length), forward]
         with empty_caches() as env:
             out = run_child(CHILD, *args, env=env, timeout=a.timeout)
         row = json.loads(out.split("RESULT", 1)[1])
-        rows.append(row)
+        if forward == "1":
+            extra.update(row)
+        else:
+            rows.append(row)
         print(json.dumps(row, indent=1), flush=True)
     default = REPO / "benchmarks" / "results" / f"build_time_{a.model}_{a.device}.json"
-    write_result(a.out or default, {"builds": rows})
+    write_result(a.out or default, {"builds": rows, **extra})
     return 0
 
 

@@ -3,11 +3,11 @@
 The step compiled is :class:`_Step`: the model's forward over a static key/value
 cache whose tensors are arguments (a ``StaticCache`` made inside the traced
 forward around them, so its writes go into the caller's tensors and nothing
-is allocated), returning the last position's logits. Four variants are bundled,
-batch 1 and 2..N by prompt 1 (a decode step, or a one-token prompt) and 2..L,
-and a fifth where the model allows it: the slot decode step of ``serve``
-(``start`` of shape ``(batch,)``, ``slots.py``). A file of ``max_batch=1`` holds the
-batch-1 programs only (three).
+is allocated), returning the last position's logits. The programs bundled
+(``rows.py``): a prefill (prompt 2..L) of batch 1..N; a decode step (prompt 1, or
+a one-token prompt) of batch 1..N, on a GPU one of batch 1 and one of 2..N; and
+where the model allows it the slot decode step of ``serve`` (``start`` of shape
+``(batch,)``, ``slots.py``). A file of ``max_batch=1`` holds three, at batch 1.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from .._errors import QuantizationError
 from ..runtime.attention_backends import tracing_attention
 from ..runtime.generator import Generator
 from ..runtime.generator_spec import GeneratorSpec
-from .build_progress import BuildProgress, program_name, thread_free_options
+from .build_progress import BuildProgress, thread_free_options
 from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import step_decompositions
 from .model_settings import chat_fields, length_fields, sampling_fields
 from .quantize import quantized_view
+from .rows import Program, mark, plan, takes_one
 from .slots import slot_example, slots_work
 from .step import _Step
 from .torch_only import refuse_foreign_ops, refuse_library_imports, torch_only_decompositions
@@ -188,7 +189,8 @@ def compile_generator(
     prompt = _free_size(taken, 2, max_length)
     batch = _free_size(taken | {prompt}, 2, 10**6)
 
-    def example(b: int, s: int) -> tuple[Any, ...]:
+    def example(program: Program) -> tuple[Any, ...]:
+        b, s = program.batch, program.length
         ids = torch.randint(0, 2, (b, s), device=device)
         mask = torch.zeros((b, max_length), dtype=torch.long, device=device)
         mask[:, : s + 1] = 1
@@ -200,26 +202,26 @@ def compile_generator(
         ]
         for tensor in cache:  # written in place by every step, CUDA graphs or not
             _compat.mark_static_address(tensor)
+        mark(program, ids, positions, mask, *cache)
         return (ids, mask, positions, start, *cache)
 
-    # A file of one row needs no program for more (a batch past max_batch is refused).
-    sizes = [(b, s) for b in ((1,) if max_batch == 1 else (batch, 1)) for s in (prompt, 1)]
+    # One program for many sizes where the capture allows (rows.py); a file of one row
+    # needs no program for more (a batch past max_batch is refused).
+    programs = plan(max_batch, batch, prompt, device.type, world)
     if world > 1:
         # Tensor parallel: DTensor's sharding rules guard a prompt's rows on whether
         # they split evenly over the mesh (``Ne(Mod(batch, 2), 0)``), so the prefill
         # is compiled at a batch that does too.
         even = _free_size(taken | {prompt, batch}, 2, 10**6, multiple_of=world)
-        sizes.append((even, prompt))
-    examples = [example(b, s) for b, s in sizes]
-    names = [program_name(b, s, max_batch, b == batch) for b, s in sizes]
-    if world > 1:
-        names[-1] = f"prefill, batch {even} (rows split over the mesh)"
+        name = f"prefill, batch {even} (rows split over the mesh)"
+        programs.append((Program(name, even, prompt), []))
+    examples = [(example(p), p, rest) for p, rest in programs]
     if not refused:  # the slot decode step, one token per row (see slots.py)
-        for b in (1,) if max_batch == 1 else (batch,):
-            examples.append(slot_example(b, max_length, shapes, dtype, device))
-            names.append("slot decode step")
-            for tensor in examples[-1][4:]:
-                _compat.mark_static_address(tensor)
+        b = 1 if max_batch == 1 else batch
+        slot = slot_example(b, max_length, shapes, dtype, device)
+        for tensor in slot[4:]:
+            _compat.mark_static_address(tensor)
+        examples.append((slot, Program("slot decode step", b, 1), []))
     variants = []
     tables = {
         prefill: {**torch_only_decompositions(), **step_decompositions(options, device, prefill)}
@@ -231,22 +233,28 @@ def compile_generator(
     options = thread_free_options(options)
     began = time.perf_counter()
     took: list[float] = []
+    names: list[str] = []
     with torch.no_grad(), _compat.inductor_options(options), _dropped_guards_once():
-        for n, (args, name) in enumerate(zip(examples, names), 1):
+        todo = list(examples)
+        while todo:
+            args, program, instead = todo.pop(0)
             prefill = args[0].shape[1] > 1
-            progress = BuildProgress(name, n, len(examples), began)
+            n = len(variants) + 1
+            progress = BuildProgress(program.name, n, n + len(todo), began)
             log.info("generator: compiling %s", progress, extra={"progress": progress})
             start = time.perf_counter()
             with tracing_attention(device, prefill):
-                variants.append(
-                    _compile_step(
-                        step, args, mode, options, tables[prefill], fused > 0, grouped, verbose
-                    )
-                )
+                rest = (mode, options, tables[prefill], fused > 0, grouped, verbose)
+                variants.append(_compile_step(step, args, *rest, program.marked))
             took.append(time.perf_counter() - start)
+            names.append(program.name)
+            if program.marked and not takes_one(variants[-1]):
+                # an operator of this torch branched on a size of 1: the programs it left
+                log.info("generator: %s leaves a size of 1 out", program.name)
+                todo[:0] = [(example(p), p, []) for p in instead]
     log.info(
         "generator: %d programs compiled in %.1f s (%s)",
-        len(examples),
+        len(variants),
         time.perf_counter() - began,
         ", ".join(f"{name} {t:.1f} s" for name, t in zip(names, took)),
         extra={"progress": None, "programs": dict(zip(names, took))},
@@ -287,14 +295,20 @@ def _compile_step(
     fused: bool,
     grouped: bool,
     verbose: bool,
+    marked: bool,
 ) -> Any:
     """One variant of the step, stage by stage: ``grouped``, its one-query attentions
     read the cache's key/value heads unrepeated (Dynamo's graph rewritten); operators a
     model library registers are decomposed into torch's where they can be
     (``decompositions``, with the decode step's own), and the ATen graph is checked for
-    any left (a served file could not call them) before Inductor runs."""
+    any left (a served file could not call them) before Inductor runs. ``marked``:
+    the example's marked dimensions are its only dynamic ones, reasoned about
+    size-obliviously (``rows.py``)."""
     with _progress_on_stderr(verbose):
-        captured = Precompile.dynamo(step, args, dynamic=True)
+        if marked:
+            captured = Precompile.dynamo(step, args, dynamic=None, size_oblivious=True)
+        else:
+            captured = Precompile.dynamo(step, args, dynamic=True)
         graph_module, rewritten = captured.graph_module, 0
         if grouped:
             graph_module, rewritten = grouped_decode_attention(graph_module)

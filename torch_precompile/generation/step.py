@@ -63,7 +63,11 @@ class _Step(torch.nn.Module):
             past_key_values=Cache(layers=layers),
             use_cache=True,
         ).last_hidden_state
-        return _head_logits(self.head, hidden[:, -1:, :])
+        # contiguous: a slice of rows whose count may be 1 would branch the head's
+        # matmul on it (a guard leaving one row out of a batch dynamic from 1, rows.py)
+        return _head_logits(
+            self.head, hidden[:, -1:, :].clone(memory_format=torch.contiguous_format)
+        )
 
 
 class _GivenOutput:

@@ -72,8 +72,12 @@ class TokenLogprob:
 
 @dataclasses.dataclass(frozen=True)
 class Usage:
+    """A run's tokens: ``cached_tokens`` of the prompt's were a slot's kept entries,
+    not prefilled again (OpenAI's ``prompt_tokens_details.cached_tokens``)."""
+
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

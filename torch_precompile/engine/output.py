@@ -110,7 +110,10 @@ def request_chooser(request: Request, device: torch.device, vocab: int, index: i
             frequency=request.frequency_penalty,
             repetition=request.repetition_penalty,
         )
-    guide = Guided(request.constraint) if request.constraint is not None else None
+    constraint = request.constraint
+    if isinstance(constraint, tuple):
+        constraint = constraint[index]
+    guide = Guided(constraint) if constraint is not None else None
     return Chooser(sampler, penalties, guides=[guide])
 
 

@@ -188,8 +188,13 @@ class Scheduler:
                 f"{request.max_tokens}",
                 param="max_tokens",
             )
-        if request.constraint is not None and request.n > 1:
-            raise RequestError("a constraint keeps one choice's state: n must be 1", param="n")
+        constraints = request.constraint
+        if isinstance(constraints, tuple) and len(constraints) != request.n:
+            raise RequestError(f"{len(constraints)} constraints for n={request.n}", param="n")
+        if constraints is not None and not isinstance(constraints, tuple) and request.n > 1:
+            raise RequestError(
+                "a constraint keeps one choice's state: give one per choice", param="n"
+            )
 
     def cancel(self, run: Run) -> None:
         """The client left: its slot (or queue place) is freed before the next step."""

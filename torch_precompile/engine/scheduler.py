@@ -299,10 +299,10 @@ class Scheduler:
 
     def _join(self, slots: list[int], run: Run) -> None:
         """The run's prefill, under way in its first slot past the entries it reuses."""
-        if run.cancelled:
+        if run.cancelled:  # nothing written: what the slots kept is not known here
             self.cancelled += 1
             for slot in slots:
-                self._free(slot, None)
+                self._free(slot, None, keep=False)
             return
         prompt = run.streams[0].prefilled
         slot, reused = slots[0], 0

@@ -236,3 +236,39 @@ def test_a_second_chat_turn_reports_cached_tokens_as_a_cold_server_answers(
     got = [t.logprob for t in reused.choices[0].logprobs.content]
     want = [t.logprob for t in cold.choices[0].logprobs.content]
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_a_file_whose_prefill_refuses_an_offset_serves_without_reuse(
+    built: dict[str, Any],
+) -> None:
+    """Where the file's prefill refuses a ``start`` past 0 (stood in for by a step that
+    raises there), warm-up says so, and the engine serves with neither reuse nor
+    chunks: a second turn prefills whole, reports no cached tokens, and answers as
+    ``generate``."""
+    engine = Scheduler(Precompile.load(built["path"]), max_queue=8, prefill_chunk=4)
+    step = engine.step
+
+    def no_offset(ids: torch.Tensor, mask: Any, positions: Any, start: Any, *cache: Any) -> Any:
+        if start.dim() == 0 and int(start) > 0:
+            raise RuntimeError("this file's prefill starts at 0")
+        return step(ids, mask, positions, start, *cache)
+
+    engine.step = no_offset
+    engine.warm()
+    assert (engine.reuse, engine.chunk) == (False, 0)
+    stepping = Stepping(engine)
+    turn: list[tuple[int, ...]] = []
+
+    def then(event: Delta) -> None:  # turn 1 ends: turn 2 begins with all of it
+        if event.finish is not None:
+            turn.append(PROMPT + tuple(stepping.tokens("turn 1")) + (4, 5))
+            stepping.submit("turn 2", _greedy(turn[0], 6))
+
+    stepping.submit("turn 1", _greedy(PROMPT, 4), then=then)
+    stepping.wait()
+    second = turn[0]
+    alone = Precompile.load(built["path"]).generate(
+        torch.tensor([second]), max_new_tokens=6, eos_token_id=None
+    )
+    assert stepping.finish("turn 2").usage.cached_tokens == 0
+    assert stepping.tokens("turn 2") == alone[0, len(second) :].tolist()

@@ -161,7 +161,7 @@ def test_n_choices_prefill_once_and_each_continue_as_generate(built: dict[str, A
     engine.warm()
     prefills = []
     prefill = engine._prefill_logits
-    engine._prefill_logits = lambda slot, prompt: prefills.append(slot) or prefill(slot, prompt)  # type: ignore[method-assign]
+    engine._prefill_logits = lambda slot, *a: prefills.append(slot) or prefill(slot, *a)  # type: ignore[method-assign]
     request = Request(prompt=tuple(PROMPT), max_tokens=7, temperature=0, ignore_eos=True, n=3)
     (events,) = _run(engine, [request])
     tokens: list[list[int]] = [[], [], []]

@@ -360,18 +360,18 @@ BAD = [
     ({"model": "tiny", "prompt": "a", "logit_bias": [5]}, 400, "'logit_bias' must be dict"),
     ({"model": "tiny", "prompt": "a", "min_tokens": 4}, 400, "'min_tokens' is not supported"),
     ({"model": "tiny", "prompt": "a", "min_p": 1.5}, 400, "'min_p' must be in [0, 1]"),
-    ({"model": "tiny", "prompt": "a", "guided_choice": ["x"]}, 400, "'guided_choice' is not"),
+    ({"model": "tiny", "prompt": "a", "allowed_token_ids": [1]}, 400, "'allowed_token_ids' is not"),
     (
         {"model": "tiny", "prompt": "a", "response_format": {"type": "xml"}},
         400,
         "'response_format' 'xml' is not one of",
     ),
     (
-        {"model": "tiny", "prompt": "a", "n": 2, "response_format": {"type": "json_object"}},
+        {"model": "tiny", "prompt": "a", "structured_outputs": {"grammar": "x"}},
         400,
-        "n must be 1",
+        "not a valid grammar",
     ),
-    ({"model": "tiny", "prompt": "a", "structured_outputs": {"grammar": "x"}}, 400, "'grammar'"),
+    ({"model": "tiny", "prompt": "a", "guided_regex": "a", "guided_choice": ["a"]}, 400, "one of"),
     ({"model": "other", "prompt": "a"}, 404, "does not exist"),
 ]
 

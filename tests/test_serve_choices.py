@@ -7,6 +7,7 @@ loglikelihood sends; vLLM's ``prompt_logprobs`` carries ids and ranks.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -135,8 +136,37 @@ def test_vllm_prompt_logprobs_carry_ids_ranks_and_alternatives(
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "a"}], "max_tokens": 1}
     status, answer = server.request("POST", "/v1/chat/completions", {**chat, "prompt_logprobs": 0})
     assert status == 200 and answer["choices"][0]["prompt_logprobs"][0] is None, answer
-    status, answer = server.request("POST", "/v1/completions", {**body, "stream": True})
-    assert status == 400 and answer["error"]["param"] == "prompt_logprobs", answer
+    (first, *_) = _streamed(server, {**body, "temperature": 0})
+    assert first["choices"][0]["prompt_logprobs"] == got  # streamed: in the first chunk
+
+
+def _streamed(server: Server, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed answer's chunks, ``[DONE]`` checked and left out."""
+    status, raw = server.request("POST", "/v1/completions", {**body, "stream": True})
+    assert status == 200, raw
+    events = [e[len("data: ") :] for e in raw.split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]", events
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_echo_streamed_adds_up_to_the_whole_answer(server: Server) -> None:
+    """``echo`` with ``logprobs``, streamed: the prompt's text and tokens come first
+    (as vLLM's), and the chunks add up to the whole answer: text, tokens, logprobs,
+    offsets."""
+    body = {"model": "tiny", "prompt": TEXT, "max_tokens": 3, "echo": True, "logprobs": 1}
+    body["temperature"] = 0
+    status, whole = server.request("POST", "/v1/completions", body)
+    assert status == 200, whole
+    want = whole["choices"][0]
+    chunks = [c["choices"][0] for c in _streamed(server, body) if c["choices"]]
+    assert chunks[0]["text"] == TEXT
+    assert "".join(c["text"] for c in chunks) == want["text"]
+    for key in ("tokens", "text_offset"):
+        assert [x for c in chunks if c["logprobs"] for x in c["logprobs"][key]] == want["logprobs"][
+            key
+        ]
+    got = [x for c in chunks if c["logprobs"] for x in c["logprobs"]["token_logprobs"]]
+    assert got[0] is None and got[1:] == pytest.approx(want["logprobs"]["token_logprobs"][1:])
 
 
 def test_a_list_of_prompts_as_lm_eval_batches_them(server: Server, built: dict[str, Any]) -> None:

@@ -11,8 +11,11 @@ and, sampled, for several seeds; a stream's calls are the whole answer's.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -174,6 +177,135 @@ def test_json_object_and_structured_outputs(server: Server) -> None:
     assert out.choices[0].text in choices and out.choices[0].finish_reason == "stop", out
 
 
+def test_n_choices_each_hold_the_grammar_and_older_fields_are_read(server: Server) -> None:
+    """``n`` 3 with a grammar: each choice its own copy of it from the start, each
+    answer held (sampled, so they differ); vLLM's older ``guided_choice`` and
+    ``guided_regex`` hold the output as ``structured_outputs`` does."""
+    client = server.client()
+    choices = ["yes", "no", "the Program", "the License"]
+    out = client.completions.create(
+        model="tiny", prompt="the answer is", max_tokens=20, n=3, temperature=1.0, seed=1,
+        extra_body={"structured_outputs": {"choice": choices}},
+    )  # fmt: skip
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert all(c.text in choices and c.finish_reason == "stop" for c in out.choices), out
+    pattern = r"[0-9]{3}-[a-z]{2,4}"
+    out = client.chat.completions.create(
+        model="tiny", messages=ASK, max_tokens=20, n=3, temperature=1.0, seed=2,
+        extra_body={"guided_regex": pattern},
+    )  # fmt: skip
+    texts = [c.message.content for c in out.choices]
+    assert all(re.fullmatch(pattern, t) for t in texts) and len(set(texts)) > 1, texts
+    out = client.completions.create(
+        model="tiny", prompt="the answer is", max_tokens=20, temperature=0,
+        extra_body={"guided_choice": choices},
+    )  # fmt: skip
+    assert out.choices[0].text in choices, out
+
+
+def test_lark_and_gbnf_grammars_and_a_structural_tag(server: Server) -> None:
+    """``structured_outputs.grammar`` in Lark and in GBNF (llama.cpp's, what vLLM's
+    xgrammar users send) holds the output; a ``structural_tag`` leaves text free
+    until its trigger, then holds what follows to the structure: here each ``" the"``
+    this GPL-trained model writes goes on ``" [<digit>]"``."""
+    client = server.client()
+    for grammar, pattern in (
+        ('start: "code " DIGIT DIGIT\nDIGIT: /[0-9]/', r"code [0-9]{2}"),
+        ('root ::= [a-c] [a-c]? "-" [0-9] [0-9]?', r"[a-c]{1,2}-[0-9]{1,2}"),
+    ):
+        for seed in range(2):
+            out = client.completions.create(
+                model="tiny", prompt="the code is", max_tokens=30, temperature=1.0, seed=seed,
+                extra_body={"structured_outputs": {"grammar": grammar}},
+            )  # fmt: skip
+            assert re.fullmatch(pattern, out.choices[0].text), (grammar, out)
+            assert out.choices[0].finish_reason == "stop", out
+    tag = {
+        "structures": [{"begin": " the [", "schema": {"type": "integer", "minimum": 0,
+                        "maximum": 9}, "end": "]"}],
+        "triggers": [" the"],
+    }  # fmt: skip
+    out = client.completions.create(
+        model="tiny", prompt="You may convey", max_tokens=60, temperature=0,
+        extra_body={"structured_outputs": {"structural_tag": json.dumps(tag)}},
+    )  # fmt: skip
+    text = out.choices[0].text
+    starts = [m.start() for m in re.finditer(" the", text)]
+    assert starts, text  # the trigger came, and each time the structure followed
+    assert all(re.match(r" the \[[0-9]\]", text[at:]) or len(text) - at < 8 for at in starts), text
+
+
+def _big_schema(salt: int, keys: int = 4000) -> dict[str, Any]:
+    """An object of ``keys`` required string keys, each its own pattern: seconds of
+    compile, every time new (``salt``) to the server's cache."""
+    properties = {
+        f"k{salt}_{i}": {"type": "string", "pattern": f"^[a-z]{{{i % 7 + 1},{i % 13 + 9}}}x{i}$"}
+        for i in range(keys)
+    }
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+def test_a_large_new_schema_compiles_beside_the_streams(server: Server, built: Path) -> None:
+    """Three clients stream while a fourth sends a schema whose compile takes seconds
+    (timed here first, on the file's tokenizer): the compile runs on a request worker,
+    so no stream's gap between tokens while it compiles is past max(1 s, twice the
+    longest gap of a calm window just before) (this 2-core machine is shared: of three
+    tries, each with a new schema, one must pass; a stall would repeat)."""
+    tok = transformers.AutoTokenizer.from_pretrained(built / "model")
+    grammars = Grammars(tok.backend_tokenizer.to_str(), [tok.eos_token_id])
+    began = time.perf_counter()
+    grammars.constraint("json", _big_schema(-1), "p")
+    compile_s = time.perf_counter() - began
+    assert compile_s > 1.0, compile_s  # on the engine's step, a stall past the bar
+    gaps: list[tuple[float, float]] = []  # (gap, when it ended)
+    stop = threading.Event()
+
+    def stream(i: int) -> None:
+        body = {"model": "tiny", "prompt": f"the {i} terms", "max_tokens": 200}
+        body.update(stream=True, ignore_eos=True, temperature=0)
+        while not stop.is_set():
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            last = time.perf_counter()
+            conn.request("POST", "/v1/completions", json.dumps(body))
+            response = conn.getresponse()
+            while line := response.readline():
+                if line.startswith(b"data: "):
+                    now = time.perf_counter()
+                    gaps.append((now - last, now))
+                    last = now
+            conn.close()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    tries: list[tuple[float, float, float]] = []  # (during, calm, compile and answer)
+    try:
+        while len(gaps) < 20:
+            time.sleep(0.05)
+        for salt in range(3):
+            quiet = time.perf_counter()
+            time.sleep(1.5)
+            began = time.perf_counter()
+            calm = max(g for g, end in gaps if end > quiet)
+            schema = {"name": "big", "schema": _big_schema(salt)}
+            body = {"model": "tiny", "messages": ASK, "max_tokens": 2}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
+            status, answer = server.request("POST", "/v1/chat/completions", body)
+            ended = time.perf_counter()
+            assert status == 200, answer
+            time.sleep(0.3)  # a gap that ends just after the answer counts too
+            during = max(g for g, end in gaps if end > began)
+            tries.append((during, calm, ended - began))
+            if during < max(1.0, 2 * calm):
+                break
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    during, calm, took = tries[-1]
+    assert took > 1.0 and during < max(1.0, 2 * calm), (compile_s, tries)
+
+
 def _streamed(stream: Any) -> tuple[list[tuple[str, str]], str | None]:
     calls: list[list[str]] = []
     finish = None
@@ -265,7 +397,8 @@ BOTH = {"tool_choice": "required", "response_format": {"type": "json_object"}}
         ({"response_format": NOPE}, "does not compile", "response_format"),
         ({"tools": [WEATHER], "tool_choice": RM}, "not in 'tools'", "tool_choice"),
         ({"tools": [WEATHER], **BOTH}, "both set", "tool_choice"),
-        ({"guided_json": {"type": "object"}}, "use 'structured_outputs'", "guided_json"),
+        ({"guided_json": {}, "structured_outputs": {"regex": "a"}}, "send one", "guided_json"),
+        ({"structured_outputs": {"grammar": "start: x"}}, "does not compile", "structured_outputs"),
     ],
 )  # fmt: skip
 def test_bad_requests_are_400s(

@@ -110,7 +110,10 @@ def request_chooser(request: Request, device: torch.device, vocab: int, index: i
             frequency=request.frequency_penalty,
             repetition=request.repetition_penalty,
         )
-    guide = Guided(request.constraint) if request.constraint is not None else None
+    constraint = request.constraint
+    if isinstance(constraint, tuple):
+        constraint = constraint[index]
+    guide = Guided(constraint) if constraint is not None else None
     return Chooser(sampler, penalties, guides=[guide])
 
 
@@ -137,6 +140,7 @@ class Stream:
         # The prompt's tokens the decode step is fed before any is chosen (prompt_logprobs).
         self.forced = list(request.prompt[1:]) if request.prompt_logprobs is not None else []
         self.prompt_entries: list[TokenLogprob] = []
+        self.cached = 0  # the prompt's tokens a slot's kept entries held (not prefilled)
         if request.prompt_logprobs is not None:
             ((text, raw),) = pieces([request.prompt[0]])
             self.prompt_entries.append(TokenLogprob(text, raw, None, token_id=request.prompt[0]))
@@ -146,6 +150,15 @@ class Stream:
         """The tokens the prefill takes: the prompt, or its first token alone where the
         rest is teacher-forced for its logprobs."""
         return self.request.prompt[:1] if self.forced else self.request.prompt
+
+    def fed(self) -> tuple[int, ...]:
+        """The tokens whose entries the slot's cache holds so far: the prompt's (a
+        teacher-forced one once the step after it is launched) and each new token but
+        the last, which the next step takes as its input."""
+        prompt, tokens = self.request.prompt, tuple(self.tokens)
+        if self.request.prompt_logprobs is not None and not tokens:
+            return prompt[: max(len(self.prompt_entries) - 1, 1)]
+        return prompt + tokens[:-1]
 
     def force(self) -> int | None:
         """The prompt token this launch feeds on, instead of a choice (None: choose)."""
@@ -160,7 +173,9 @@ class Stream:
             self.prompt_entries += logprobs if forced else ()
             if len(self.prompt_entries) < prompt:
                 return None
-            finish = Finish("length", Usage(prompt, 0)) if request.max_tokens == 0 else None
+            finish = None
+            if request.max_tokens == 0:
+                finish = Finish("length", Usage(prompt, 0, self.cached))
             return Delta((), "", (), 0, finish, self.index, tuple(self.prompt_entries))
         self.tokens.append(token)
         if self.text is not None and token not in self.eos:
@@ -178,7 +193,7 @@ class Stream:
             reason = "stop"
         finish = None
         if reason is not None:
-            finish = Finish(reason, Usage(len(request.prompt), len(self.tokens)))
+            finish = Finish(reason, Usage(len(request.prompt), len(self.tokens), self.cached))
         ids = (token,) if self.with_ids else ()
         return Delta(ids, text, logprobs, len(self.tokens), finish, self.index)
 

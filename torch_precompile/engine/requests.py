@@ -21,7 +21,8 @@ class Request:
     one prompt, each in its own slot (choice ``i`` sampled with ``seed + i``).
     ``prompt_logprobs``: each prompt token's logprob after the tokens before it, with
     its top-n alternatives (0: none), teacher-forced through the decode step; then
-    ``max_tokens`` (0: none) new tokens.
+    ``max_tokens`` (0: none) new tokens. ``constraint``: one, or a tuple of one per
+    choice (each keeps its own state).
     """
 
     prompt: tuple[int, ...]
@@ -41,7 +42,9 @@ class Request:
     logprobs: int | None = None
     n: int = 1
     prompt_logprobs: int | None = None
-    constraint: Constraint | None = dataclasses.field(default=None, compare=False)
+    constraint: Constraint | tuple[Constraint, ...] | None = dataclasses.field(
+        default=None, compare=False
+    )
 
     @property
     def penalized(self) -> bool:
@@ -72,8 +75,12 @@ class TokenLogprob:
 
 @dataclasses.dataclass(frozen=True)
 class Usage:
+    """A run's tokens: ``cached_tokens`` of the prompt's were a slot's kept entries,
+    not prefilled again (OpenAI's ``prompt_tokens_details.cached_tokens``)."""
+
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -6,9 +6,13 @@ rows) from cache index 0, so in a slot the cache index is the position; then
 every step decodes all slots at once with the slot step (``start`` a
 ``(batch,)`` tensor, each row its own offset). A step runs on the first rows
 only: as many as the highest busy slot needs, rounded up to a power of two
-(:func:`step_batches`). Free slots among them decode too (token 0 at index 0,
-attending to that one entry, so no NaN): a few shapes, each recorded once, and a
-row's result never depends on its neighbours.
+(:func:`step_batches`). Free slots among them decode too (token 0 at the index
+just past the entries the slot keeps, attending to those, so no NaN and no kept
+entry overwritten): a few shapes, each recorded once, and a row's result never
+depends on its neighbours. A slot's kept entries are what a later prompt that
+begins with the same tokens reuses: :meth:`SlotRunner.prefill` at ``start`` fills
+only the rest (the file's prefill program at an offset, as ``generate``'s decode
+steps run it), and a long prompt is prefilled so, a chunk at a time.
 
 The runner's cache is its own, not the ``Generator``'s: ``Generator.generate``
 in the same process touches other tensors.
@@ -58,7 +62,7 @@ class SlotRunner:
         ]
         self.full = torch.ones((slots, length), dtype=torch.long, device=self.device)
         # Per slot, on the device: its next input token, the cache index it goes to, and
-        # 1 while a run holds the slot (a free slot decodes token 0 at index 0).
+        # 1 while a run decodes in the slot (a free slot decodes token 0 past its entries).
         self.ids = torch.zeros((slots, 1), dtype=torch.long, device=self.device)
         self.index = torch.zeros((slots,), dtype=torch.long, device=self.device)
         self.member = torch.zeros((slots,), dtype=torch.long, device=self.device)
@@ -69,20 +73,28 @@ class SlotRunner:
             batch: generator.loop([t[:batch] for t in self.cache]) for batch in self.batches
         }
 
-    def prefill(self, slot: int, prompt: list[int] | tuple[int, ...]) -> torch.Tensor:
-        """The prompt into the slot's rows from index 0: its last position's logits."""
+    def prefill(
+        self, slot: int, prompt: list[int] | tuple[int, ...], start: int = 0
+    ) -> torch.Tensor:
+        """The prompt into the slot's rows from index ``start`` (the entries before it
+        already there): its last position's logits."""
         n, length = len(prompt), self.spec.max_length
         ids = torch.tensor([prompt], dtype=torch.long)
         if self.device.type == "cuda":  # pinned, so the copy does not wait for the device
             ids = ids.pin_memory()
         ids = ids.to(self.device, non_blocking=True)
         mask = torch.zeros((1, length), dtype=torch.long, device=self.device)
-        mask[:, :n] = 1
-        positions = torch.arange(n, device=self.device)[None]
-        start = torch.zeros((), dtype=torch.long, device=self.device)
+        mask[:, : start + n] = 1
+        positions = torch.arange(start, start + n, device=self.device)[None]
+        at = torch.tensor(start, dtype=torch.long, device=self.device)
         rows = [t[slot : slot + 1] for t in self.cache]
         with not_recorded():  # no CUDA graph a prompt length (lean/cudagraphs.py)
-            return self.step(ids, mask, positions, start, *rows)[:, -1, :].float()
+            return self.step(ids, mask, positions, at, *rows)[:, -1, :].float()
+
+    def filling(self, slot: int, length: int) -> None:
+        """The slot's first ``length`` entries are written, more to come: the decode
+        steps until then write past them."""
+        self.index[slot] = length
 
     def copy(self, source: int, slot: int, length: int) -> None:
         """The first ``length`` cache entries of ``source`` into ``slot`` (a prompt
@@ -107,9 +119,10 @@ class SlotRunner:
         self.ids[:batch].copy_((tokens * member)[:, None])
         self.index[:batch].add_(member)
 
-    def free(self, slot: int) -> None:
-        """The slot's rows go back to token 0 at index 0 (after the steps launched)."""
-        self.ids[slot], self.index[slot], self.member[slot] = 0, 0, 0
+    def free(self, slot: int, kept: int = 0) -> None:
+        """The slot's rows go back to token 0, at index ``kept`` (after the steps
+        launched): its first ``kept`` entries stay as they are."""
+        self.ids[slot], self.index[slot], self.member[slot] = 0, kept, 0
 
     def batch_for(self, top: int) -> int:
         """The batch a step runs at when slot ``top`` is the highest busy one."""

@@ -2,8 +2,10 @@
 (continuous batching).
 
 One thread owns the cache (:class:`~.runner.SlotRunner`). A request takes the
-lowest free slot, is prefilled there, then decodes with every other busy slot
-at each step. A request of ``n`` choices waits for ``n`` free slots, is prefilled
+free slot whose kept entries its prompt begins with the most (else the lowest
+free slot), is prefilled there past them, a chunk a pass between decode steps
+(:mod:`.prefix`), then decodes with every other busy slot at each step. A
+request of ``n`` choices waits for ``n`` free slots, is prefilled
 once, and its cache entries are copied to the other slots; each choice then
 draws its first token from the same logits with its own sampler. A run leaves at
 an end token (or a stop token id), its stop string, its ``max_tokens``, its
@@ -24,6 +26,7 @@ import torch
 
 from .errors import EngineBusy, RequestError
 from .output import Reading, Stream, request_chooser
+from .prefix import Filling, SlotCaches
 from .requests import Event, Failed, Request, TokenLogprob
 from .runner import SlotRunner
 from .text import pieces_of
@@ -49,16 +52,33 @@ class Run:
 
 
 class _Choice:
-    """One choice of a run, in its slot."""
+    """One choice of a run, in its slot (``filling``: its prompt's prefill, under way)."""
 
     def __init__(self, run: Run, stream: Stream) -> None:
         self.run, self.stream = run, stream
+        self.filling: Filling | None = None
+
+
+# Prompt tokens prefilled a pass between decode steps (llama.cpp's default n_ubatch).
+PREFILL_CHUNK = 512
 
 
 class Scheduler:
-    """Continuous batching over a generator file's slot step (see the module docstring)."""
+    """Continuous batching over a generator file's slot step (see the module docstring).
 
-    def __init__(self, generator: Generator, *, max_queue: int, tokenizer: Any = None) -> None:
+    ``prefill_chunk``: the prompt tokens prefilled a pass (0: a prompt at once);
+    ``reuse``: whether a prompt reuses a free slot's kept entries.
+    """
+
+    def __init__(
+        self,
+        generator: Generator,
+        *,
+        max_queue: int,
+        tokenizer: Any = None,
+        prefill_chunk: int = PREFILL_CHUNK,
+        reuse: bool = True,
+    ) -> None:
         self.runner = SlotRunner(generator)
         self.spec, self.tokenizer = generator.spec, tokenizer
         self.max_queue = max_queue
@@ -73,6 +93,9 @@ class Scheduler:
         self.eos = frozenset(self.spec.eos_token_id)
         self._stopped = False
         self._pieces = pieces_of(tokenizer)
+        self.caches = SlotCaches(self.spec.max_batch, self.spec.max_length)
+        self.chunk, self.reuse = prefill_chunk, reuse
+        self.fills: list[tuple[list[int], Run]] = []  # prefills under way, in queue order
 
     @property
     def step(self) -> Any:
@@ -103,6 +126,12 @@ class Scheduler:
             self.vocab = int(logits.shape[-1])
             for batch in self.batches:
                 self._decode_logits(batch)
+            try:  # a prefill at an offset: what reuse and chunks need of the file's step
+                for n in (1, 2):
+                    self._prefill_logits(0, [0] * n, 2)
+            except Exception as exc:
+                log.info("serve: no prefix reuse or chunked prefill with this file: %s", exc)
+                self.reuse, self.chunk = False, 0
 
     def stop(self) -> None:
         with self.cv:
@@ -159,8 +188,13 @@ class Scheduler:
                 f"{request.max_tokens}",
                 param="max_tokens",
             )
-        if request.constraint is not None and request.n > 1:
-            raise RequestError("a constraint keeps one choice's state: n must be 1", param="n")
+        constraints = request.constraint
+        if isinstance(constraints, tuple) and len(constraints) != request.n:
+            raise RequestError(f"{len(constraints)} constraints for n={request.n}", param="n")
+        if constraints is not None and not isinstance(constraints, tuple) and request.n > 1:
+            raise RequestError(
+                "a constraint keeps one choice's state: give one per choice", param="n"
+            )
 
     def cancel(self, run: Run) -> None:
         """The client left: its slot (or queue place) is freed before the next step."""
@@ -195,7 +229,8 @@ class Scheduler:
                 with torch.no_grad():
                     for slots, run in joining:
                         self._join(slots, run)
-                    launched = any(self.active)
+                    self._fill()
+                    launched = any(c is not None and c.filling is None for c in self.active)
                     if launched:
                         self._decode()
                     while len(self.reading) > launched:
@@ -203,13 +238,14 @@ class Scheduler:
             except Exception as exc:  # never leave the server stalled: fail who was running
                 log.exception("serve: a step failed")
                 self.reading.clear()
+                self.fills.clear()
                 failed = set()
                 for slot, choice in enumerate(self.active):
                     if choice is not None:
                         first = id(choice.run) not in failed
                         failed.add(id(choice.run))
                         message = Failed(f"the model's step failed: {exc}")
-                        self._free(slot, message if first else None)
+                        self._free(slot, message if first else None, keep=False)
 
     def _drop_cancelled(self) -> None:
         kept = collections.deque(r for r in self.pending if not r.cancelled)
@@ -220,59 +256,109 @@ class Scheduler:
         for slot, choice in enumerate(self.active):
             if choice is not None and choice.run.cancelled:
                 self._free(slot, None)
+        self.fills = [(slots, run) for slots, run in self.fills if not run.cancelled]
 
     def _admit(self) -> list[tuple[list[int], Run]]:
-        """The runs that join now, in queue order, each with its free slots (the lowest)."""
+        """The runs that join now, in queue order, each with its free slots: first the
+        one whose kept entries its prompt begins with the most, then the lowest."""
         joining = []
         free = [slot for slot, c in enumerate(self.active) if c is None]
         while self.pending and len(free) >= len(self.pending[0].streams):
             run = self.pending.popleft()
-            slots, free = free[: len(run.streams)], free[len(run.streams) :]
+            first = self.caches.choose(free, run.streams[0].prefilled)
+            free.remove(first)
+            slots, free = [first, *free[: len(run.streams) - 1]], free[len(run.streams) - 1 :]
             for slot, stream in zip(slots, run.streams):
                 self.active[slot] = _Choice(run, stream)
             joining.append((slots, run))
         return joining
 
-    def _free(self, slot: int, event: Event | None) -> None:
-        """Empty the slot, sending its run ``event`` (if any)."""
+    def _free(self, slot: int, event: Event | None, *, keep: bool = True) -> None:
+        """Empty the slot, sending its run ``event`` (if any); the slot keeps the
+        entries its run wrote (``keep``) for a later prompt that begins with them."""
         choice = self.active[slot]
         self.active[slot] = None
-        self.runner.free(slot)
+        kept: tuple[int, ...] = ()
+        if choice is not None and keep:
+            fill = choice.filling
+            if fill is None:
+                kept = choice.stream.fed()
+            elif fill.slot == slot:  # the other choices' slots wait for its copy
+                kept = fill.tokens[: fill.done]
+        self.runner.free(slot, self.caches.keep(slot, kept))
         if choice is not None and event is not None:
             choice.run.sink(event)
 
-    def _prefill_logits(self, slot: int, prompt: list[int] | tuple[int, ...]) -> torch.Tensor:
-        return self.runner.prefill(slot, prompt)
+    def _prefill_logits(
+        self, slot: int, prompt: list[int] | tuple[int, ...], start: int = 0
+    ) -> torch.Tensor:
+        return self.runner.prefill(slot, prompt, start)
 
     def _decode_logits(self, batch: int) -> torch.Tensor:
         return self.runner.decode(batch)
 
     def _join(self, slots: list[int], run: Run) -> None:
-        """Prefill the run's prompt once, into its first slot, then copy its entries to
-        the others: each choice draws its first token from the same logits."""
-        if run.cancelled:
+        """The run's prefill, under way in its first slot past the entries it reuses."""
+        if run.cancelled:  # nothing written: what the slots kept is not known here
             self.cancelled += 1
             for slot in slots:
-                self._free(slot, None)
+                self._free(slot, None, keep=False)
             return
         prompt = run.streams[0].prefilled
-        try:
-            logits = self._prefill_logits(slots[0], prompt)
-            for slot in slots[1:]:
-                self.runner.copy(slots[0], slot, len(prompt))
-            rows = [(i, slot, s) for i, (slot, s) in enumerate(zip(slots, run.streams))]
-            reading = Reading(logits.expand(len(slots), -1), rows, self._pieces)
-        except Exception as exc:
-            log.exception("serve: a prefill failed")
-            for i, slot in enumerate(slots):
-                self._free(slot, None if i else Failed(f"the model's prefill failed: {exc}"))
-            return
+        slot, reused = slots[0], 0
+        if self.reuse:
+            reused = self.caches.match(slot, prompt)
+        self.caches.keep(slot, ())
+        fill = Filling(slot, tuple(prompt), reused, reused)
+        for s in slots:
+            choice = self.active[s]
+            if choice is not None:
+                choice.filling = fill
+        self.runner.filling(slot, reused)
+        self.fills.append((slots, run))
+
+    def _fill(self) -> None:
+        """Prefill up to ``chunk`` prompt tokens (0: every prompt whole), in queue order."""
+        budget = self.chunk
+        while self.fills and (budget > 0 or self.chunk <= 0):
+            slots, run = self.fills[0]
+            fill = self.active[slots[0]].filling  # type: ignore[union-attr]
+            assert fill is not None
+            start, tokens = fill.next_chunk(budget)
+            try:
+                logits = self._prefill_logits(fill.slot, tokens, start)
+            except Exception as exc:
+                log.exception("serve: a prefill failed")
+                self.fills.pop(0)
+                for i, slot in enumerate(slots):
+                    failed = None if i else Failed(f"the model's prefill failed: {exc}")
+                    self._free(slot, failed, keep=False)
+                continue
+            fill.done += len(tokens)
+            budget -= len(tokens)
+            self.runner.filling(fill.slot, fill.done)
+            if fill.finished:
+                self.fills.pop(0)
+                self._joined(slots, run, logits, fill)
+
+    def _joined(self, slots: list[int], run: Run, logits: torch.Tensor, fill: Filling) -> None:
+        """The prompt is in: its entries copied to the run's other slots, each choice
+        drawing its first token from the same logits."""
+        length = len(fill.tokens)
+        for slot in slots[1:]:
+            self.runner.copy(slots[0], slot, length)
+        rows = [(i, slot, s) for i, (slot, s) in enumerate(zip(slots, run.streams))]
+        for slot, stream in zip(slots, run.streams):
+            stream.cached = fill.reused
+            self.active[slot].filling = None  # type: ignore[union-attr]
+        reading = Reading(logits.expand(len(slots), -1), rows, self._pieces)
         for i, slot in enumerate(slots):
-            self.runner.joined(slot, reading.tokens[i], len(prompt))
+            self.runner.joined(slot, reading.tokens[i], length)
         self.reading.append(reading)
 
     def _decode(self) -> None:
-        rows = [(slot, slot, c.stream) for slot, c in enumerate(self.active) if c is not None]
+        busy = enumerate(self.active)
+        rows = [(slot, slot, c.stream) for slot, c in busy if c is not None and c.filling is None]
         batch = self.runner.batch_for(rows[-1][1])
         reading = Reading(self._decode_logits(batch), rows, self._pieces)
         self.runner.advance(batch, reading.tokens)

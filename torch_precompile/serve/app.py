@@ -187,7 +187,9 @@ def build_app(
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             job, events, ended = runs[0]
             return StreamingResponse(
-                _stream(ended, job, events), media_type="text/event-stream", headers=headers
+                _stream(ended, job, events, tokens.decode),
+                media_type="text/event-stream",
+                headers=headers,
             )
         return await _whole(request, runs, tokens.decode)
 
@@ -245,11 +247,14 @@ def _sse(data: Any) -> str:
 
 
 async def _stream(
-    ended: Callable[[], None], job: Job, events: asyncio.Queue[Event]
+    ended: Callable[[], None],
+    job: Job,
+    events: asyncio.Queue[Event],
+    decode: Callable[[list[int]], str],
 ) -> AsyncIterator[str]:
     """Server-sent events: a chunk per piece of text, the finish, usage if asked, ``[DONE]``."""
     try:
-        async for chunk in _chunks(job, events):
+        async for chunk in _chunks(job, events, decode):
             yield chunk
     except Exception as exc:  # the headers are sent: the error is the stream's last event
         yield _sse(unexpected(exc, "a stream").body())
@@ -257,10 +262,14 @@ async def _stream(
         ended()  # a client gone mid-stream: the slot frees at once
 
 
-async def _chunks(job: Job, events: asyncio.Queue[Event]) -> AsyncIterator[str]:
-    """Each choice's pieces as they come (``index`` tells them apart); the usage once
-    every choice has finished."""
+async def _chunks(
+    job: Job, events: asyncio.Queue[Event], decode: Callable[[list[int]], str]
+) -> AsyncIterator[str]:
+    """Each choice's pieces as they come (``index`` tells them apart), its prompt's
+    (``echo``, ``prompt_logprobs``) first, as vLLM streams them; the usage once every
+    choice has finished."""
     offsets, used = [0] * job.n, list[int | None]([None] * job.n)
+    started = [False] * job.n
     calls = [job.tools.stream() if job.tools is not None else None for _ in range(job.n)]
     if job.chat:
         for i in range(job.n):
@@ -273,6 +282,16 @@ async def _chunks(job: Job, events: asyncio.Queue[Event]) -> AsyncIterator[str]:
             yield _sse(ApiError(500, event.message, kind="server_error").body())
             break
         i, finish = event.index, None if event.finish is None else event.finish.reason
+        first, started[i] = not started[i], True
+        if first and (job.echo or job.prompt_logprobs is not None):
+            piece = choice(job, "", (), None, delta=True, index=i)
+            if job.echo:
+                echoed(job, piece, event.prompt_logprobs, decode)
+                offsets[i] += len(piece["text"])
+            if job.prompt_logprobs is not None:
+                top = job.prompt_logprobs
+                piece["prompt_logprobs"] = prompt_logprobs(event.prompt_logprobs, top)
+            yield _sse(envelope(job, [piece], chunk=True))
         if event.text or event.logprobs or finish or event.token_ids:
             piece = choice(
                 job, event.text, event.logprobs, finish, delta=True, offset=offsets[i], index=i
@@ -285,7 +304,9 @@ async def _chunks(job: Job, events: asyncio.Queue[Event]) -> AsyncIterator[str]:
         if event.finish is not None:
             used[i] = event.tokens
             if None not in used and job.include_usage:
-                yield _sse({**envelope(job, [], chunk=True), "usage": usage(job, sum(used))})
+                cached = event.finish.usage.cached_tokens
+                counts = usage(len(job.prompt), sum(used), cached)  # type: ignore[arg-type]
+                yield _sse({**envelope(job, [], chunk=True), "usage": counts})
     yield "data: [DONE]\n\n"
 
 
@@ -293,7 +314,7 @@ class _Gathered:
     """One choice's events, gathered into its whole answer."""
 
     def __init__(self) -> None:
-        self.text, self.tokens, self.finish = "", 0, None
+        self.text, self.tokens, self.finish, self.cached = "", 0, None, 0
         self.entries: list[TokenLogprob] = []
         self.prompt: tuple[TokenLogprob, ...] = ()
         self.ids: list[int] = []
@@ -305,7 +326,7 @@ class _Gathered:
         self.tokens = event.tokens
         self.prompt = event.prompt_logprobs or self.prompt
         if event.finish is not None:
-            self.finish = event.finish.reason
+            self.finish, self.cached = event.finish.reason, event.finish.usage.cached_tokens
 
     def choice(self, job: Job, index: int, decode: Callable[[list[int]], str]) -> dict[str, Any]:
         whole = choice(job, self.text, self.entries, self.finish, delta=False, index=index)
@@ -340,7 +361,7 @@ async def _whole(
     slots."""
     gone = asyncio.ensure_future(_disconnected(request))
     answers: list[dict[str, Any]] = []
-    counts = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    counts = [0, 0, 0]  # prompt, completion and cached tokens of every prompt
     try:
         for job, events, _ in runs:
             got_all = [_Gathered() for _ in range(job.n)]
@@ -353,10 +374,10 @@ async def _whole(
                 event = _delta(got.result())
                 got_all[event.index].add(event)
             answers += [g.choice(job, len(answers) + i, decode) for i, g in enumerate(got_all)]
-            for key, count in usage(job, sum(g.tokens for g in got_all)).items():
-                counts[key] += count
+            used = (len(job.prompt), sum(g.tokens for g in got_all), got_all[0].cached)
+            counts = [a + b for a, b in zip(counts, used)]
         body = envelope(runs[0][0], answers, chunk=False)
-        body["usage"] = counts
+        body["usage"] = usage(*counts)
         return JSONResponse(body)
     finally:
         gone.cancel()

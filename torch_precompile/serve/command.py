@@ -68,6 +68,20 @@ def add_serve(sub: Any) -> None:
         "server stops (default 25: inside Kubernetes' 30 s grace period)",
     )
     p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=512,
+        help="prompt tokens prefilled between two decode steps, so a long prompt joining "
+        "delays the running streams' next tokens by one chunk's time (0: a prompt at once; "
+        "default 512)",
+    )
+    p.add_argument(
+        "--no-prefix-reuse",
+        action="store_true",
+        help="prefill every prompt whole, even where a free slot's cache holds its beginning "
+        "(default: reused, as usage.prompt_tokens_details.cached_tokens says)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -109,7 +123,15 @@ def serve(args: argparse.Namespace) -> int:
             "torch_precompile.generation.compile_generator"
         )
     tokenizer = generator.tokenizer() if generator.tokenizer_json is not None else None
-    engine = Engine(generator, max_queue=args.max_queue, tokenizer=tokenizer)
+    if args.prefill_chunk < 0:
+        raise ValueError(f"--prefill-chunk must be 0 or more, got {args.prefill_chunk}")
+    engine = Engine(
+        generator,
+        max_queue=args.max_queue,
+        tokenizer=tokenizer,
+        prefill_chunk=args.prefill_chunk,
+        reuse=not args.no_prefix_reuse,
+    )
     engine.warm()
     warm = time.perf_counter()
     name = args.model_name or Path(args.path).stem

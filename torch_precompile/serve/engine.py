@@ -60,8 +60,8 @@ def _prompt_top(job: Job) -> int | None:
 class Engine(Scheduler):
     """The scheduler over a generator file, taking :class:`Job`s (see the module docstring)."""
 
-    def __init__(self, generator: Generator, *, max_queue: int, tokenizer: Any = None) -> None:
-        super().__init__(generator, max_queue=max_queue, tokenizer=tokenizer)
+    def __init__(self, generator: Generator, *, max_queue: int, **options: Any) -> None:
+        super().__init__(generator, max_queue=max_queue, **options)
         # The model's own sampling settings and max_new_tokens, for a request that leaves
         # them out.
         self.defaults = {k: v for k, v in self.spec.sampling if k != "do_sample"}

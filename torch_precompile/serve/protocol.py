@@ -65,7 +65,7 @@ class Job:
     echo: bool = False  # completions: the prompt before each choice's text (and logprobs)
     prompt_logprobs: int | None = None  # vLLM's extension: the prompt's logprobs, top-n
     prompt_text: str | None = None  # echo: the prompt as sent (None: sent as token ids)
-    constraint: Any = None  # the tokens allowed next (engine/constraint.py's Constraint)
+    constraint: Any = None  # the tokens allowed next (engine/constraint.py's; a tuple: n)
     tools: ToolPlan | None = None  # how the answer's tool calls are read (tool_calls.py)
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
@@ -90,14 +90,11 @@ _KNOWN = frozenset((
     "repetition_penalty", "ignore_eos", "return_token_ids", "n", "best_of", "echo", "tools",
     "functions", "suffix", "response_format", "min_tokens", "tool_choice", "function_call",
     "parallel_tool_calls", "user", "metadata", "store", "service_tier", "prompt_logprobs",
-    "structured_outputs",
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
 ))  # fmt: skip
 # Fields that would change the answer in a way this server cannot: refused when set
-# (vLLM's older guided decoding fields, token filters, beam search).
-_REFUSED = (
-    "suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "allowed_token_ids", "bad_words", "use_beam_search",
-)  # fmt: skip
+# (token filters, beam search).
+_REFUSED = ("suffix", "allowed_token_ids", "bad_words", "use_beam_search")
 
 
 def _note_unknown(body: dict[str, Any]) -> None:
@@ -111,8 +108,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise ApiError(400, "'best_of' is not supported", param="best_of")
     for name in _REFUSED:
         if body.get(name):
-            hint = ": use 'structured_outputs'" if name.startswith("guided_") else ""
-            raise ApiError(400, f"'{name}' is not supported{hint}", param=name)
+            raise ApiError(400, f"'{name}' is not supported", param=name)
     if _field(body, "min_tokens", (int,), 0):
         raise ApiError(400, "'min_tokens' is not supported", param="min_tokens")
 
@@ -187,6 +183,8 @@ def read_job(
     job.constraint = constraint_of(body, plan.grammar() if plan else None, grammars)
     _sampling({**(defaults or {}), **{k: v for k, v in body.items() if v is not None}}, job)
     _options(body, job)
+    if job.constraint is not None and job.n > 1:  # each choice its own state, off the loop
+        job.constraint = (job.constraint, *(job.constraint.copy() for _ in range(job.n - 1)))
     return job
 
 
@@ -275,7 +273,7 @@ def _options(body: dict[str, Any], job: Job) -> None:
 
 
 def _scoring(body: dict[str, Any], job: Job) -> None:
-    """``echo`` (completions) and ``prompt_logprobs``: whole answers only."""
+    """``echo`` (completions) and ``prompt_logprobs``."""
     job.echo = bool(_field(body, "echo", (bool,), False))
     if job.echo and job.chat:
         raise ApiError(400, "'echo' is for /v1/completions", param="echo")
@@ -288,14 +286,16 @@ def _scoring(body: dict[str, Any], job: Job) -> None:
     if top is not None and not 0 <= top <= _MAX_TOP_LOGPROBS:
         message = f"'prompt_logprobs' must be in 0..{_MAX_TOP_LOGPROBS}"
         raise ApiError(400, message, param="prompt_logprobs")
-    for name in ("echo", "prompt_logprobs"):
-        if body.get(name) not in (None, False) and job.stream:
-            raise ApiError(400, f"'{name}' is not supported with 'stream'", param=name)
 
 
-def usage(job: Job, completion: int) -> dict[str, int]:
-    n = len(job.prompt)
-    return {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion}
+def usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+    """OpenAI's usage: ``cached`` of the prompt's tokens were a slot's kept entries."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def _logprobs(job: Job, entries: Sequence[TokenLogprob], offset: int) -> dict[str, Any] | None:

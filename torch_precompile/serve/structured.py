@@ -1,6 +1,8 @@
 """Output held to a grammar: a request's ``response_format`` (``json_object``,
-``json_schema``) or vLLM's ``structured_outputs`` (``json``, ``regex``, ``choice``) as a
-:class:`Constraint` the engine applies to the request's slot at each step.
+``json_schema``, ``structural_tag``) or vLLM's ``structured_outputs`` (``json``,
+``regex``, ``choice``, ``grammar``: Lark or GBNF, ``structural_tag``; or its older
+``guided_*`` fields) as a :class:`Constraint` the engine applies to the request's
+slot at each step.
 
 The grammar engine is llguidance (the ``serve`` extra): its tokenizer is built once
 per file, from the tokenizers JSON the file holds, and each grammar is compiled once
@@ -28,6 +30,13 @@ _CACHED = 64
 _JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _INSTALL = "pip install 'torch_precompile[serve]'"
 _AS_BOOL = bytes(int(i > 0) for i in range(256))
+# vLLM's older fields, each one of structured_outputs' keys (vLLM still reads them).
+_GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
 
 
 class Constraint:
@@ -42,6 +51,10 @@ class Constraint:
         # One byte per token (0 or 200), made 0 or 1 by a C call on the bytes: on a
         # busy CPU, even one torch op over the vocabulary could stall for ms.
         return self._matcher.compute_logit_bias().translate(_AS_BOOL)
+
+    def copy(self) -> Constraint:
+        """The same grammar from its start, for another choice of the request."""
+        return Constraint(self._matcher.deep_copy())
 
     def allowed_mask(self, vocab_size: int) -> torch.Tensor | None:
         """The tokens that may come next: a bool tensor of ``vocab_size`` (tokens the
@@ -105,7 +118,8 @@ class Grammars:
 
     def constraint(self, kind: str, source: Any, param: str) -> Constraint:
         """A new :class:`Constraint` of ``kind`` (``json``: a schema, ``regex``,
-        ``choice``: a list of strings, ``lark``); a grammar that does not compile is a
+        ``choice``: a list of strings, ``grammar``: Lark or GBNF, ``structural_tag``:
+        vLLM's, ``lark``); a grammar that does not compile is a
         400 naming ``param``."""
         llguidance = self._engine(param)
         key = f"{kind}\0{json.dumps(source, sort_keys=True)}"
@@ -132,15 +146,53 @@ class Grammars:
                 grammar = matcher.grammar_from_lark(
                     "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in source)
                 )
+            elif kind == "grammar":
+                grammar = llguidance.grammar_from("grammar", source)
+            elif kind == "structural_tag":
+                grammar = _structural_tag(llguidance, source)
             else:
                 grammar = matcher.grammar_from_lark(source)
-        except ValueError as exc:
+        except (ValueError, AssertionError) as exc:
             raise ApiError(400, f"'{param}' is not a valid grammar: {exc}", param=param) from None
         compiled = matcher(self._tokenizer, grammar, log_level=0)  # drops the GIL
         if compiled.is_error():
             first = compiled.get_error().strip().splitlines()[0]
             raise ApiError(400, f"'{param}' does not compile: {first}", param=param)
         return compiled
+
+
+def _structural_tag(llguidance: Any, spec: dict[str, Any]) -> str:
+    """vLLM's structural tag (``structures`` of ``begin``, ``schema``, ``end``, each
+    beginning with one of ``triggers``) as llguidance's grammar, as vLLM's guidance
+    backend makes it: free text, and after a trigger the structure it begins."""
+    triggers, tags = spec.get("triggers"), []
+    structures = spec.get("structures")
+    if not isinstance(triggers, list) or not isinstance(structures, list) or not structures:
+        raise ValueError("it needs 'structures' (a non-empty list) and 'triggers' (a list)")
+    for s in structures:
+        if not isinstance(s, dict) or not all(isinstance(s.get(k), str) for k in ("begin", "end")):
+            raise ValueError("each structure needs 'begin' and 'end' strings and a 'schema'")
+        trigger = next(
+            (t for t in triggers if isinstance(t, str) and s["begin"].startswith(t)), None
+        )
+        if not trigger:
+            raise ValueError(f"{s['begin']!r} begins with none of the triggers {triggers}")
+        schema = s.get("schema", True)
+        tags.append(
+            llguidance.StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"])
+        )
+    return llguidance.StructTag.to_grammar(tags)
+
+
+def _tag_spec(value: Any, param: str) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ApiError(400, f"'{param}' must be a structural tag (JSON)", param=param) from None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"'{param}' must be a structural tag (an object)", param=param)
+    return value
 
 
 def _schema(value: Any, param: str) -> dict[str, Any] | bool:
@@ -174,35 +226,46 @@ def _response_format(fmt: Any) -> tuple[str, Any] | None:
                 param="response_format",
             )
         return "json", _schema(spec["schema"], "response_format")
+    if kind == "structural_tag":
+        return "structural_tag", fmt
     raise ApiError(
         400,
-        f"'response_format' {kind!r} is not one of 'text', 'json_object', 'json_schema'",
+        f"'response_format' {kind!r} is not one of 'text', 'json_object', 'json_schema', "
+        "'structural_tag'",
         param="response_format",
     )
 
 
-def _structured_outputs(spec: Any) -> tuple[str, Any] | None:
-    """vLLM's ``structured_outputs``: exactly one of ``json``, ``regex``, ``choice``."""
+_KINDS = ("json", "regex", "choice", "grammar", "structural_tag", "json_object")
+
+
+def _structured_outputs(spec: Any, param: str = "structured_outputs") -> tuple[str, Any] | None:
+    """vLLM's ``structured_outputs``: exactly one of :data:`_KINDS`."""
     if spec is None:
         return None
-    param = "structured_outputs"
     if not isinstance(spec, dict):
         raise ApiError(400, f"'{param}' must be an object", param=param)
-    given = {k: v for k, v in spec.items() if v not in (None, False)}
-    refused = sorted(set(given) - {"json", "regex", "choice", "json_object"})
+    # vLLM's own keys beside the grammar (whitespace, the backend's options): no grammar.
+    given = {
+        k: v for k, v in spec.items() if v not in (None, False) and not k.startswith("disable_")
+    }
+    given = {k: v for k, v in given.items() if k not in ("whitespace_pattern", "backend")}
+    refused = sorted(set(given) - set(_KINDS))
     if refused:
         raise ApiError(
-            400, f"'{param}' {refused[0]!r} is not supported: json, regex or choice", param=param
+            400, f"'{param}' {refused[0]!r} is not one of {', '.join(_KINDS)}", param=param
         )
     if len(given) != 1:
-        raise ApiError(400, f"'{param}' takes one of json, regex, choice", param=param)
+        raise ApiError(400, f"'{param}' takes one of {', '.join(_KINDS)}", param=param)
     ((kind, value),) = given.items()
     if kind == "json_object":
         return "json", {"type": "object"}
     if kind == "json":
         return "json", _schema(value, f"{param}.json")
-    if kind == "regex" and isinstance(value, str) and value:
-        return "regex", value
+    if kind == "structural_tag":
+        return kind, _tag_spec(value, f"{param}.structural_tag")
+    if kind in ("regex", "grammar") and isinstance(value, str) and value:
+        return kind, value
     if (
         kind == "choice"
         and isinstance(value, list)
@@ -213,25 +276,27 @@ def _structured_outputs(spec: Any) -> tuple[str, Any] | None:
     raise ApiError(
         400,
         f"'{param}.{kind}' must be a non-empty "
-        + ("string" if kind == "regex" else "list of strings"),
+        + ("string" if kind in ("regex", "grammar") else "list of strings"),
         param=param,
     )
 
 
 def requested(body: dict[str, Any]) -> tuple[str, Any, str] | None:
     """The grammar a request asks for, as ``(kind, source, param)``, or None."""
+    guided = {kind: body[name] for name, kind in _GUIDED.items() if body.get(name) is not None}
+    named = next((name for name in _GUIDED if body.get(name) is not None), "guided_json")
     asked = [
         (found, param)
         for found, param in (
             (_response_format(body.get("response_format")), "response_format"),
             (_structured_outputs(body.get("structured_outputs")), "structured_outputs"),
+            (_structured_outputs(guided or None, named), named),
         )
         if found is not None
     ]
     if len(asked) > 1:
-        raise ApiError(
-            400, "give 'response_format' or 'structured_outputs', not both", param="response_format"
-        )
+        names = " and ".join(f"'{param}'" for _, param in asked)
+        raise ApiError(400, f"{names} each set the output's form: send one", param=asked[1][1])
     return (*asked[0][0], asked[0][1]) if asked else None
 
 

@@ -18,9 +18,9 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torchao")
+FORMATS = ("int8", "int4")
 
-from test_quantized import FORMATS, NEW, PROMPT, _dequantized, _eager, _served, _walk  # noqa: E402
-
+from tests.fixtures.quantized_checks import NEW, PROMPT, dequantized, eager, served, walk  # noqa: E402
 from tests.fixtures.trained_lm import train, training_text  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
@@ -44,7 +44,7 @@ def cuda_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _walks(a: Any, b: Any) -> list[tuple[int, list[float], bool]]:
     (tokens, logits), (ref, ref_logits) = a, b
-    return [_walk(tokens[r], logits[r].float(), ref[r], ref_logits[r].float()) for r in range(16)]
+    return [walk(tokens[r], logits[r].float(), ref[r], ref_logits[r].float()) for r in range(16)]
 
 
 @pytest.mark.parametrize("weights", FORMATS)
@@ -54,19 +54,19 @@ def test_a_cuda_quantized_file_computes_what_its_weights_say(
     """Against eager over the dequantized weights (bf16): a wrong packing or scale gives
     other tokens from the first step; bf16's rounding may flip a late one."""
     prompts = cuda_files["prompts"]
-    eager = _eager(_dequantized(cuda_files["model"], weights).to(torch.bfloat16), prompts)
-    ref = (eager.sequences[:, PROMPT:], list(torch.stack(eager.logits, 1)))
-    walks = _walks(_served(cuda_files[weights], prompts), ref)
+    out = eager(dequantized(cuda_files["model"], weights).to(torch.bfloat16), prompts)
+    ref = (out.sequences[:, PROMPT:], list(torch.stack(out.logits, 1)))
+    walks = _walks(served(cuda_files[weights], prompts), ref)
     assert all(ok for _, _, ok in walks), [(n, ok) for n, _, ok in walks]
     assert sum(n == NEW for n, _, _ in walks) >= 12, [n for n, _, _ in walks]
 
 
 def test_cuda_quantized_files_stay_close_to_the_bf16_file(cuda_files: dict[str, Any]) -> None:
     prompts = cuda_files["prompts"]
-    bf16 = _served(cuda_files["bf16"], prompts)
+    bf16 = served(cuda_files["bf16"], prompts)
     means = {}
     for weights in FORMATS:
-        walks = _walks(_served(cuda_files[weights], prompts), bf16)
+        walks = _walks(served(cuda_files[weights], prompts), bf16)
         assert all(ok for _, _, ok in walks), (weights, [(n, ok) for n, _, ok in walks])
         diffs = [d for _, ds, _ in walks for d in ds]
         means[weights] = sum(diffs) / len(diffs)

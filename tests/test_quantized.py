@@ -12,7 +12,6 @@ the way vLLM's ``check_logprobs_close`` compares two models.
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
@@ -29,14 +28,22 @@ pytest.importorskip("torchao")
 from conftest import ROOT, no_compiler_env, run_script  # noqa: E402
 from test_serve import Server  # noqa: E402
 
+from tests.fixtures.quantized_checks import (  # noqa: E402
+    MAX_BATCH,
+    MAX_LENGTH,
+    NEW,
+    PROMPT,
+    dequantized,
+    eager,
+    served,
+    walk,
+)
 from tests.fixtures.trained_lm import SHAPE, train, training_text  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
 from torch_precompile._errors import ArtifactCorruptedError, QuantizationError  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
-from torch_precompile.generation.quantize import INT4_GROUP, int4_weights, int8_weights  # noqa: E402
+from torch_precompile.generation.quantize import INT4_GROUP, int8_weights  # noqa: E402
 
-# One row a call (three programs a build): the point is the weights' formats, not batching.
-MAX_BATCH, MAX_LENGTH, PROMPT, NEW = 1, 48, 8, 24
 ROWS = 4  # the fresh process's prompts, one call each
 FORMATS = ("int8", "int4")
 
@@ -188,56 +195,6 @@ def test_a_flipped_byte_in_the_packed_weights_is_artifact_corrupted(
         Precompile.load(tmp_path / "flipped.pt")
 
 
-def _dequantized(model: Any, weights: str) -> Any:
-    """A copy of ``model`` whose decoder linears hold ``weights`` dequantized, in plain
-    torch: ``q * scale`` (int8), ``(q - 8) * scale + zero`` a group (int4)."""
-    copied = copy.deepcopy(model)
-    for module in copied.model.modules():
-        if type(module) is not torch.nn.Linear:
-            continue
-        w = module.weight.data
-        if weights == "int8":
-            q, scales = int8_weights(w)
-            new = q.float() * scales[:, None]
-        else:
-            values, sz = int4_weights(w)
-            n, k = w.shape
-            scale, zero = sz[..., 0].T[..., None], sz[..., 1].T[..., None]
-            new = ((values.float() - 8).reshape(n, k // 64, 64) * scale + zero).reshape(n, k)
-        module.weight.data = new
-    return copied
-
-
-def _eager(model: Any, prompts: torch.Tensor) -> Any:
-    with torch.no_grad():
-        return model.generate(
-            prompts,
-            max_new_tokens=NEW,
-            do_sample=False,
-            pad_token_id=0,
-            eos_token_id=None,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-
-
-def _served(path: Path, prompts: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The file's greedy tokens (new ones) and raw logits, ``MAX_BATCH`` rows a call."""
-    gen = Precompile.load(path)
-    tokens, logits = [], []
-    for rows in prompts.split(MAX_BATCH):
-        out = gen.generate(
-            rows,
-            max_new_tokens=NEW,
-            eos_token_id=None,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-        tokens.append(out.sequences[:, PROMPT:])
-        logits.append(torch.stack(out.logits, 1))
-    return torch.cat(tokens), list(torch.cat(logits))
-
-
 @pytest.mark.parametrize("weights", FORMATS)
 def test_tokens_equal_eager_torch_over_the_dequantized_weights(
     built: dict[str, Any], trained: dict[str, Any], weights: str
@@ -246,8 +203,8 @@ def test_tokens_equal_eager_torch_over_the_dequantized_weights(
     the same greedy tokens; the logits as close as two summation orders allow (the
     kernel sums ``x * q`` then scales, eager scales the weight first)."""
     prompts = trained["prompts"]
-    ref = _eager(_dequantized(built["model"], weights), prompts)
-    tokens, logits = _served(built[weights], prompts)
+    ref = eager(dequantized(built["model"], weights), prompts)
+    tokens, logits = served(built[weights], prompts)
     assert torch.equal(tokens, ref.sequences[:, PROMPT:])
     want = torch.stack(ref.logits, 1)
     torch.testing.assert_close(torch.stack(logits), want, atol=2e-4, rtol=1e-4)
@@ -292,7 +249,7 @@ def test_a_fresh_process_without_torchao_transformers_or_compiler_generates(
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["imported"] == []
     for weights in FORMATS:
-        ref = _eager(_dequantized(built["model"], weights), ids).sequences[:, : PROMPT + 12]
+        ref = eager(dequantized(built["model"], weights), ids).sequences[:, : PROMPT + 12]
         assert got[weights]["greedy"] == ref.tolist(), weights
         gen = Precompile.load(built[weights])
         here = torch.cat([
@@ -344,22 +301,6 @@ def test_serve_answers_a_completion_from_a_quantized_file(
 # --- quality, as the field measures it ----------------------------------------------
 
 
-def _walk(
-    a: torch.Tensor, a_logits: torch.Tensor, b: torch.Tensor, b_logits: torch.Tensor, top: int = 5
-) -> tuple[int, list[float], bool]:
-    """vLLM's ``check_logprobs_close`` over one prompt's greedy outputs: the tokens agreed
-    before the first difference, the |logprob difference| of each agreed token, and
-    whether, at the first difference, each side's token is in the other's top ``top``."""
-    a_lp, b_lp = a_logits.log_softmax(-1), b_logits.log_softmax(-1)
-    diffs = []
-    for i, (x, y) in enumerate(zip(a.tolist(), b.tolist())):
-        if x != y:
-            ok = x in b_lp[i].topk(top).indices.tolist() and y in a_lp[i].topk(top).indices.tolist()
-            return i, diffs, ok
-        diffs.append(abs(float(a_lp[i, x] - b_lp[i, x])))
-    return len(a), diffs, True
-
-
 def test_quantized_files_stay_close_to_the_fp32_file(
     built: dict[str, Any], trained: dict[str, Any]
 ) -> None:
@@ -367,11 +308,11 @@ def test_quantized_files_stay_close_to_the_fp32_file(
     first differing token each side's is in the other's top 5; the mean |logprob
     difference| of the agreed tokens and the agreed length are printed (pytest -s)."""
     prompts = trained["prompts"]
-    fp32, fp32_logits = _served(built["fp32"], prompts)
+    fp32, fp32_logits = served(built["fp32"], prompts)
     means = {}
     for weights in FORMATS:
-        tokens, logits = _served(built[weights], prompts)
-        walks = [_walk(tokens[r], logits[r], fp32[r], fp32_logits[r]) for r in range(16)]
+        tokens, logits = served(built[weights], prompts)
+        walks = [walk(tokens[r], logits[r], fp32[r], fp32_logits[r]) for r in range(16)]
         assert all(ok for _, _, ok in walks), (weights, [(n, ok) for n, _, ok in walks])
         diffs = [d for _, ds, _ in walks for d in ds]
         agreed = [n for n, _, _ in walks]

@@ -8,9 +8,8 @@ the five programs of a build of 2..N rows, docs/measurements.md). Marked here
 size-obliviously (PyTorch's ``backed_size_oblivious``), so that 1 stays in its range;
 every size not marked is static. The prefill (its prompt's length marked too, from 2:
 transformers branches on a one-token query) then serves 1..N rows; off a GPU the
-decode step too. On a GPU the decode step keeps a program for one row and one for
-2..N (decode_matmul.py's one-row reductions and the CUDA graph of a static batch are
-made for them). Where an operator of this torch still branches on one row (a shape
+decode step too. A GPU build keeps a program a batch size (:func:`plan` says why).
+Where an operator of this torch still branches on one row (a shape
 guard ``Ne(batch, 1)``), :func:`takes_one` says so and the build compiles the
 batch-1 program as before.
 """
@@ -49,12 +48,13 @@ def plan(
         for b in ((1,) if max_batch == 1 else (batch, 1))
         for s in (prompt, 1)
     ]
-    if world > 1 or max_batch == 1:  # tensor parallel: the shards' rules guard the batch
+    # Tensor parallel: the shards' rules guard the batch. CUDA: torch 2.11's Inductor
+    # fails to lower the head's slice of a marked batch (KeyError 'unbacked_bindings',
+    # one lent H200), so a GPU build keeps a program a batch size.
+    if world > 1 or max_batch == 1 or device_type == "cuda":
         return [(p, []) for p in unmarked]
     rows = f"batch 1..{max_batch}"
     prefill = (Program(f"prefill, {rows}", batch, prompt, True), [unmarked[2]])
-    if device_type == "cuda":
-        return [prefill, (unmarked[1], []), (unmarked[3], [])]
     return [prefill, (Program(f"decode, {rows}", batch, 1, True), [unmarked[3]])]
 
 

@@ -10,6 +10,12 @@ an end token (or a stop token id), its stop string, its ``max_tokens``, its
 constraint's end or its client's cancel, freeing its slot for the next in the
 queue at once. Each run's tokens go through the output stage (:mod:`.output`)
 and reach its sink as :class:`~.requests.Delta` events.
+
+:meth:`Scheduler.step` is the package's one decode loop, a pass at a time: the
+server's thread runs it (:meth:`Scheduler.run`) over the slot runner
+(:class:`~.runner.SlotRunner`); ``Generator.generate`` drives it on its own thread
+(:meth:`Scheduler.drive`) over the lockstep runner (:class:`~.batch.LockstepRunner`),
+its call's rows one :class:`~.batch.Batch` that takes every slot.
 """
 
 from __future__ import annotations
@@ -18,18 +24,16 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from .batch import Batch
 from .errors import EngineBusy, RequestError
 from .output import Reading, Stream, request_chooser
 from .requests import Event, Failed, Request, TokenLogprob
-from .runner import SlotRunner
+from .runner import Loaded, Runner, SlotRunner
 from .text import pieces_of
-
-if TYPE_CHECKING:
-    from ..runtime.generator import Generator
 
 log = logging.getLogger("torch_precompile")
 
@@ -47,26 +51,38 @@ class Run:
     def request(self) -> Request:
         return self.streams[0].request
 
+    @property
+    def width(self) -> int:
+        """The slots the run takes: one a choice."""
+        return len(self.streams)
+
 
 class _Choice:
     """One choice of a run, in its slot."""
 
-    def __init__(self, run: Run, stream: Stream) -> None:
+    def __init__(self, run: Run | Batch, stream: Stream | Batch) -> None:
         self.run, self.stream = run, stream
 
 
 class Scheduler:
     """Continuous batching over a generator file's slot step (see the module docstring)."""
 
-    def __init__(self, generator: Generator, *, max_queue: int, tokenizer: Any = None) -> None:
-        self.runner = SlotRunner(generator)
+    def __init__(
+        self,
+        generator: Loaded,
+        *,
+        max_queue: int,
+        tokenizer: Any = None,
+        runner: Runner | None = None,
+    ) -> None:
+        self.runner: Any = SlotRunner(generator) if runner is None else runner
         self.spec, self.tokenizer = generator.spec, tokenizer
         self.max_queue = max_queue
         self.device = self.runner.device
-        self.batches = self.runner.batches
+        self.batches = getattr(self.runner, "batches", [self.runner.slots])
         self.reading: collections.deque[Reading] = collections.deque()  # launched, unread
-        self.active: list[_Choice | None] = [None] * self.spec.max_batch
-        self.pending: collections.deque[Run] = collections.deque()
+        self.active: list[_Choice | None] = [None] * self.runner.slots
+        self.pending: collections.deque[Run | Batch] = collections.deque()
         self.cv = threading.Condition()
         self.vocab = 0
         self.cancelled = 0  # runs whose client left before they ended
@@ -86,13 +102,27 @@ class Scheduler:
     # -- the public side, called from other threads ---------------------------------
 
     def run(self) -> None:
-        """Step on the calling thread until :meth:`stop` (after :meth:`warm`).
+        """Step on the calling thread until :meth:`stop` (after :meth:`warm`); a step
+        that fails fails the runs in it, and the loop goes on.
 
         On a CPU, torch's OpenMP threads belong to the thread that first ran a
         parallel op, and a second thread stepping beside them pays for two sets on
         the same cores: the thread that loaded the file should step.
         """
-        self._loop()
+        while self._wait():
+            try:
+                self.step()
+            except Exception as exc:  # never leave the server stalled: fail who was running
+                log.exception("serve: a step failed")
+                self._fail(exc)
+
+    def drive(self, batch: Batch) -> Batch:
+        """A synchronous client's run: ``batch`` admitted and stepped on the calling
+        thread until it is over (its errors raised here)."""
+        self.pending.append(batch)
+        while not batch.over:
+            self.step()
+        return batch
 
     def warm(self) -> None:
         """The first call of each variant and batch loads its kernels (and records its
@@ -182,34 +212,38 @@ class Scheduler:
     # step N (text, events, admissions) overlaps the device's work on step N + 1. A run
     # that ends at step N has one more row computed at N + 1, which is dropped.
 
-    def _loop(self) -> None:
-        while True:
-            with self.cv:
-                while not (self._stopped or self.pending or any(self.active) or self.reading):
-                    self.cv.wait()
-                if self._stopped:
-                    return
-                self._drop_cancelled()
-                joining = self._admit()
-            try:
-                with torch.no_grad():
-                    for slots, run in joining:
-                        self._join(slots, run)
-                    launched = any(self.active)
-                    if launched:
-                        self._decode()
-                    while len(self.reading) > launched:
-                        self._deliver(self.reading.popleft())
-            except Exception as exc:  # never leave the server stalled: fail who was running
-                log.exception("serve: a step failed")
-                self.reading.clear()
-                failed = set()
-                for slot, choice in enumerate(self.active):
-                    if choice is not None:
-                        first = id(choice.run) not in failed
-                        failed.add(id(choice.run))
-                        message = Failed(f"the model's step failed: {exc}")
-                        self._free(slot, message if first else None)
+    def _wait(self) -> bool:
+        """Wait for work; False once stopped."""
+        with self.cv:
+            while not (self._stopped or self.pending or any(self.active) or self.reading):
+                self.cv.wait()
+            return not self._stopped
+
+    def step(self) -> None:
+        """One pass of the loop: the runs that join now prefilled, one decode step of
+        every busy slot launched, then the launch before it read and delivered."""
+        with self.cv:
+            self._drop_cancelled()
+            joining = self._admit()
+        with torch.no_grad():
+            for slots, run in joining:
+                self._join(slots, run)
+            launched = any(self.active)
+            if launched:
+                self._decode()
+            while len(self.reading) > launched:
+                self._deliver(self.reading.popleft())
+
+    def _fail(self, exc: Exception) -> None:
+        """A step failed: every run in a slot ends with a :class:`Failed`."""
+        self.reading.clear()
+        failed = set()
+        for slot, choice in enumerate(self.active):
+            if choice is not None:
+                first = id(choice.run) not in failed
+                failed.add(id(choice.run))
+                message = Failed(f"the model's step failed: {exc}")
+                self._free(slot, message if first else None)
 
     def _drop_cancelled(self) -> None:
         kept = collections.deque(r for r in self.pending if not r.cancelled)
@@ -221,11 +255,11 @@ class Scheduler:
             if choice is not None and choice.run.cancelled:
                 self._free(slot, None)
 
-    def _admit(self) -> list[tuple[list[int], Run]]:
+    def _admit(self) -> list[tuple[list[int], Run | Batch]]:
         """The runs that join now, in queue order, each with its free slots (the lowest)."""
         joining = []
         free = [slot for slot, c in enumerate(self.active) if c is None]
-        while self.pending and len(free) >= len(self.pending[0].streams):
+        while self.pending and len(free) >= self.pending[0].width:
             run = self.pending.popleft()
             slots, free = free[: len(run.streams)], free[len(run.streams) :]
             for slot, stream in zip(slots, run.streams):
@@ -247,13 +281,16 @@ class Scheduler:
     def _decode_logits(self, batch: int) -> torch.Tensor:
         return self.runner.decode(batch)
 
-    def _join(self, slots: list[int], run: Run) -> None:
+    def _join(self, slots: list[int], run: Run | Batch) -> None:
         """Prefill the run's prompt once, into its first slot, then copy its entries to
         the others: each choice draws its first token from the same logits."""
         if run.cancelled:
             self.cancelled += 1
             for slot in slots:
                 self._free(slot, None)
+            return
+        if isinstance(run, Batch):  # a generate call's rows, prefilled together
+            self.runner.advance(run.width, self._take(run, slots, self.runner.prefill()))
             return
         prompt = run.streams[0].prefilled
         try:
@@ -274,9 +311,24 @@ class Scheduler:
     def _decode(self) -> None:
         rows = [(slot, slot, c.stream) for slot, c in enumerate(self.active) if c is not None]
         batch = self.runner.batch_for(rows[-1][1])
+        run = rows[0][2]
+        if isinstance(run, Batch):
+            self.runner.advance(
+                batch, self._take(run, [r[1] for r in rows], self._decode_logits(batch))
+            )
+            return
         reading = Reading(self._decode_logits(batch), rows, self._pieces)
         self.runner.advance(batch, reading.tokens)
         self.reading.append(reading)
+
+    def _take(self, batch: Batch, slots: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """A batch's tokens from one launch, chosen on the device; its slots freed once
+        it is over."""
+        tokens = batch.take(logits)
+        if batch.over:
+            for slot in slots:
+                self._free(slot, None)
+        return tokens
 
     def _deliver(self, reading: Reading) -> None:
         """Send each run of a launch its token; a run that ended since is skipped."""

@@ -11,7 +11,7 @@ constraint's end or its client's cancel, freeing its slot for the next in the
 queue at once. Each run's tokens go through the output stage (:mod:`.output`)
 and reach its sink as :class:`~.requests.Delta` events.
 
-:meth:`Scheduler.step` is the package's one decode loop, a pass at a time: the
+:meth:`Scheduler.cycle` is the package's one decode loop, a pass at a time: the
 server's thread runs it (:meth:`Scheduler.run`) over the slot runner
 (:class:`~.runner.SlotRunner`); ``Generator.generate`` drives it on its own thread
 (:meth:`Scheduler.drive`) over the lockstep runner (:class:`~.batch.LockstepRunner`),
@@ -109,9 +109,12 @@ class Scheduler:
         parallel op, and a second thread stepping beside them pays for two sets on
         the same cores: the thread that loaded the file should step.
         """
+        self._loop()
+
+    def _loop(self) -> None:
         while self._wait():
             try:
-                self.step()
+                self.cycle()
             except Exception as exc:  # never leave the server stalled: fail who was running
                 log.exception("serve: a step failed")
                 self._fail(exc)
@@ -121,7 +124,7 @@ class Scheduler:
         thread until it is over (its errors raised here)."""
         self.pending.append(batch)
         while not batch.over:
-            self.step()
+            self.cycle()
         return batch
 
     def warm(self) -> None:
@@ -219,7 +222,7 @@ class Scheduler:
                 self.cv.wait()
             return not self._stopped
 
-    def step(self) -> None:
+    def cycle(self) -> None:
         """One pass of the loop: the runs that join now prefilled, one decode step of
         every busy slot launched, then the launch before it read and delivered."""
         with self.cv:

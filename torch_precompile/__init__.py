@@ -41,21 +41,17 @@ from .distributed.data_parallel import replicate_parameters, shard_parameters
 from .distributed.shards import save_shard
 from .guards import Guard, Guards
 from .runtime.artifact import PrecompiledArtifact
-from .runtime.bundle import bundle_variants as _bundle_variants
+from .runtime.bundle import bundle_variants
 from .runtime.generator import Generator
-from .serialization.load import load as _load
-from .serialization.save import save as _save
-from .stages.aot_autograd import AOTAutogradOutput
-from .stages.aot_autograd import aot_autograd as _aot_autograd
-from .stages.dynamo import DynamoOutput
-from .stages.dynamo import dynamo as _dynamo
-from .stages.dynamo import normalize_inputs as _normalize_inputs
-from .stages.first_call import settled as _settled
-from .stages.inductor import InductorOutput
-from .stages.inductor import inductor as _inductor
-from .stages.pipeline import run_stages as _run_stages
-from .stages.precompile import precompile as _precompile
-from .stages.size_one import with_size_one as _with_size_one
+from .serialization.load import load
+from .serialization.save import save
+from .stages.aot_autograd import AOTAutogradOutput, aot_autograd
+from .stages.dynamo import DynamoOutput, dynamo, normalize_inputs
+from .stages.first_call import settled
+from .stages.inductor import InductorOutput, inductor
+from .stages.pipeline import run_stages
+from .stages.precompile import precompile
+from .stages.size_one import with_size_one
 
 __version__ = "0.1.0"
 
@@ -94,12 +90,12 @@ class Precompile:
     like a tuple; ``save``/``load`` write and read one self-contained file.
     """
 
-    dynamo = staticmethod(_dynamo)
-    aot_autograd = staticmethod(_aot_autograd)
-    inductor = staticmethod(_inductor)
-    precompile = staticmethod(_precompile)
-    save = staticmethod(_save)
-    load = staticmethod(_load)
+    dynamo = staticmethod(dynamo)
+    aot_autograd = staticmethod(aot_autograd)
+    inductor = staticmethod(inductor)
+    precompile = staticmethod(precompile)
+    save = staticmethod(save)
+    load = staticmethod(load)
     save_shard = staticmethod(save_shard)
 
     @staticmethod
@@ -131,7 +127,7 @@ class Precompile:
         def build(
             args: tuple[Any, ...], kwargs: dict[str, Any], settle: bool = True
         ) -> PrecompiledArtifact:
-            artifact = _run_stages(
+            artifact = run_stages(
                 model,
                 args,
                 kwargs,
@@ -143,17 +139,17 @@ class Precompile:
             )
             if not settle:
                 return artifact
-            return _settled(artifact, args, kwargs, lambda: build(args, kwargs, settle=False))
+            return settled(artifact, args, kwargs, lambda: build(args, kwargs, settle=False))
 
         with _progress_on_stderr(verbose):
-            args, kwargs = _normalize_inputs(example_inputs), dict(example_kwargs or {})
+            args, kwargs = normalize_inputs(example_inputs), dict(example_kwargs or {})
             artifact = build(args, kwargs)
             if not size_one:
                 return artifact
-            variants = _with_size_one(artifact, args, kwargs, build)
+            variants = with_size_one(artifact, args, kwargs, build)
             if len(variants) == 1:
                 return artifact
-            return _bundle_variants(variants)
+            return bundle_variants(variants)
 
 
 @contextlib.contextmanager

@@ -65,7 +65,8 @@ class _Choice:
 
 
 class Scheduler:
-    """Continuous batching over a generator file's slot step (see the module docstring)."""
+    """The loop over a generator file's runner (see the module docstring): the slot
+    runner unless ``runner`` names another."""
 
     def __init__(
         self,

@@ -173,12 +173,12 @@ def client():  # as an HTTP thread of the server: it submits; the main thread st
     try:
         for _ in range(2):
             done, tokens = threading.Event(), []
-            def sink(event):
-                tokens.extend(event.get("ids", []))
-                if event.get("error") or event["finish"] is not None:
+            def sink(event):  # a Delta, or a Failed (no finish)
+                tokens.extend(getattr(event, "token_ids", ()))
+                if getattr(event, "finish", True) is not None:
                     done.set()
             t = time.perf_counter()
-            engine.submit(job, sink)
+            engine.open(job, sink)
             done.wait(600)
             wall = time.perf_counter() - t
         result.update(tokens=len(tokens), tokens_per_s=round(len(tokens) / wall, 1))

@@ -390,6 +390,7 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
 
     from test_generator import SMALL  # logits far from flat (initializer_range 0.5)
 
+    from torch_precompile.engine.requests import Delta
     from torch_precompile.generation import compile_generator
     from torch_precompile.serve.engine import Engine
     from torch_precompile.serve.protocol import Job
@@ -423,11 +424,11 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
     done = [threading.Event() for _ in prompts]
 
     def sink(i: int) -> Any:
-        def put(event: dict[str, Any]) -> None:
-            assert "error" not in event, event
-            got[i] += event["ids"]
-            logprobs[i] += [e["logprob"] for e in event["entries"]]
-            if event["finish"] is not None:
+        def put(event: Any) -> None:
+            assert isinstance(event, Delta), event
+            got[i] += event.token_ids
+            logprobs[i] += [e.logprob for e in event.logprobs]
+            if event.finish is not None:
                 done[i].set()
 
         return put
@@ -435,7 +436,7 @@ def test_the_engine_gives_each_request_its_solo_tokens_on_the_gpu(
     try:
         for i, (p, n) in enumerate(zip(prompts, lengths)):
             job = Job(False, "m", p, n, temperature=0, logprobs=2 if i % 2 else None)
-            engine.submit(dataclasses.replace(job, ignore_eos=True), sink(i))
+            engine.open(dataclasses.replace(job, ignore_eos=True), sink(i))
         assert all(d.wait(120) for d in done), engine.load()
     finally:
         engine.stop()

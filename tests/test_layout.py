@@ -31,11 +31,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime",),  # an artifact's call path
     ("distributed",),
     ("stages", "serialization"),  # build an artifact; save and load one
-    ("_api",),  # the Precompile facade
+    ("__init__",),  # the public API: the Precompile facade, its types, the errors
     ("serve",),  # the OpenAI-compatible server over a generator file
     ("generation", "encoding"),  # model libraries
     ("cli",),  # the command line (its build --generator drives generation/)
-    ("__init__", "__main__"),
+    ("__main__",),
 )
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

@@ -688,6 +688,7 @@ def test_the_engine_gives_each_row_generates_logprobs_at_every_batch(
     shrink as the top slots free, and refill slots whose cache holds an earlier run's
     entries past their own index. Every request's tokens and each token's
     log-probability equal ``generate``'s for its prompt alone (fp32)."""
+    from torch_precompile.engine.requests import Delta, Event
     from torch_precompile.serve.engine import Engine
     from torch_precompile.serve.protocol import Job
 
@@ -722,15 +723,15 @@ def test_the_engine_gives_each_row_generates_logprobs_at_every_batch(
                 prompt = [(7 * (w + r) + 3 * k) % 300 + 10 for k in range(length)]
                 got[w, r] = ([], [])
 
-                def sink(event: dict[str, Any], key: tuple[int, int] = (w, r), ends=done) -> None:
-                    assert "error" not in event, event
-                    got[key][0].extend(event["ids"])
-                    got[key][1].extend(e["logprob"] for e in event["entries"])
-                    if event["finish"] is not None:
+                def sink(event: Event, key: tuple[int, int] = (w, r), ends=done) -> None:
+                    assert isinstance(event, Delta), event
+                    got[key][0].extend(event.token_ids)
+                    got[key][1].extend(e.logprob for e in event.logprobs)
+                    if event.finish is not None:
                         ends[key[1]].set()
 
                 job = Job(False, "m", prompt, new, temperature=0, logprobs=1, ignore_eos=True)
-                engine.submit(job, sink)
+                engine.open(job, sink)
             assert all(d.wait(120) for d in done), engine.load()
     finally:
         engine.stop()

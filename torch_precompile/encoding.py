@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ._api import Precompile, PrecompiledArtifact
+from . import Precompile, PrecompiledArtifact
 from .stages.size_one import excluded_by_a_check
 from .stages.snapshot import swapped_forward
 

@@ -107,7 +107,7 @@ def build(
     Returns the file's size in bytes. ``dynamic=True`` makes every dimension
     dynamic; strings (``input_ids:1:2:128``) mark single dimensions.
     """
-    from .._api import Precompile
+    from .. import Precompile
 
     specs = [InputSpec.parse(s) for s in inputs]
     marks = [] if isinstance(dynamic, bool) else [DynamicSpec.parse(s) for s in dynamic]

@@ -31,7 +31,7 @@ def build_generator(
 ) -> int:
     """Build ``directory``'s generator for ``options`` and save it to ``output``; returns
     the file's size in bytes. ``output`` appears whole at the end or not at all."""
-    from .._api import Precompile
+    from .. import Precompile
     from ..runtime.artifact import human_size
 
     config = config if config is not None else read_model_dir(directory)

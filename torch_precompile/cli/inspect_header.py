@@ -157,7 +157,7 @@ def format_header(data: dict[str, Any], typed: Header) -> str:
     (no ANSI escape reaches the terminal) and cut at a sane length.
     """
     # Imported when used: the command line starts without torch until a command needs it.
-    from ..guards import Guards
+    from .. import Guards
     from ..runtime.artifact import human_size, signature_lines
     from ..runtime.signature import CallSignature
 

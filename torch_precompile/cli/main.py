@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import PrecompileError
-from ..serve.command import add_serve, serve
 from .inspect_header import header, inspect_command
 from .model_dir import add_build_options, options_from, resolve_serve_path
+from .serve import add_serve, serve
 from .text import one_line, terminal_text
 
 PROG = "torch-precompile"
@@ -187,7 +187,7 @@ def _generate(args: argparse.Namespace) -> int:
     text (prompt included) with its tokenizer, else the token ids."""
     import torch
 
-    from .._api import Precompile
+    from .. import Precompile
     from ..runtime.generator import Generator
 
     generator = Precompile.load(args.path)
@@ -260,7 +260,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _bench(path: str, *, iters: int, warmup: int, seed: int, as_json: bool) -> int:
     import torch
 
-    from .._api import Precompile
+    from .. import Precompile
     from ..runtime.signature import example_call
 
     header(path)  # a non-artifact fails here (header only), before anything is unpickled

@@ -9,13 +9,16 @@ and ``torch-precompile serve``, with one output stage for both.
 - ``output.py``: the output stage: penalties, bans, constraints, sampling; end tokens,
   stop strings, ``max_tokens``; logprobs.
 - ``text.py``: a run's text decoded as its tokens come, each token's own text and bytes.
-- ``runner.py``: the step over the slots of one cache (prefill a slot, decode them all).
-- ``scheduler.py``: the queue, admission, slots and the order of prefills and decodes
-  (continuous batching, the server's).
-- ``batch.py``: one ``generate`` call's rows, prefilled together and decoded in lockstep.
+- ``runner.py``: the runner interface, and the step over the slots of one cache
+  (prefill a slot, decode them all).
+- ``scheduler.py``: the one decode loop (``Scheduler.cycle``): the queue, admission,
+  slots and the order of prefills and decodes; the server's thread runs it
+  (continuous batching), ``Generator.generate`` drives it (``Scheduler.drive``).
+- ``batch.py``: one ``generate`` call's rows as a run, and the lockstep runner that
+  prefills them together and decodes them at one cache index.
 
-The engine imports no HTTP, no model library and no compiler; the runtime's
-``Generator`` (a loaded file) is handed to it.
+The engine imports no HTTP, no model library, no compiler and no runtime; a
+loaded file (the runtime's ``Generator``) is handed to it, as ``runner.Loaded``.
 """
 
 from .constraint import Constraint

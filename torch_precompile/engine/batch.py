@@ -1,29 +1,30 @@
-"""The rows of one ``Generator.generate`` call, decoded in lockstep.
+"""The rows of one ``Generator.generate`` call: a run of the scheduler's loop, over the
+lockstep runner.
 
-Every row is prefilled at once (left padded: each row's positions count its own
-tokens, the cumulative sum of its attention mask less one, so a padded row
-computes as it would alone), then decodes one token a step at the same cache
-index, through the output stage (:class:`~.output.Chooser`), until every row has
-stopped (an end token, a done constraint) or ``max_new_tokens``. A stopped
-row's later tokens are ``pad``, as transformers' ``generate`` writes them.
+:class:`LockstepRunner` is the scheduler's runner for them: every row is prefilled
+at once by the file's batch-N prefill (left padded: each row's positions count its
+own tokens, the cumulative sum of its attention mask less one, so a padded row
+computes as it would alone), then decodes one token a step at the same cache index.
+:class:`Batch` is the run: its rows take their tokens from one output stage
+(:class:`~.output.Chooser`) on the device, until every row has stopped (an end
+token, a done constraint) or ``max_new_tokens``. A stopped row's later tokens are
+``pad``, as transformers' ``generate`` writes them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from ..lean.cudagraphs import not_recorded
 from .output import Chooser
+from .runner import Loaded
 
 # Without a streamer, whether every row has finished is read back from the
 # device every this many tokens only (the extra tokens are cut off).
 EOS_CHECK_EVERY = 8
-_RECORDED = contextlib.nullcontext()  # a decode step: replayed from its CUDA graph
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,77 +49,130 @@ class Decoded:
     logits: list[torch.Tensor]
 
 
-def decode_rows(
-    step: Callable[..., torch.Tensor],
-    rows: Rows,
-    chooser: Chooser,
-    *,
-    max_new_tokens: int,
-    streamer: Any = None,
-    keep: tuple[bool, bool] = (False, False),
-    settle: Callable[[], None] = lambda: None,
-) -> Decoded:
-    """The decode loop: ``step(ids, mask, positions, start)`` on the call's cache views;
-    ``settle`` before the first step that may record a CUDA graph."""
-    ids, mask = rows.ids, rows.mask
-    device = ids.device
-    batch, prompt = ids.shape
-    kept_scores: list[torch.Tensor] = []
-    kept_logits: list[torch.Tensor] = []
-    if max_new_tokens == 0:
-        return Decoded(ids.clone(), kept_scores, kept_logits)
-    full = torch.zeros((batch, rows.max_length), dtype=torch.long, device=device)
-    full[:, :prompt] = mask
-    positions = mask.cumsum(-1) - 1
-    positions.masked_fill_(mask == 0, 1)
-    eos = list(rows.eos)
-    eos_t = torch.tensor(eos or [-1], dtype=torch.long, device=device)
-    put, end = _streamer_calls(streamer)
-    out = torch.full((batch, max_new_tokens), rows.pad, dtype=torch.long, device=device)
-    running = torch.ones(batch, dtype=torch.bool, device=device)
-    last_pos = positions[:, -1:].clone()
-    start = torch.zeros((), dtype=torch.long, device=device)
-    step_ids, step_pos = ids, positions
-    steps = max_new_tokens
-    guided = [(i, g) for i, g in enumerate(chooser.guides) if g is not None]
-    stops = bool(eos or guided)
-    for i in range(max_new_tokens):
-        if i == 1:  # the prefill ran beside a load's warm-up; a decode step may record
-            settle()
-        # The prefill runs without CUDA graphs: one a prompt length would pile up.
-        with not_recorded() if i == 0 else _RECORDED:
-            logits = step(step_ids, full, step_pos, start)[:, -1, :].float()
-        if keep[1]:
-            kept_logits.append(logits.clone())
+class LockstepRunner:
+    """The call's rows of the generator's cache, stepped together: ``prefill`` the
+    prompt, then ``decode`` a token a step (the :class:`~.runner.Runner` interface)."""
+
+    def __init__(self, generator: Loaded, cache: Sequence[torch.Tensor], rows: Rows) -> None:
+        ids, mask = rows.ids, rows.mask
+        self.device = ids.device
+        self.slots, prompt = ids.shape
+        # The prefill runs beside a load's warm-up; a decode step may record a CUDA graph.
+        self.step = generator.loop(cache, settled=False)
+        self.settle, self.unrecorded = generator.settle, generator.unrecorded
+        self.full = torch.zeros((self.slots, rows.max_length), dtype=torch.long, device=self.device)
+        self.full[:, :prompt] = mask
+        positions = mask.cumsum(-1) - 1
+        self.positions = positions.masked_fill_(mask == 0, 1)
+        self.last_pos = self.positions[:, -1:].clone()
+        self.start = torch.zeros((), dtype=torch.long, device=self.device)
+        self.ids, self.written = ids, prompt  # the next input; the cache entries so far
+
+    def prefill(self) -> torch.Tensor:
+        """Every row's prompt at once, outside CUDA graphs (one a prompt length would
+        pile up): the last position's logits ``(batch, vocab)``."""
+        with self.unrecorded():
+            return self.step(self.ids, self.full, self.positions, self.start)[:, -1, :].float()
+
+    def decode(self, batch: int) -> torch.Tensor:
+        self.settle()
+        return self.step(self.ids, self.full, self.last_pos, self.start)[:, -1, :].float()
+
+    def advance(self, batch: int, tokens: torch.Tensor) -> None:
+        self.full[:, self.written] = 1
+        self.start = self.start + self.ids.shape[1]
+        self.last_pos = self.last_pos + 1
+        self.ids, self.written = tokens[:, None], self.written + 1
+
+    def free(self, slot: int, kept: int = 0) -> None:
+        """Nothing to undo: the call's cache entries are masked by the next call."""
+
+    def batch_for(self, top: int) -> int:
+        return self.slots
+
+
+class Batch:
+    """A ``generate`` call's rows as one run of the scheduler: each step's tokens chosen
+    together on the device; :meth:`result` once :attr:`over`."""
+
+    cancelled = False
+
+    def __init__(
+        self,
+        rows: Rows,
+        chooser: Chooser,
+        *,
+        max_new_tokens: int,
+        streamer: Any = None,
+        keep: tuple[bool, bool] = (False, False),
+    ) -> None:
+        self.rows, self.chooser, self.keep = rows, chooser, keep
+        self.width, device = rows.ids.shape[0], rows.ids.device
+        self.max_new_tokens = self.steps = max_new_tokens
+        self.eos_t = torch.tensor(list(rows.eos) or [-1], dtype=torch.long, device=device)
+        self.put, self.end = _streamer_calls(streamer)
+        self.out = torch.full(
+            (self.width, max_new_tokens), rows.pad, dtype=torch.long, device=device
+        )
+        self.running = torch.ones(self.width, dtype=torch.bool, device=device)
+        self.guided = [(i, g) for i, g in enumerate(chooser.guides) if g is not None]
+        self.stops = bool(rows.eos or self.guided)
+        self.kept_scores: list[torch.Tensor] = []
+        self.kept_logits: list[torch.Tensor] = []
+        self.chosen = 0  # tokens chosen so far, per row
+        self.over = max_new_tokens == 0
+
+    @property
+    def streams(self) -> list[Batch]:
+        """What the scheduler holds in each of the run's slots: the batch itself, whose
+        one output stage chooses every row's token."""
+        return [self] * self.width
+
+    def take(self, logits: torch.Tensor) -> torch.Tensor:
+        """One step's tokens ``(batch,)`` from its ``(batch, vocab)`` logits; the run is
+        :attr:`over` after its last."""
+        i, chooser = self.chosen, self.chooser
+        if self.keep[1]:
+            self.kept_logits.append(logits.clone())
         scores = chooser.scores(logits)
-        if keep[0]:  # a copy where the step's output buffer is the next step's too
-            kept_scores.append(scores.clone() if scores is logits else scores)
+        if self.keep[0]:  # a copy where the step's output buffer is the next step's too
+            self.kept_scores.append(scores.clone() if scores is logits else scores)
         token = chooser.pick(scores)
-        token = torch.where(running, token, torch.full_like(token, rows.pad))
+        token = torch.where(self.running, token, torch.full_like(token, self.rows.pad))
         chooser.chosen(token)  # the token appended, pad for a row that ended
-        out[:, i] = token
-        if put is not None:
-            put(token)
-        if eos:
-            running &= ~torch.isin(token, eos_t)
-        for row, guide in guided:
+        self.out[:, i] = token
+        if self.put is not None:
+            self.put(token)
+        if self.rows.eos:
+            self.running &= ~torch.isin(token, self.eos_t)
+        for row, guide in self.guided:
             if guide.done_after(i + 1):
-                running[row] = False
-        if i + 1 == max_new_tokens:
-            break
-        check = put is not None or guided or (i + 1) % EOS_CHECK_EVERY == 0
-        if stops and check and not bool(running.any()):
-            steps = i + 1
-            break
-        full[:, prompt + i] = 1
-        start = start + step_ids.shape[1]
-        last_pos = last_pos + 1
-        step_ids, step_pos = token[:, None], last_pos
-    if end is not None:
-        end()
-    new = _cut(out[:, :steps], eos_t) if eos and steps > 1 else out[:, :steps]
-    steps = new.shape[1]
-    return Decoded(torch.cat([ids, new], dim=1), kept_scores[:steps], kept_logits[:steps])
+                self.running[row] = False
+        self.chosen = i + 1
+        if self.chosen == self.max_new_tokens:
+            self._finish()
+            return token
+        check = self.put is not None or self.guided or self.chosen % EOS_CHECK_EVERY == 0
+        if self.stops and check and not bool(self.running.any()):
+            self.steps = self.chosen
+            self._finish()
+        return token
+
+    def _finish(self) -> None:
+        self.over = True
+        if self.end is not None:
+            self.end()
+
+    def result(self) -> Decoded:
+        ids = self.rows.ids
+        if self.max_new_tokens == 0:
+            return Decoded(ids.clone(), [], [])
+        new = self.out[:, : self.steps]
+        if self.rows.eos and self.steps > 1:
+            new = _cut(new, self.eos_t)
+        steps = new.shape[1]
+        sequences = torch.cat([ids, new], dim=1)
+        return Decoded(sequences, self.kept_scores[:steps], self.kept_logits[:steps])
 
 
 def _cut(new: torch.Tensor, eos_t: torch.Tensor) -> torch.Tensor:

@@ -16,20 +16,56 @@ steps run it), and a long prompt is prefilled so, a chunk at a time.
 
 The runner's cache is its own, not the ``Generator``'s: ``Generator.generate``
 in the same process touches other tensors.
+
+The scheduler's loop asks a runner for what :class:`Runner` names; the other
+runner, ``generate``'s rows in lockstep, is :class:`~.batch.LockstepRunner`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
 
-from ..lean.cudagraphs import not_recorded
 from .errors import NotServable
 
-if TYPE_CHECKING:
-    from ..runtime.generator import Generator
+
+class Loaded(Protocol):
+    """What the engine asks of a loaded generator file (the runtime's ``Generator``)."""
+
+    spec: Any
+
+    def run_step(self, *args: Any) -> Any: ...
+
+    def loop(
+        self, fixed: Sequence[torch.Tensor], *, settled: bool = True
+    ) -> Callable[..., Any]: ...
+
+    def unrecorded(self) -> AbstractContextManager[None]: ...
+
+    def settle(self) -> None: ...
+
+
+class Runner(Protocol):
+    """The programs over a cache, as the scheduler's loop steps them: ``slots`` rows,
+    each decode step over the first ``batch_for(top)`` of them."""
+
+    device: torch.device
+    slots: int
+
+    def decode(self, batch: int) -> torch.Tensor:
+        """One decode step of the first ``batch`` rows: their logits ``(batch, vocab)``."""
+        ...
+
+    def advance(self, batch: int, tokens: torch.Tensor) -> None:
+        """The rows take ``tokens`` (on the device) as their next input."""
+        ...
+
+    def free(self, slot: int, kept: int = 0) -> None: ...
+
+    def batch_for(self, top: int) -> int: ...
 
 
 def step_batches(slots: int) -> list[int]:
@@ -44,7 +80,7 @@ def step_batches(slots: int) -> list[int]:
 class SlotRunner:
     """The cache, each slot's next token and index on the device, and the steps."""
 
-    def __init__(self, generator: Generator) -> None:
+    def __init__(self, generator: Loaded) -> None:
         spec = generator.spec
         if not spec.slots:
             raise NotServable(
@@ -55,6 +91,7 @@ class SlotRunner:
         self.spec, self.step = spec, generator.run_step
         self.device = torch.device(spec.device)
         slots, length = spec.max_batch, spec.max_length
+        self.slots, self.unrecorded = slots, generator.unrecorded
         dtype = getattr(torch, spec.dtype)
         self.cache = [
             torch.zeros((slots, h, length, d), dtype=dtype, device=self.device)
@@ -88,7 +125,7 @@ class SlotRunner:
         positions = torch.arange(start, start + n, device=self.device)[None]
         at = torch.tensor(start, dtype=torch.long, device=self.device)
         rows = [t[slot : slot + 1] for t in self.cache]
-        with not_recorded():  # no CUDA graph a prompt length (lean/cudagraphs.py)
+        with self.unrecorded():  # no CUDA graph a prompt length (lean/cudagraphs.py)
             return self.step(ids, mask, positions, at, *rows)[:, -1, :].float()
 
     def filling(self, slot: int, length: int) -> None:

@@ -12,6 +12,12 @@ an end token (or a stop token id), its stop string, its ``max_tokens``, its
 constraint's end or its client's cancel, freeing its slot for the next in the
 queue at once. Each run's tokens go through the output stage (:mod:`.output`)
 and reach its sink as :class:`~.requests.Delta` events.
+
+:meth:`Scheduler.cycle` is the package's one decode loop, a pass at a time: the
+server's thread runs it (:meth:`Scheduler.run`) over the slot runner
+(:class:`~.runner.SlotRunner`); ``Generator.generate`` drives it on its own thread
+(:meth:`Scheduler.drive`) over the lockstep runner (:class:`~.batch.LockstepRunner`),
+its call's rows one :class:`~.batch.Batch` that takes every slot.
 """
 
 from __future__ import annotations
@@ -20,19 +26,17 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from .batch import Batch
 from .errors import EngineBusy, RequestError
 from .output import Reading, Stream, request_chooser
 from .prefix import Filling, SlotCaches
 from .requests import Event, Failed, Request, TokenLogprob
-from .runner import SlotRunner
+from .runner import Loaded, Runner, SlotRunner
 from .text import pieces_of
-
-if TYPE_CHECKING:
-    from ..runtime.generator import Generator
 
 log = logging.getLogger("torch_precompile")
 
@@ -50,11 +54,16 @@ class Run:
     def request(self) -> Request:
         return self.streams[0].request
 
+    @property
+    def width(self) -> int:
+        """The slots the run takes: one a choice."""
+        return len(self.streams)
+
 
 class _Choice:
     """One choice of a run, in its slot (``filling``: its prompt's prefill, under way)."""
 
-    def __init__(self, run: Run, stream: Stream) -> None:
+    def __init__(self, run: Run | Batch, stream: Stream | Batch) -> None:
         self.run, self.stream = run, stream
         self.filling: Filling | None = None
 
@@ -64,7 +73,8 @@ PREFILL_CHUNK = 512
 
 
 class Scheduler:
-    """Continuous batching over a generator file's slot step (see the module docstring).
+    """The loop over a generator file's runner (see the module docstring): the slot
+    runner unless ``runner`` names another.
 
     ``prefill_chunk``: the prompt tokens prefilled a pass (0: a prompt at once);
     ``reuse``: whether a prompt reuses a free slot's kept entries.
@@ -72,28 +82,29 @@ class Scheduler:
 
     def __init__(
         self,
-        generator: Generator,
+        generator: Loaded,
         *,
         max_queue: int,
         tokenizer: Any = None,
+        runner: Runner | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
         reuse: bool = True,
     ) -> None:
-        self.runner = SlotRunner(generator)
+        self.runner: Any = SlotRunner(generator) if runner is None else runner
         self.spec, self.tokenizer = generator.spec, tokenizer
         self.max_queue = max_queue
         self.device = self.runner.device
-        self.batches = self.runner.batches
+        self.batches = getattr(self.runner, "batches", [self.runner.slots])
         self.reading: collections.deque[Reading] = collections.deque()  # launched, unread
-        self.active: list[_Choice | None] = [None] * self.spec.max_batch
-        self.pending: collections.deque[Run] = collections.deque()
+        self.active: list[_Choice | None] = [None] * self.runner.slots
+        self.pending: collections.deque[Run | Batch] = collections.deque()
         self.cv = threading.Condition()
         self.vocab = 0
         self.cancelled = 0  # runs whose client left before they ended
         self.eos = frozenset(self.spec.eos_token_id)
         self._stopped = False
         self._pieces = pieces_of(tokenizer)
-        self.caches = SlotCaches(self.spec.max_batch, self.spec.max_length)
+        self.caches = SlotCaches(self.runner.slots, self.spec.max_length)
         self.chunk, self.reuse = prefill_chunk, reuse
         self.fills: list[tuple[list[int], Run]] = []  # prefills under way, in queue order
 
@@ -109,13 +120,30 @@ class Scheduler:
     # -- the public side, called from other threads ---------------------------------
 
     def run(self) -> None:
-        """Step on the calling thread until :meth:`stop` (after :meth:`warm`).
+        """Step on the calling thread until :meth:`stop` (after :meth:`warm`); a step
+        that fails fails the runs in it, and the loop goes on.
 
         On a CPU, torch's OpenMP threads belong to the thread that first ran a
         parallel op, and a second thread stepping beside them pays for two sets on
         the same cores: the thread that loaded the file should step.
         """
         self._loop()
+
+    def _loop(self) -> None:
+        while self._wait():
+            try:
+                self.cycle()
+            except Exception as exc:  # never leave the server stalled: fail who was running
+                log.exception("serve: a step failed")
+                self._fail(exc)
+
+    def drive(self, batch: Batch) -> Batch:
+        """A synchronous client's run: ``batch`` admitted and stepped on the calling
+        thread until it is over (its errors raised here)."""
+        self.pending.append(batch)
+        while not batch.over:
+            self.cycle()
+        return batch
 
     def warm(self) -> None:
         """The first call of each variant and batch loads its kernels (and records its
@@ -216,36 +244,41 @@ class Scheduler:
     # step N (text, events, admissions) overlaps the device's work on step N + 1. A run
     # that ends at step N has one more row computed at N + 1, which is dropped.
 
-    def _loop(self) -> None:
-        while True:
-            with self.cv:
-                while not (self._stopped or self.pending or any(self.active) or self.reading):
-                    self.cv.wait()
-                if self._stopped:
-                    return
-                self._drop_cancelled()
-                joining = self._admit()
-            try:
-                with torch.no_grad():
-                    for slots, run in joining:
-                        self._join(slots, run)
-                    self._fill()
-                    launched = any(c is not None and c.filling is None for c in self.active)
-                    if launched:
-                        self._decode()
-                    while len(self.reading) > launched:
-                        self._deliver(self.reading.popleft())
-            except Exception as exc:  # never leave the server stalled: fail who was running
-                log.exception("serve: a step failed")
-                self.reading.clear()
-                self.fills.clear()
-                failed = set()
-                for slot, choice in enumerate(self.active):
-                    if choice is not None:
-                        first = id(choice.run) not in failed
-                        failed.add(id(choice.run))
-                        message = Failed(f"the model's step failed: {exc}")
-                        self._free(slot, message if first else None, keep=False)
+    def _wait(self) -> bool:
+        """Wait for work; False once stopped."""
+        with self.cv:
+            while not (self._stopped or self.pending or any(self.active) or self.reading):
+                self.cv.wait()
+            return not self._stopped
+
+    def cycle(self) -> None:
+        """One pass of the loop: the runs that join now admitted, up to a chunk of the
+        prefills under way, one decode step of every slot past its prefill launched,
+        then the launch before it read and delivered."""
+        with self.cv:
+            self._drop_cancelled()
+            joining = self._admit()
+        with torch.no_grad():
+            for slots, run in joining:
+                self._join(slots, run)
+            self._fill()
+            launched = any(c is not None and c.filling is None for c in self.active)
+            if launched:
+                self._decode()
+            while len(self.reading) > launched:
+                self._deliver(self.reading.popleft())
+
+    def _fail(self, exc: Exception) -> None:
+        """A step failed: every run in a slot ends with a :class:`Failed`."""
+        self.reading.clear()
+        self.fills.clear()
+        failed = set()
+        for slot, choice in enumerate(self.active):
+            if choice is not None:
+                first = id(choice.run) not in failed
+                failed.add(id(choice.run))
+                message = Failed(f"the model's step failed: {exc}")
+                self._free(slot, message if first else None, keep=False)
 
     def _drop_cancelled(self) -> None:
         kept = collections.deque(r for r in self.pending if not r.cancelled)
@@ -258,14 +291,19 @@ class Scheduler:
                 self._free(slot, None)
         self.fills = [(slots, run) for slots, run in self.fills if not run.cancelled]
 
-    def _admit(self) -> list[tuple[list[int], Run]]:
+    def _admit(self) -> list[tuple[list[int], Run | Batch]]:
         """The runs that join now, in queue order, each with its free slots: first the
-        one whose kept entries its prompt begins with the most, then the lowest."""
+        one whose kept entries its prompt begins with the most, then the lowest (a
+        generate call's batch: the lowest)."""
         joining = []
         free = [slot for slot, c in enumerate(self.active) if c is None]
-        while self.pending and len(free) >= len(self.pending[0].streams):
+        while self.pending and len(free) >= self.pending[0].width:
             run = self.pending.popleft()
-            first = self.caches.choose(free, run.streams[0].prefilled)
+            first = (
+                free[0]
+                if isinstance(run, Batch)
+                else self.caches.choose(free, run.streams[0].prefilled)
+            )
             free.remove(first)
             slots, free = [first, *free[: len(run.streams) - 1]], free[len(run.streams) - 1 :]
             for slot, stream in zip(slots, run.streams):
@@ -279,7 +317,7 @@ class Scheduler:
         choice = self.active[slot]
         self.active[slot] = None
         kept: tuple[int, ...] = ()
-        if choice is not None and keep:
+        if choice is not None and keep and isinstance(choice.run, Run):
             fill = choice.filling
             if fill is None:
                 kept = choice.stream.fed()
@@ -297,12 +335,16 @@ class Scheduler:
     def _decode_logits(self, batch: int) -> torch.Tensor:
         return self.runner.decode(batch)
 
-    def _join(self, slots: list[int], run: Run) -> None:
-        """The run's prefill, under way in its first slot past the entries it reuses."""
+    def _join(self, slots: list[int], run: Run | Batch) -> None:
+        """The run's prefill, under way in its first slot past the entries it reuses (a
+        generate call's batch: its rows prefilled together, at once)."""
         if run.cancelled:  # nothing written: what the slots kept is not known here
             self.cancelled += 1
             for slot in slots:
                 self._free(slot, None, keep=False)
+            return
+        if isinstance(run, Batch):  # a generate call's rows, prefilled together
+            self.runner.advance(run.width, self._take(run, slots, self.runner.prefill()))
             return
         prompt = run.streams[0].prefilled
         slot, reused = slots[0], 0
@@ -360,9 +402,24 @@ class Scheduler:
         busy = enumerate(self.active)
         rows = [(slot, slot, c.stream) for slot, c in busy if c is not None and c.filling is None]
         batch = self.runner.batch_for(rows[-1][1])
+        run = rows[0][2]
+        if isinstance(run, Batch):
+            self.runner.advance(
+                batch, self._take(run, [r[1] for r in rows], self._decode_logits(batch))
+            )
+            return
         reading = Reading(self._decode_logits(batch), rows, self._pieces)
         self.runner.advance(batch, reading.tokens)
         self.reading.append(reading)
+
+    def _take(self, batch: Batch, slots: list[int], logits: torch.Tensor) -> torch.Tensor:
+        """A batch's tokens from one launch, chosen on the device; its slots freed once
+        it is over."""
+        tokens = batch.take(logits)
+        if batch.over:
+            for slot in slots:
+                self._free(slot, None)
+        return tokens
 
     def _deliver(self, reading: Reading) -> None:
         """Send each run of a launch its token; a run that ended since is skipped."""

@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from .. import _compat
-from .._api import Precompile, _progress_on_stderr
+from .. import Precompile, _compat, _progress_on_stderr
 from .._compat.local_collectives import local_collectives
 from .._errors import QuantizationError
 from ..runtime.attention_backends import tracing_attention

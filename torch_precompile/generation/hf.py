@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .._api import Precompile, PrecompiledArtifact
+from .. import Precompile, PrecompiledArtifact
 from .._errors import CaptureError, GuardError
 from ..lean.cudagraphs import not_recorded
 from ..runtime.attention_backends import tracing_attention

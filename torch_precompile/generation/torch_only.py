@@ -22,7 +22,6 @@ of that library. Three things here:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -32,10 +31,8 @@ import torch
 
 from .. import _compat
 from .._errors import CaptureError
-from ..guards import unmet_by
-from ..lean.standin.module import build_standin
 from ..serialization.load_imports import TORCH_NAMESPACES, library_references
-from ..serialization.save import file_parts
+from ..serialization.save import file_parts, unmet_by_standin
 
 log = logging.getLogger("torch_precompile")
 
@@ -127,10 +124,8 @@ def refuse_library_imports(built: Any, model: torch.nn.Module) -> None:
         )
     if parts.skeleton is None or parts.tensors is None or parts.layout is not None:
         return  # a tensor-parallel model's stand-in is built from each rank's shard
-    standin = build_standin(json.loads(json.dumps(parts.skeleton)), parts.tensors)
-    artifact = parts.artifact
-    for i, variant in enumerate(artifact.variants or (artifact,)):
-        unmet = unmet_by(list(variant.guards), standin, identities=True)
+    per_variant = unmet_by_standin(parts.artifact, parts.skeleton, parts.tensors, identities=True)
+    for i, unmet in enumerate(per_variant):
         if unmet:
             raise CaptureError(
                 f"{name}: the generator's file, served without the model's library, would "

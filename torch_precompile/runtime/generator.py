@@ -5,10 +5,10 @@ decoder language model over a static key/value cache held in plain tensors;
 this module runs it and imports neither the model's library nor the
 compiler. :class:`Generator` owns the cache (``max_batch`` x ``max_length``
 per layer, allocated on the first call and reused: entries of earlier calls
-are masked) and checks a ``generate`` call's inputs and settings; the engine
-decodes them (``torch_precompile/engine/batch.py``: the prompt through the step,
-then one token at a time, greedy or sampled on the device, rows stopped at an
-end of sequence token as transformers' ``generate`` does).
+are masked) and checks a ``generate`` call's inputs and settings; the engine's
+loop decodes them (``Scheduler.drive`` over ``engine/batch.py``'s lockstep runner:
+the prompt through the step, then one token at a time, greedy or sampled on the
+device, rows stopped at an end of sequence token as transformers' ``generate`` does).
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from typing import Any
 import torch
 
 from .._errors import GenerationLimitError
-from ..engine.batch import Rows, decode_rows, guides_for
+from ..engine.batch import Batch, LockstepRunner, Rows, guides_for
 from ..engine.constraint import Constraint, Guided
 from ..engine.output import Chooser
 from ..engine.sampling import Penalties, Sampler
+from ..engine.scheduler import Scheduler
+from ..lean.cudagraphs import not_recorded
 from .generator_spec import DEFAULT_NEW_TOKENS, SAMPLING_DEFAULTS, GeneratorSpec
 from .loop import LoopCall
 
@@ -114,13 +116,16 @@ class Generator:
             return self._step(*args)
         return self._runtime(args, {})
 
-    def loop(self, fixed: Sequence[torch.Tensor]) -> Callable[..., Any]:
+    def loop(self, fixed: Sequence[torch.Tensor], *, settled: bool = True) -> Callable[..., Any]:
         """The step as one loop calls it, again and again, with the same ``fixed``
         tensors last (the cache views it decodes into): ``loop(*moving)``. The
         artifact's guards are checked at the loop's first call of each input layout,
         not at every step (:class:`~torch_precompile.runtime.loop.LoopCall`), so
-        one loop's steps must not change the model in between."""
-        self.settle()
+        one loop's steps must not change the model in between. ``settled=False``: the
+        work beside the load may still run (the caller settles before a step that
+        may record a CUDA graph)."""
+        if settled:
+            self.settle()
         return self._loop(fixed)
 
     def _loop(self, fixed: Sequence[torch.Tensor]) -> Callable[..., Any]:
@@ -128,6 +133,11 @@ class Generator:
             fixed = tuple(fixed)
             return lambda *moving: self._step(*moving, *fixed)
         return LoopCall(self._runtime, fixed)
+
+    def unrecorded(self) -> Any:
+        """A context whose steps record no CUDA graph (a prefill: one a prompt length
+        would pile up; ``lean/cudagraphs.py``)."""
+        return not_recorded()
 
     def cache(self) -> list[torch.Tensor]:
         """The key/value tensors, ``max_batch`` rows each, allocated on first use."""
@@ -237,17 +247,13 @@ class Generator:
             banned=torch.tensor(rows.eos, device=rows.ids.device) if rows.eos else None,
             min_tokens=min_new_tokens,
         )
+        keep = (output_scores, output_logits)
+        batch = Batch(rows, chooser, max_new_tokens=max_new_tokens, streamer=streamer, keep=keep)
         with self.lock:
-            cache = [t[: len(ids)] for t in self.cache()]
-            out = decode_rows(
-                self._loop(cache),
-                rows,
-                chooser,
-                max_new_tokens=max_new_tokens,
-                streamer=streamer,
-                keep=(output_scores, output_logits),
-                settle=self.settle,
-            )
+            if not batch.over:
+                runner = LockstepRunner(self, [t[: len(ids)] for t in self.cache()], rows)
+                Scheduler(self, max_queue=1, runner=runner).drive(batch)
+        out = batch.result()
         if not return_dict_in_generate:
             return out.sequences
         return GenerateOutput(

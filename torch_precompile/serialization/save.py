@@ -221,9 +221,8 @@ def _warn_if_standin_falls_short(
     """Say at save, not at the first call after load, when the stand-in rebuilt from
     the file would break a guard (an attribute the compiled code read that the file
     cannot carry, such as an object of a class defined in ``__main__``)."""
-    rebuilt = standin.build_standin(json.loads(json.dumps(skeleton)), tensors)
     # A bundle falls short only when no variant can be served.
-    per_variant = [unmet_by(list(v.guards), rebuilt) for v in artifact.variants or (artifact,)]
+    per_variant = unmet_by_standin(artifact, skeleton, tensors)
     problems = per_variant[0]
     if all(per_variant):
         log.warning(
@@ -234,6 +233,22 @@ def _warn_if_standin_falls_short(
             len(problems),
             "; ".join(problems),
         )
+
+
+def unmet_by_standin(
+    artifact: PrecompiledArtifact,
+    skeleton: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    *,
+    identities: bool = False,
+) -> list[list[str]]:
+    """Per variant, the guards that the stand-in rebuilt from the file's ``skeleton``
+    and ``tensors`` breaks (``identities``: its identity guards too)."""
+    rebuilt = standin.build_standin(json.loads(json.dumps(skeleton)), tensors)
+    return [
+        unmet_by(list(v.guards), rebuilt, identities=identities)
+        for v in artifact.variants or (artifact,)
+    ]
 
 
 def _lean_sections(

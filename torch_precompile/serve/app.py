@@ -110,6 +110,80 @@ def _guarded(handler: Handler) -> Handler:
     return run
 
 
+class Completions:
+    """OpenAI's generating routes, ``/v1/completions`` and ``/v1/chat/completions``:
+    a request's body read into jobs off the loop, each job opened in the engine, its
+    events written back as a stream or one answer."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        name: str,
+        tokens: Tokens,
+        metrics: Metrics,
+        off_loop: Callable[[Callable[[], Any]], Awaitable[Any]],
+        max_request_bytes: int,
+        grammars: Grammars | None,
+        tool_parser: str | None,
+    ) -> None:
+        self.engine, self.name, self.tokens, self.metrics = engine, name, tokens, metrics
+        self.off_loop, self.max_request_bytes = off_loop, max_request_bytes
+        self.grammars, self.tool_parser = grammars, tool_parser
+
+    def jobs(self, raw: bytes, chat: bool) -> list[Job]:
+        """The request's jobs: one, or a completion's one a prompt of its list."""
+        body = parse_json(raw)
+        bodies = [body] if chat or not isinstance(body, dict) else prompt_batch(body)
+        return [
+            read_job(
+                one,
+                chat=chat,
+                served=self.name,
+                max_length=self.engine.spec.max_length,
+                encode=self.tokens.encode,
+                render=self.tokens.render,
+                defaults=self.engine.defaults,
+                grammars=self.grammars,
+                tool_parser=self.tool_parser,
+            )
+            for one in bodies
+        ]
+
+    async def answer(self, request: Request, chat: bool) -> Response:
+        """The handler: the body read, its jobs opened, the answer written."""
+        began = time.perf_counter()
+        raw = await read_body(request, self.max_request_bytes)
+        jobs = await self.off_loop(lambda: self.jobs(raw, chat))
+        loop = asyncio.get_running_loop()
+        runs: list[_Run] = []
+        try:
+            for job in jobs:
+                events: asyncio.Queue[Event] = asyncio.Queue()
+                tracker = self.metrics.track(len(job.prompt), began)
+                run = self.engine.open(job, _sink(loop, events, tracker.see))
+                runs.append((job, events, functools.partial(_ended, self.engine, run, tracker)))
+        except BaseException:  # a full queue: the prompts already in leave it
+            for _, _, ended in runs:
+                ended()
+            raise
+        if jobs[0].stream:  # one job: prompt_batch refuses a list of prompts streamed
+            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            job, events, ended = runs[0]
+            return StreamingResponse(
+                _stream(ended, job, events, self.tokens.decode),
+                media_type="text/event-stream",
+                headers=headers,
+            )
+        return await _whole(request, runs, self.tokens.decode)
+
+    async def completion(self, request: Request) -> Response:
+        return await self.answer(request, chat=False)
+
+    async def chat_completion(self, request: Request) -> Response:
+        return await self.answer(request, chat=True)
+
+
 def build_app(
     engine: Engine,
     *,
@@ -141,6 +215,16 @@ def build_app(
         max_request_bytes=max_request_bytes,
         vocab=lambda: engine.vocab,
     )
+    generating = Completions(
+        engine,
+        name=name,
+        tokens=tokens,
+        metrics=metrics,
+        off_loop=off_loop,
+        max_request_bytes=max_request_bytes,
+        grammars=grammars,
+        tool_parser=tool_parser,
+    )
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", **engine.load()})
@@ -148,62 +232,11 @@ def build_app(
     async def models(request: Request) -> Response:
         return JSONResponse(models_list(name, created, max_length))
 
-    def jobs_of(raw: bytes, chat: bool) -> list[Job]:
-        """The request's jobs: one, or a completion's one a prompt of its list."""
-        body = parse_json(raw)
-        bodies = [body] if chat or not isinstance(body, dict) else prompt_batch(body)
-        return [
-            read_job(
-                one,
-                chat=chat,
-                served=name,
-                max_length=max_length,
-                encode=tokens.encode,
-                render=tokens.render,
-                defaults=engine.defaults,
-                grammars=grammars,
-                tool_parser=tool_parser,
-            )
-            for one in bodies
-        ]
-
-    async def generate(request: Request, chat: bool) -> Response:
-        began = time.perf_counter()
-        raw = await read_body(request, max_request_bytes)
-        jobs = await off_loop(lambda: jobs_of(raw, chat))
-        loop = asyncio.get_running_loop()
-        runs: list[_Run] = []
-        try:
-            for job in jobs:
-                events: asyncio.Queue[Event] = asyncio.Queue()
-                tracker = metrics.track(len(job.prompt), began)
-                run = engine.open(job, _sink(loop, events, tracker.see))
-                runs.append((job, events, functools.partial(_ended, engine, run, tracker)))
-        except BaseException:  # a full queue: the prompts already in leave it
-            for _, _, ended in runs:
-                ended()
-            raise
-        if jobs[0].stream:  # one job: prompt_batch refuses a list of prompts streamed
-            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-            job, events, ended = runs[0]
-            return StreamingResponse(
-                _stream(ended, job, events, tokens.decode),
-                media_type="text/event-stream",
-                headers=headers,
-            )
-        return await _whole(request, runs, tokens.decode)
-
-    async def completions(request: Request) -> Response:
-        return await generate(request, chat=False)
-
-    async def chat_completions(request: Request) -> Response:
-        return await generate(request, chat=True)
-
     routes = [
         Route("/health", _guarded(health), methods=["GET"]),
         Route("/v1/models", _guarded(models), methods=["GET"]),
-        Route("/v1/completions", _guarded(completions), methods=["POST"]),
-        Route("/v1/chat/completions", _guarded(chat_completions), methods=["POST"]),
+        Route("/v1/completions", _guarded(generating.completion), methods=["POST"]),
+        Route("/v1/chat/completions", _guarded(generating.chat_completion), methods=["POST"]),
         Route("/tokenize", _guarded(operations.tokenize), methods=["POST"]),
         Route("/detokenize", _guarded(operations.detokenize), methods=["POST"]),
         Route("/version", _guarded(operations.version), methods=["GET"]),

@@ -11,17 +11,16 @@ engine's :class:`~torch_precompile.engine.requests.Request`. The engine's errors
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ..engine.errors import NotServable
-from ..engine.requests import Delta, Event, Request
-from ..engine.runner import step_batches
+from ..engine.requests import Request
+from ..engine.runner import Loaded
 from ..engine.scheduler import Run, Scheduler, Sink
-from ..runtime.generator import Generator
+from ..engine.text import Tokens
 from .protocol import Job
 
-__all__ = ["Engine", "NotServable", "request_of", "step_batches"]
+__all__ = ["Engine", "NotServable", "request_of"]
 
 
 def request_of(job: Job) -> Request:
@@ -60,8 +59,11 @@ def _prompt_top(job: Job) -> int | None:
 class Engine(Scheduler):
     """The scheduler over a generator file, taking :class:`Job`s (see the module docstring)."""
 
-    def __init__(self, generator: Generator, *, max_queue: int, **options: Any) -> None:
-        super().__init__(generator, max_queue=max_queue, **options)
+    def __init__(
+        self, generator: Loaded, *, max_queue: int, tokenizer: Any = None, **options: Any
+    ) -> None:
+        super().__init__(generator, max_queue=max_queue, tokenizer=tokenizer, **options)
+        self.tokens = Tokens(tokenizer, self.spec)  # text in and out, for the HTTP side
         # The model's own sampling settings and max_new_tokens, for a request that leaves
         # them out.
         self.defaults = {k: v for k, v in self.spec.sampling if k != "do_sample"}
@@ -73,25 +75,3 @@ class Engine(Scheduler):
         """Queue a job, its events to ``sink`` (the engine's errors as
         :meth:`Scheduler.submit` raises them; the app maps them to statuses)."""
         return super().submit(request_of(job), sink, with_ids=job.return_token_ids)
-
-    def submit(  # type: ignore[override]
-        self, job: Job, sink: Callable[[dict[str, Any]], None]
-    ) -> Run:
-        """:meth:`open`, each event as a plain dict (``text``, ``entries``, ``finish``,
-        ``tokens``, ``ids``; or ``error``), for scripts that drive the engine alone."""
-        return self.open(job, lambda event: sink(as_dict(event)))
-
-
-def as_dict(event: Event) -> dict[str, Any]:
-    """An event as a plain dict (see :meth:`Engine.submit`)."""
-    if not isinstance(event, Delta):
-        return {"error": event.message}
-    entries = [
-        {"token": e.token, "bytes": e.bytes, "logprob": e.logprob, "top": list(e.top)}
-        for e in event.logprobs
-    ]
-    finish = None if event.finish is None else event.finish.reason
-    out = {"text": event.text, "entries": entries, "finish": finish, "tokens": event.tokens}
-    if event.token_ids:
-        out["ids"] = list(event.token_ids)
-    return out

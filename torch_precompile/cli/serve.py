@@ -51,7 +51,7 @@ def add_serve(sub: Any) -> None:
         help="a key every request but /health must send as 'Authorization: Bearer KEY' "
         "(default: $TORCH_PRECOMPILE_API_KEY; none: open)",
     )
-    from .tool_parsers import PARSERS
+    from ..serve.tool_parsers import PARSERS
 
     p.add_argument(
         "--tool-call-parser",
@@ -93,14 +93,13 @@ def add_serve(sub: Any) -> None:
 def serve(args: argparse.Namespace) -> int:
     """Serve until interrupted (SIGINT: at once; SIGTERM: after a drain); a file the
     server cannot batch is refused (exit status 1)."""
-    from ..runtime.generator import Generator
-    from ..serialization.load import load
-    from .engine import Engine
+    from .. import Generator, Precompile
+    from ..serve.engine import Engine
 
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
     if args.max_request_bytes is None:
-        from .app import MAX_REQUEST_BYTES
+        from ..serve.app import MAX_REQUEST_BYTES
 
         args.max_request_bytes = MAX_REQUEST_BYTES
     if args.drain_timeout < 0:
@@ -115,7 +114,7 @@ def serve(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(threads)  # before the load: its copies and warm-up use them
     began = time.perf_counter()
-    generator = load(args.path)
+    generator = Precompile.load(args.path)
     loaded = time.perf_counter()
     if not isinstance(generator, Generator):
         raise ValueError(
@@ -214,18 +213,16 @@ def _listen(server: Any, engine: Any) -> None:
 
 
 def _app(engine: Any, name: str, tokenizer: Any, args: argparse.Namespace) -> Any:
-    from ..engine.text import Tokens
-    from .app import build_app
-    from .structured import Grammars
-    from .tool_parsers import parser_for
+    from ..serve.app import build_app
+    from ..serve.structured import Grammars
+    from ..serve.tool_parsers import parser_for
 
-    tokens = Tokens(tokenizer, engine.spec)
     own = tokenizer.to_str() if tokenizer is not None else None
     parser = getattr(args, "tool_call_parser", None) or parser_for(engine.spec.chat_template)
     return build_app(
         engine,
         name=name,
-        tokens=tokens,
+        tokens=engine.tokens,
         max_request_bytes=args.max_request_bytes,
         api_key=args.api_key,
         grammars=Grammars(own, engine.spec.eos_token_id),

@@ -25,48 +25,20 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .batch import Batch
-from .errors import EngineBusy, RequestError
+from .errors import EngineBusy
 from .output import Reading, Stream, request_chooser
 from .prefix import Filling, SlotCaches
 from .requests import Event, Failed, Request, TokenLogprob
 from .runner import Loaded, Runner, SlotRunner
+from .runs import Choice, Run, Sink, check
 from .text import pieces_of
 
 log = logging.getLogger("torch_precompile")
-
-Sink = Callable[[Event], None]
-
-
-class Run:
-    """A request in the scheduler: each choice's output stream, and where its events go."""
-
-    def __init__(self, streams: list[Stream], sink: Sink) -> None:
-        self.streams, self.sink = streams, sink
-        self.cancelled = False
-
-    @property
-    def request(self) -> Request:
-        return self.streams[0].request
-
-    @property
-    def width(self) -> int:
-        """The slots the run takes: one a choice."""
-        return len(self.streams)
-
-
-class _Choice:
-    """One choice of a run, in its slot (``filling``: its prompt's prefill, under way)."""
-
-    def __init__(self, run: Run | Batch, stream: Stream | Batch) -> None:
-        self.run, self.stream = run, stream
-        self.filling: Filling | None = None
-
 
 # Prompt tokens prefilled a pass between decode steps (llama.cpp's default n_ubatch).
 PREFILL_CHUNK = 512
@@ -96,7 +68,7 @@ class Scheduler:
         self.device = self.runner.device
         self.batches = getattr(self.runner, "batches", [self.runner.slots])
         self.reading: collections.deque[Reading] = collections.deque()  # launched, unread
-        self.active: list[_Choice | None] = [None] * self.runner.slots
+        self.active: list[Choice | None] = [None] * self.runner.slots
         self.pending: collections.deque[Run | Batch] = collections.deque()
         self.cv = threading.Condition()
         self.vocab = 0
@@ -170,7 +142,7 @@ class Scheduler:
         """Queue a request (``with_ids``: its events carry the token ids); a
         :class:`RequestError` for ids past the vocabulary, :class:`EngineBusy` when
         ``max_queue`` runs already wait for a slot."""
-        self._check(request)
+        check(request, self.vocab, len(self.active))
         streams = [
             Stream(
                 request,
@@ -194,35 +166,6 @@ class Scheduler:
             self.pending.append(run)
             self.cv.notify()
         return run
-
-    def _check(self, request: Request) -> None:
-        named = (request.prompt, [t for t, _ in request.logit_bias], request.stop_token_ids)
-        for param, ids in zip(("prompt", "logit_bias", "stop_token_ids"), named):
-            bad = [t for t in ids if t >= self.vocab]
-            if bad:
-                raise RequestError(
-                    f"token id {bad[0]} is past the vocabulary of {self.vocab}", param=param
-                )
-        slots = len(self.active)
-        if not 1 <= request.n <= slots:
-            raise RequestError(
-                f"'n' must be 1 to {slots}, got {request.n}: each choice takes a slot "
-                f"(the file's max_batch={slots})",
-                param="n",
-            )
-        if request.max_tokens < (request.prompt_logprobs is None):
-            raise RequestError(
-                f"'max_tokens' must be 1 or more (0 with prompt logprobs), got "
-                f"{request.max_tokens}",
-                param="max_tokens",
-            )
-        constraints = request.constraint
-        if isinstance(constraints, tuple) and len(constraints) != request.n:
-            raise RequestError(f"{len(constraints)} constraints for n={request.n}", param="n")
-        if constraints is not None and not isinstance(constraints, tuple) and request.n > 1:
-            raise RequestError(
-                "a constraint keeps one choice's state: give one per choice", param="n"
-            )
 
     def cancel(self, run: Run) -> None:
         """The client left: its slot (or queue place) is freed before the next step."""
@@ -307,7 +250,7 @@ class Scheduler:
             free.remove(first)
             slots, free = [first, *free[: len(run.streams) - 1]], free[len(run.streams) - 1 :]
             for slot, stream in zip(slots, run.streams):
-                self.active[slot] = _Choice(run, stream)
+                self.active[slot] = Choice(run, stream)
             joining.append((slots, run))
         return joining
 
@@ -431,7 +374,7 @@ class Scheduler:
     def _next(
         self,
         slot: int,
-        choice: _Choice,
+        choice: Choice,
         token: int,
         entries: tuple[TokenLogprob, ...],
         forced: bool,

@@ -16,7 +16,8 @@ from typing import Any
 from ..engine.errors import NotServable
 from ..engine.requests import Request
 from ..engine.runner import Loaded
-from ..engine.scheduler import Run, Scheduler, Sink
+from ..engine.runs import Run, Sink
+from ..engine.scheduler import Scheduler
 from ..engine.text import Tokens
 from .protocol import Job
 

@@ -17,10 +17,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_precompile import Precompile, _compat
+from torch_precompile._compat.quantized_mm import INT8_MM
 from torch_precompile.generation.decode_matmul import (
     ADDMM,
     BMM,
     MM,
+    int8_one_row,
     one_row_addmm,
     one_row_mm,
     outer_product,
@@ -103,7 +105,8 @@ def test_one_row_reductions_on_a_gpu_under_coordinate_descent_tuning_only(
     options: dict | None, device: str, used: bool
 ) -> None:
     decode = step_decompositions(options, torch.device(device), prefill=False)
-    assert decode == ({ADDMM: one_row_addmm, MM: one_row_mm} if used else {})
+    cpu_int8 = {INT8_MM: int8_one_row} if device == "cpu" else {}  # an int8 file's decode
+    assert decode == ({ADDMM: one_row_addmm, MM: one_row_mm} if used else cpu_int8)
     prefill = step_decompositions(options, torch.device(device), prefill=True)
     on_gpu = device != "cpu"
     assert set(prefill) == ({ADDMM} if used else set()) | ({MM, BMM} if on_gpu else set())
@@ -219,3 +222,14 @@ def test_in_a_trace_the_rotary_product_leaves_no_matmul() -> None:
         targets = {n.target for n in traced.graph.nodes if n.op == "call_function"}
         assert not targets & {MM, BMM, torch.ops.aten.matmul.default}, (batch, targets)
         assert torch.equal(traced(positions), freqs(positions)), batch
+
+
+def test_int8_one_row_equals_atens_int8_mm_and_more_rows_keep_the_operator() -> None:
+    """The CPU decode step's int8 matmul: ``sum(x * q) * scale``, ATen's result to
+    float32 rounding; two rows are left to the operator."""
+    torch.manual_seed(0)
+    x, q = torch.randn(1, 96), torch.randint(-127, 128, (40, 96), dtype=torch.int8)
+    scales = torch.rand(40)
+    want = torch.ops.aten._weight_int8pack_mm(x, q, scales)
+    torch.testing.assert_close(int8_one_row(x, q, scales), want, atol=1e-5, rtol=1e-5)
+    assert int8_one_row(torch.randn(2, 96), q, scales) is NotImplemented

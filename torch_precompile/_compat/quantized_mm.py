@@ -27,6 +27,8 @@ import torch
 
 # tinygemm's inner K tiles on CUDA (K must be a multiple of 16 * this); CPU ignores it.
 INNER_K_TILES = 8
+# The int8 operator, for a decode step's decomposition of it (generation/decode_matmul.py).
+INT8_MM = torch.ops.aten._weight_int8pack_mm.default
 
 
 def int8_weight_mm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -46,7 +48,14 @@ def int4_weight_mm(
     x: torch.Tensor, packed: torch.Tensor, group: Any, scales_and_zeros: torch.Tensor
 ) -> torch.Tensor:
     """``x @ w.T`` for a 2-D ``x``, ``w`` the int4 weight :func:`int4_pack` packed in
-    groups of ``group`` (a 0-d int64 tensor; an int to the CUDA operator)."""
+    groups of ``group`` (a 0-d int64 tensor; an int to the CUDA operator). On the CPU a
+    float32 ``x`` is taken in bfloat16 (``scales_and_zeros`` are then bfloat16 too), the
+    result returned in float32: the CPU kernel's float32 path reads the weight at a tenth
+    of its bfloat16 path's speed (docs/generation.md)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and scales_and_zeros.dtype != x.dtype:
+        low = x.to(scales_and_zeros.dtype)
+        out = torch.ops.quantized.int4mm_packed_weight_cpu(low, packed, group, scales_and_zeros)
+        return out.to(x.dtype)
     if x.device.type == "cpu":
         return torch.ops.quantized.int4mm_packed_weight_cpu(x, packed, group, scales_and_zeros)
     return torch.ops.aten._weight_int4pack_mm(x, packed, group, scales_and_zeros)

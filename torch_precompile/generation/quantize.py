@@ -10,10 +10,13 @@ packed int4 tensors and their scales, and the serving process needs torch alone.
 The quantization math is torchao's (imported at build only): its affine
 primitives, as its ``Int8WeightOnlyConfig`` (symmetric, one scale per output
 channel) and its tinygemm int4 (asymmetric, a float scale and zero per group
-of :data:`INT4_GROUP` inputs) compute them. ``torchao.quantize_`` itself is not
-used: it swaps weights for torchao tensor subclasses, which the file would then
-need torchao to load. Embeddings and the head stay in the model's dtype (as
-torchao's and gpt-fast's recipes leave them).
+of :data:`INT4_GROUP` inputs) compute them. A float32 model's int4 layers on the
+CPU hold bfloat16 scales and zeros and run on bfloat16 activations (ATen's
+kernel is ten times slower on float32 ones); its int8 layers stay float32, a
+decode step's one-row matmul a reduction of Inductor's (``decode_matmul.py``).
+``torchao.quantize_`` itself is not used: it swaps weights for torchao tensor
+subclasses, which the file would then need torchao to load. Embeddings and the
+head stay in the model's dtype (as torchao's and gpt-fast's recipes leave them).
 """
 
 from __future__ import annotations
@@ -203,6 +206,14 @@ def _check_int4(kind: str, path: str, linear: torch.nn.Linear) -> None:
         )
 
 
+def _int4_scale_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype of int4's scales and zeros: bfloat16 for a float32 weight on the CPU,
+    whose kernel then runs on bfloat16 activations (``int4_weight_mm``), else the weight's."""
+    if weight.device.type == "cpu" and weight.dtype == torch.float32:
+        return torch.bfloat16
+    return weight.dtype
+
+
 def _stand_in(weights: str, linear: torch.nn.Linear) -> tuple[torch.nn.Module, int]:
     """The quantized module for ``linear``, and its weight's bytes (with scales)."""
     with torch.no_grad():
@@ -213,7 +224,9 @@ def _stand_in(weights: str, linear: torch.nn.Linear) -> tuple[torch.nn.Module, i
         values, scales_and_zeros = int4_weights(linear.weight)
         device = linear.weight.device
         packed = int4_pack(values.to(device))
-        scales_and_zeros = scales_and_zeros.to(device).contiguous()
+        scales_and_zeros = scales_and_zeros.to(
+            device, _int4_scale_dtype(linear.weight)
+        ).contiguous()
         module = Int4Linear(packed, scales_and_zeros, linear.bias, tuple(linear.weight.shape))
         return module, packed.nbytes + scales_and_zeros.nbytes
 

@@ -26,12 +26,13 @@ from .._errors import QuantizationError
 from ..runtime.attention_backends import tracing_attention
 from ..runtime.generator import Generator
 from ..runtime.generator_spec import GeneratorSpec
+from ..stages.size_one import takes_one
 from .build_progress import BuildProgress, thread_free_options
 from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import step_decompositions
 from .model_settings import chat_fields, length_fields, sampling_fields
 from .quantize import quantized_view
-from .rows import Program, mark, plan, takes_one
+from .rows import Program, mark, plan
 from .slots import slot_example, slots_work
 from .step import _Step
 from .torch_only import refuse_foreign_ops, refuse_library_imports, torch_only_decompositions

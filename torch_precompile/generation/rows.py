@@ -21,9 +21,6 @@ import dataclasses
 import torch
 
 from .. import _compat
-from ..guards import RangeGuard
-from ..runtime.artifact import PrecompiledArtifact
-from ..stages.size_one import excluded_by_a_check
 from .build_progress import program_name
 
 
@@ -70,11 +67,3 @@ def mark(program: Program, ids: torch.Tensor, positions: torch.Tensor, *rows: to
     if program.length > 1:
         for tensor in (ids, positions):
             _compat.mark_dynamic(tensor, 1, None, None)
-
-
-def takes_one(artifact: PrecompiledArtifact) -> bool:
-    """Whether ``artifact`` serves one row: each batch dimension's range takes 1 and no
-    shape guard leaves it out."""
-    left_out = set(excluded_by_a_check(artifact))
-    batch = [g for g in artifact.guards.of_kind(RangeGuard) if g.dim == 0]
-    return bool(batch) and all(g.min <= 1 and g.symbol not in left_out for g in batch)

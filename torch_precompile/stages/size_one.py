@@ -54,6 +54,14 @@ def excluded_by_a_check(artifact: PrecompiledArtifact) -> list[str]:
     return out
 
 
+def takes_one(artifact: PrecompiledArtifact) -> bool:
+    """Whether ``artifact`` serves one row: each batch dimension's range takes 1 and no
+    shape guard leaves it out."""
+    left_out = set(excluded_by_a_check(artifact))
+    batch = [g for g in artifact.guards.of_kind(RangeGuard) if g.dim == 0]
+    return bool(batch) and all(g.min <= 1 and g.symbol not in left_out for g in batch)
+
+
 _NOT_ONE = re.compile(r"Ne\((s\d+),1\)")
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import child_env, write_result
-from serve import _SERVER, SHAPES, build
+from serve import _SERVER, built_file, file_parser
 
 
 def _port() -> int:
@@ -192,31 +192,15 @@ def chunk_round(path: Path, work: Path, args: argparse.Namespace, chunk: int) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--max-length", type=int, default=1024)
+    parser = file_parser(__doc__, max_batch=8, max_length=1024, work="/tmp/prefix_bench")
     parser.add_argument("--prompt-tokens", type=int, default=768)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--stream-tokens", type=int, default=200)
     parser.add_argument("--prefill-chunk", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="A/B pairs of fresh servers")
-    parser.add_argument("--file", type=Path, default=None, help="a built file to serve")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/prefix_bench"))
-    parser.add_argument(
-        "--mode", default=None, help="compile_generator's mode (CUDA graphs: reduce-overhead)"
-    )
-    parser.add_argument("--out", type=Path, default=None, help="write the results (JSON) here")
     args = parser.parse_args()
-    args.work.mkdir(parents=True, exist_ok=True)
-    path = args.file or args.work / "model.pt"
-    if args.file is None:
-        t = time.perf_counter()
-        build(args, path)
-        print(f"built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    path = built_file(args)
     result: dict[str, Any] = {"device": args.device, "shape": args.shape, "dtype": args.dtype}
     for key in ("max_batch", "max_length", "prompt_tokens", "new_tokens", "streams"):
         result[key] = getattr(args, key)

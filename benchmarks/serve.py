@@ -264,33 +264,47 @@ def load(port: int, clients: int, rounds: int, new: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def file_parser(doc: str, *, max_batch: int, max_length: int, work: str) -> argparse.ArgumentParser:
+    """The options of a benchmark that serves one built file (``--file``, or built here
+    from ``--shape`` and the rest); a script adds its own."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-batch", type=int, default=16)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3, help="requests per client in a row")
-    parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--max-batch", type=int, default=max_batch)
+    parser.add_argument("--max-length", type=int, default=max_length)
     parser.add_argument("--file", type=Path, default=None, help="a built file to serve")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/serve_bench"))
+    parser.add_argument("--work", type=Path, default=Path(work))
     parser.add_argument(
         "--mode", default=None, help="compile_generator's mode (CUDA graphs: reduce-overhead)"
     )
-    parser.add_argument("--out", type=Path, default=None, help="write the results (JSON) here")
     parser.add_argument(
         "--tokenizer", default=None, help="a tokenizer directory the file holds (text in and out)"
     )
+    parser.add_argument("--out", type=Path, default=None, help="write the results (JSON) here")
+    return parser
+
+
+def built_file(args: argparse.Namespace) -> Path:
+    """``--file``, or the file built from the options into ``--work``."""
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.file is not None:
+        return args.file
+    path = args.work / "model.pt"
+    t = time.perf_counter()
+    build(args, path)
+    print(f"built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    return path
+
+
+def main() -> None:
+    parser = file_parser(__doc__, max_batch=16, max_length=256, work="/tmp/serve_bench")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="requests per client in a row")
+    parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--build-only", action="store_true", help="build the file and stop")
     args = parser.parse_args()
-    args.work.mkdir(parents=True, exist_ok=True)
-    path = args.file or args.work / "model.pt"
-    if args.file is None:
-        t = time.perf_counter()
-        build(args, path)
-        print(f"built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    path = built_file(args)
     if args.build_only:
         return
     with socket.socket() as s:

@@ -111,6 +111,25 @@ class Server:
     def health(self) -> dict[str, Any]:
         return self.request("GET", "/health")[1]
 
+    def stream_gaps(
+        self, body: dict[str, Any], gaps: list[tuple[float, float]], stop: threading.Event
+    ) -> None:
+        """Stream ``body``'s completion again and again until ``stop``, each gap between
+        two events appended to ``gaps`` as (gap, when it ended)."""
+        while not stop.is_set():
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            last = time.perf_counter()
+            conn.request(
+                "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+            )
+            response = conn.getresponse()
+            while line := response.readline():
+                if line.startswith(b"data: "):
+                    now = time.perf_counter()
+                    gaps.append((now - last, now))
+                    last = now
+            conn.close()
+
     def client(self) -> Any:
         return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none")
 

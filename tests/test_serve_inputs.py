@@ -10,7 +10,6 @@ server runs where transformers cannot be imported (test_serve's ``Server``).
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import threading
@@ -280,17 +279,7 @@ def test_a_huge_prompt_does_not_stall_the_streams(server: Server) -> None:
     def stream(i: int) -> None:
         body = {"model": "tiny", "prompt": PROMPTS[i], "max_tokens": 80, "temperature": 0}
         body.update(stream=True, ignore_eos=True)
-        while not stop.is_set():
-            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-            last = time.perf_counter()
-            conn.request("POST", "/v1/completions", json.dumps(body), JSON)
-            response = conn.getresponse()
-            while line := response.readline():
-                if line.startswith(b"data: "):
-                    now = time.perf_counter()
-                    gaps.append((now - last, now))
-                    last = now
-            conn.close()
+        server.stream_gaps(body, gaps, stop)
 
     def window(since: float) -> float:
         return max(g for g, end in gaps if end > since)

@@ -11,7 +11,6 @@ and, sampled, for several seeds; a stream's calls are the whole answer's.
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import threading
@@ -263,17 +262,7 @@ def test_a_large_new_schema_compiles_beside_the_streams(server: Server, built: P
     def stream(i: int) -> None:
         body = {"model": "tiny", "prompt": f"the {i} terms", "max_tokens": 200}
         body.update(stream=True, ignore_eos=True, temperature=0)
-        while not stop.is_set():
-            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-            last = time.perf_counter()
-            conn.request("POST", "/v1/completions", json.dumps(body))
-            response = conn.getresponse()
-            while line := response.readline():
-                if line.startswith(b"data: "):
-                    now = time.perf_counter()
-                    gaps.append((now - last, now))
-                    last = now
-            conn.close()
+        server.stream_gaps(body, gaps, stop)
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
     for t in threads:

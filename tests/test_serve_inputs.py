@@ -216,13 +216,13 @@ def test_a_body_past_the_cap_is_413_by_length_or_chunked(built: dict[str, Any]) 
 
 
 _FAULT = """
-from torch_precompile.serve import app as _app
-_usage = _app.usage
+from torch_precompile.serve import answers as _answers
+_usage = _answers.usage
 def usage(prompt, completion, cached=0):
     if completion == 3:
         raise RuntimeError("a fault in the answer\\nover two lines")
     return _usage(prompt, completion, cached)
-_app.usage = usage
+_answers.usage = usage
 """
 
 

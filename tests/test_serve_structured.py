@@ -252,10 +252,15 @@ def test_a_large_new_schema_compiles_beside_the_streams(server: Server, built: P
     tries, each with a new schema, one must pass; a stall would repeat)."""
     tok = transformers.AutoTokenizer.from_pretrained(built / "model")
     grammars = Grammars(tok.backend_tokenizer.to_str(), [tok.eos_token_id])
-    began = time.perf_counter()
-    grammars.constraint("json", _big_schema(-1), "p")
-    compile_s = time.perf_counter() - began
-    assert compile_s > 1.0, compile_s  # on the engine's step, a stall past the bar
+    keys = 2000
+    while True:  # a schema whose compile, on the engine's step, would stall past the bar
+        keys *= 2
+        began = time.perf_counter()
+        grammars.constraint("json", _big_schema(-keys, keys), "p")
+        compile_s = time.perf_counter() - began
+        if compile_s > 1.5 or keys >= 32000:
+            break
+    assert compile_s > 1.0, (compile_s, keys)
     gaps: list[tuple[float, float]] = []  # (gap, when it ended)
     stop = threading.Event()
 
@@ -276,7 +281,7 @@ def test_a_large_new_schema_compiles_beside_the_streams(server: Server, built: P
             time.sleep(1.5)
             began = time.perf_counter()
             calm = max(g for g, end in gaps if end > quiet)
-            schema = {"name": "big", "schema": _big_schema(salt)}
+            schema = {"name": "big", "schema": _big_schema(salt, keys)}
             body = {"model": "tiny", "messages": ASK, "max_tokens": 2}
             body["response_format"] = {"type": "json_schema", "json_schema": schema}
             status, answer = server.request("POST", "/v1/chat/completions", body)

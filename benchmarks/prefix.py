@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import child_env, write_result
-from serve import _SERVER, built_file, file_parser
+from serve import _SERVER, built_file, events, file_parser
 
 
 def _port() -> int:
@@ -81,31 +81,18 @@ def stream(port: int, prompt: list[int], new: int, on_token: Any = None) -> dict
     body = {"model": "model", "prompt": prompt, "max_tokens": new, "temperature": 0}
     body |= {"stream": True, "ignore_eos": True, "return_token_ids": True}
     body |= {"stream_options": {"include_usage": True}}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    if response.status != 200:
-        raise RuntimeError(f"{response.status}: {response.read()!r}")
     ids: list[int] = []
     times: list[float] = []
     usage: dict[str, Any] = {}
-    buffer = b""
-    while chunk := response.read1(65536):
-        buffer += chunk
-        *events, buffer = buffer.split(b"\n\n")
-        for event in events:
-            if event == b"data: [DONE]":
-                continue
-            data = json.loads(event[len(b"data: ") :])
-            usage = data.get("usage") or usage
-            for choice in data["choices"]:
-                for token in choice.get("token_ids", []):
-                    ids.append(token)
-                    times.append(time.perf_counter())
-                    if on_token is not None:
-                        on_token(len(ids))
-    conn.close()
+    t = time.perf_counter()
+    for data in events(port, body):
+        usage = data.get("usage") or usage
+        for choice in data["choices"]:
+            for token in choice.get("token_ids", []):
+                ids.append(token)
+                times.append(time.perf_counter())
+                if on_token is not None:
+                    on_token(len(ids))
     return {"ids": ids, "sent": t, "times": times, "usage": usage}
 
 

@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -195,32 +196,39 @@ def engine(path: Path, new: int) -> dict[str, Any]:
     return json.loads(run_child(_ENGINE, str(path), "8", str(new)).splitlines()[-1])
 
 
+def events(port: int, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A streamed ``/v1/completions``: each server-sent event's data as it arrives
+    (``[DONE]`` left out); a status other than 200 raises with the answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"{response.status}: {response.read()!r}")
+        buffer = b""
+        while chunk := response.read1(65536):
+            buffer += chunk
+            *done, buffer = buffer.split(b"\n\n")
+            for event in done:
+                if event != b"data: [DONE]":
+                    yield json.loads(event[len(b"data: ") :])
+    finally:
+        conn.close()
+
+
 def stream(port: int, prompt: list[int], new: int) -> tuple[float, int]:
     """One streaming completion: (seconds to the first token, tokens received)."""
     body = {"model": "model", "prompt": prompt, "max_tokens": new, "temperature": 0}
     body |= {"stream": True, "ignore_eos": True, "return_token_ids": True}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    if response.status != 200:
-        raise RuntimeError(f"{response.status}: {response.read()!r}")
-    first, tokens, buffer = None, 0, b""
-    while True:
-        chunk = response.read1(65536)
-        if not chunk:
-            break
-        buffer += chunk
-        *events, buffer = buffer.split(b"\n\n")
-        for event in events:
-            if event == b"data: [DONE]":
-                continue
-            data = json.loads(event[len(b"data: ") :])
-            got = len(data["choices"][0].get("token_ids", []))
-            if got and first is None:
-                first = time.perf_counter() - t
-            tokens += got
-    conn.close()
+    first, tokens = None, 0
+    for data in events(port, body):
+        got = len(data["choices"][0].get("token_ids", []))
+        if got and first is None:
+            first = time.perf_counter() - t
+        tokens += got
     return first or float("nan"), tokens
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import write_result
-from serve import start
+from serve import events, start
 
 SCHEMA = {
     "type": "object",
@@ -55,28 +55,23 @@ PROMPTS = [f"Request {i}: write down the person of line {3 * i + 1}." for i in r
 
 def post(port: int, body: dict[str, Any]) -> dict[str, Any]:
     """One request; a streamed one gives each token's arrival time, a whole one its body."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    headers = {"Content-Type": "application/json"}
     t = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(body), headers)
-    response = conn.getresponse()
-    if response.status != 200:
-        raise RuntimeError(f"{response.status}: {response.read()!r}")
-    if not body.get("stream"):
-        answer = json.loads(response.read())
+    if body.get("stream"):
+        times: list[float] = []
+        for data in events(port, body):
+            times += [time.perf_counter() - t] * len(data["choices"][0].get("token_ids", []))
+        return {"times": times}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"{response.status}: {response.read()!r}")
+        return json.loads(response.read())
+    finally:
         conn.close()
-        return answer
-    times, buffer = [], b""
-    while chunk := response.read1(65536):
-        buffer += chunk
-        *events, buffer = buffer.split(b"\n\n")
-        for event in events:
-            if event == b"data: [DONE]":
-                continue
-            choice = json.loads(event[len(b"data: ") :])["choices"][0]
-            times += [time.perf_counter() - t] * len(choice.get("token_ids", []))
-    conn.close()
-    return {"times": times}
 
 
 def at_once(port: int, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:

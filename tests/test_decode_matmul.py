@@ -23,6 +23,7 @@ from torch_precompile.generation.decode_matmul import (
     BMM,
     MM,
     int8_one_row,
+    int8_options,
     one_row_addmm,
     one_row_mm,
     outer_product,
@@ -233,3 +234,16 @@ def test_int8_one_row_equals_atens_int8_mm_and_more_rows_keep_the_operator() -> 
     want = torch.ops.aten._weight_int8pack_mm(x, q, scales)
     torch.testing.assert_close(int8_one_row(x, q, scales), want, atol=1e-5, rtol=1e-5)
     assert int8_one_row(torch.randn(2, 96), q, scales) is NotImplemented
+
+
+def test_a_cuda_int8_build_tunes_by_coordinate_descent_unless_told_otherwise() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert int8_options(None, "int8", cuda) == {"coordinate_descent_tuning": True}
+    kept = {"coordinate_descent_tuning": False, "max_autotune": True}
+    assert int8_options(kept, "int8", cuda) == kept
+    assert int8_options({"max_autotune": True}, "int8", cuda) == {
+        "max_autotune": True,
+        "coordinate_descent_tuning": True,
+    }
+    for weights, device in (("int8", cpu), ("int4", cuda), (None, cuda)):
+        assert int8_options(None, weights, device) is None

@@ -61,7 +61,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         opt.step()
     model.eval()
     path = tmp_path_factory.mktemp("numerics") / "gen.pt"
-    # One row (three programs): every check here runs one prompt.
+    # One row (two programs): every check here runs one prompt.
     Precompile.save(path, compile_generator(model, max_batch=1, max_length=MAX_LENGTH))
     prompt = data[1000 : 1000 + PROMPT].reshape(1, -1)
     return {"model": model, "loss": float(loss), "gen": Precompile.load(path), "prompt": prompt}

@@ -2,10 +2,11 @@
 
 The smallest build that goes the whole way (compile, save, the lean load,
 ``generate``, ``serve``): a 2-layer Llama of width 64 with the tests' 320-token
-BPE. A file of one row holds three programs (prefill, decode and the slot step
-at batch 1); its tokens and every step's logits equal transformers' ``generate``,
-a second row is a typed error before any kernel, and the server, in a process
-where transformers cannot be imported, answers as ``generate`` does.
+BPE. A file of one row holds two programs at batch 1: the prefill and the slot
+step, which is ``generate``'s decode step too; its tokens and every step's logits
+equal transformers' ``generate``, a second row is a typed error before any kernel,
+and the server, in a process where transformers cannot be imported, answers as
+``generate`` does.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ def one_row(store: Store) -> dict[str, Any]:
     return {"path": path, "model": _model(), "loaded": Precompile.load(path)}
 
 
-def test_three_programs_and_a_second_row_refused(one_row: dict[str, Any]) -> None:
+def test_two_programs_and_a_second_row_refused(one_row: dict[str, Any]) -> None:
     loaded = one_row["loaded"]
-    assert len(loaded.step.variants) == 3  # prefill, decode, slot step: batch 1 only
-    assert loaded.spec.max_batch == 1 and loaded.spec.slots
+    assert len(loaded.step.variants) == 2  # prefill and slot step, batch 1 only
+    assert loaded.spec.max_batch == 1 and loaded.spec.slots and loaded.spec.decode_by_slots
     with pytest.raises(GenerationLimitError, match=r"max_batch=1.*split the batch"):
         loaded.generate(torch.ones((2, 3), dtype=torch.long), max_new_tokens=2)
 

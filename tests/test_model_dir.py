@@ -45,10 +45,10 @@ from torch_precompile.cli.model_dir import (  # noqa: E402
     checkpoint_digest,
 )
 
-# One row: a build of three programs (these tests are of the command and its cache, not
+# One row: a build of two programs (these tests are of the command and its cache, not
 # of batching, which test_generator and test_serve cover).
 MAX_BATCH, MAX_LENGTH = 1, 64
-PROGRAMS = 3  # prefill, decode and the slot step, at batch 1
+PROGRAMS = 2  # the prefill and the slot step (generate's decode step too), at batch 1
 BUILD = ["--max-batch", str(MAX_BATCH), "--max-length", str(MAX_LENGTH)]
 QUESTION = [{"role": "user", "content": "the cat sat on"}]
 

@@ -29,7 +29,7 @@ from torch_precompile._errors import CaptureError  # noqa: E402
 from torch_precompile.cli.inspect_header import header  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
 
-# One row: three programs a family (left padding through experts is test_generator's
+# One row: two programs a family (left padding through experts is test_generator's
 # Mixtral case, at batch 3).
 MAX_BATCH, MAX_LENGTH, NEW = 1, 16, 8
 FAMILIES = moe_families()

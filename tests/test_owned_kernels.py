@@ -51,7 +51,7 @@ eager["training"] = [train_model(x).detach()] + [
     p.grad for _, p in sorted(train_model.named_parameters())
 ]
 decoder = tiny_decoder("llama").to(device)
-# One row (three programs): the point is the kernels the file owns, not batching.
+# One row (two programs): the point is the kernels the file owns, not batching.
 generator = compile_generator(decoder, max_batch=1, max_length=12)
 ids = torch.randint(3, 1000, (1, 5)).to(device)
 with torch.no_grad():

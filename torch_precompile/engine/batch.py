@@ -67,16 +67,20 @@ class LockstepRunner:
         self.last_pos = self.positions[:, -1:].clone()
         self.start = torch.zeros((), dtype=torch.long, device=self.device)
         self.ids, self.written = ids, prompt  # the next input; the cache entries so far
+        self.spec = generator.spec
 
     def prefill(self) -> torch.Tensor:
         """Every row's prompt at once, outside CUDA graphs (one a prompt length would
         pile up): the last position's logits ``(batch, vocab)``."""
         with self.unrecorded():
-            return self.step(self.ids, self.full, self.positions, self.start)[:, -1, :].float()
+            return self.step(self.ids, self.full, self.positions, self._start())[:, -1, :].float()
 
     def decode(self, batch: int) -> torch.Tensor:
         self.settle()
-        return self.step(self.ids, self.full, self.last_pos, self.start)[:, -1, :].float()
+        return self.step(self.ids, self.full, self.last_pos, self._start())[:, -1, :].float()
+
+    def _start(self) -> torch.Tensor:
+        return self.spec.start_of(self.start, self.slots, self.ids.shape[1])
 
     def advance(self, batch: int, tokens: torch.Tensor) -> None:
         self.full[:, self.written] = 1

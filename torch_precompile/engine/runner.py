@@ -123,7 +123,7 @@ class SlotRunner:
         mask = torch.zeros((1, length), dtype=torch.long, device=self.device)
         mask[:, : start + n] = 1
         positions = torch.arange(start, start + n, device=self.device)[None]
-        at = torch.tensor(start, dtype=torch.long, device=self.device)
+        at = self.spec.start_of(torch.tensor(start, dtype=torch.long, device=self.device), 1, n)
         rows = [t[slot : slot + 1] for t in self.cache]
         with self.unrecorded():  # no CUDA graph a prompt length (lean/cudagraphs.py)
             return self.step(ids, mask, positions, at, *rows)[:, -1, :].float()

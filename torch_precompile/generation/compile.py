@@ -4,10 +4,12 @@ The step compiled is :class:`_Step`: the model's forward over a static key/value
 cache whose tensors are arguments (a ``StaticCache`` made inside the traced
 forward around them, so its writes go into the caller's tensors and nothing
 is allocated), returning the last position's logits. The programs bundled
-(``rows.py``): a prefill (prompt 2..L) of batch 1..N; a decode step (prompt 1, or
-a one-token prompt) of batch 1..N, on a GPU one of batch 1 and one of 2..N; and
-where the model allows it the slot decode step of ``serve`` (``start`` of shape
-``(batch,)``, ``slots.py``). A file of ``max_batch=1`` holds three, at batch 1.
+(``rows.py``): a prefill (prompt 2..L) of batch 1..N and, where the model allows it,
+the slot decode step of ``serve`` (``start`` of shape ``(batch,)``, ``slots.py``), which
+off a GPU is ``generate``'s decode step too (a one-token prompt's as well): two
+programs. A GPU build, a model without the slot step (Bloom, Falcon) and a
+tensor-parallel one have a decode step of their own (prompt 1); on a GPU each program
+is one of batch 1 and one of 2..N.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .decode_attention import grouped_decode_attention, groups_on
 from .decode_matmul import int8_options, step_decompositions
 from .model_settings import chat_fields, length_fields, sampling_fields
 from .quantize import quantized_view
-from .rows import Program, mark, plan
+from .rows import Program, decodes_by_slots, mark, plan
 from .slots import slot_example, slots_work
 from .step import _Step
 from .torch_only import refuse_foreign_ops, refuse_library_imports, torch_only_decompositions
@@ -195,23 +197,30 @@ def compile_generator(
 
     def example(program: Program) -> tuple[Any, ...]:
         b, s = program.batch, program.length
-        ids = torch.randint(0, 2, (b, s), device=device)
-        mask = torch.zeros((b, max_length), dtype=torch.long, device=device)
-        mask[:, : s + 1] = 1
-        positions = torch.arange(1, s + 1, device=device).repeat(b, 1)  # no view: no _base guard
-        start = torch.tensor(1, device=device)
-        cache = [
-            torch.zeros((b, h, max_length, d), dtype=getattr(torch, dtype), device=device)
-            for h, d in shapes
-        ]
+        if program.slot:  # one token a row, each row its own offset (slots.py)
+            args = slot_example(b, max_length, shapes, dtype, device)
+            ids, mask, positions, start, *cache = args
+            rows: tuple[Any, ...] = (mask, start, *cache)
+        else:
+            ids = torch.randint(0, 2, (b, s), device=device)
+            mask = torch.zeros((b, max_length), dtype=torch.long, device=device)
+            mask[:, : s + 1] = 1
+            positions = torch.arange(1, s + 1, device=device).repeat(b, 1)  # no _base guard
+            start = torch.tensor(1, device=device)
+            cache = [
+                torch.zeros((b, h, max_length, d), dtype=getattr(torch, dtype), device=device)
+                for h, d in shapes
+            ]
+            rows, args = (mask, *cache), (ids, mask, positions, start, *cache)
         for tensor in cache:  # written in place by every step, CUDA graphs or not
             _compat.mark_static_address(tensor)
-        mark(program, ids, positions, mask, *cache)
-        return (ids, mask, positions, start, *cache)
+        mark(program, ids, positions, *rows)
+        return args
 
     # One program for many sizes where the capture allows (rows.py); a file of one row
-    # needs no program for more (a batch past max_batch is refused).
-    programs = plan(max_batch, batch, prompt, device.type, world)
+    # needs no program for more (a batch past max_batch is refused); where the model
+    # takes the slot step, off a GPU, it is generate's decode step too.
+    programs = plan(max_batch, batch, prompt, device.type, world, slots=not refused)
     if world > 1:
         # Tensor parallel: DTensor's sharding rules guard a prompt's rows on whether
         # they split evenly over the mesh (``Ne(Mod(batch, 2), 0)``), so the prefill
@@ -220,12 +229,6 @@ def compile_generator(
         name = f"prefill, batch {even} (rows split over the mesh)"
         programs.append((Program(name, even, prompt), []))
     examples = [(example(p), p, rest) for p, rest in programs]
-    if not refused:  # the slot decode step, one token per row (see slots.py)
-        b = 1 if max_batch == 1 else batch
-        slot = slot_example(b, max_length, shapes, dtype, device)
-        for tensor in slot[4:]:
-            _compat.mark_static_address(tensor)
-        examples.append((slot, Program("slot decode step", b, 1), []))
     variants = []
     tables = {
         prefill: {**torch_only_decompositions(), **step_decompositions(options, device, prefill)}
@@ -280,6 +283,7 @@ def compile_generator(
         pad_token_id=pad,
         model_type=str(getattr(config, "model_type", "")),
         slots=not refused,
+        decode_by_slots=decodes_by_slots(not refused, device.type, world),
         sampling=sampling_fields(model),
         lengths=length_fields(model),
         **chat_fields(tokenizer),

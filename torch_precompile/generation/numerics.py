@@ -97,7 +97,8 @@ def generator_topk(
     start = torch.zeros((), dtype=torch.long, device=device)
     out = []
     for i in range(len(tokens)):
-        logits = step(ids, full, positions, start, *cache)[:, -1, :].float()
+        at = spec.start_of(start, 1, ids.shape[1])
+        logits = step(ids, full, positions, at, *cache)[:, -1, :].float()
         out.append(logits[0].topk(k).indices.tolist())
         full[:, n + i] = 1
         start = start + ids.shape[1]

@@ -8,7 +8,10 @@ cache index is the position: its prompt was prefilled alone from index 0),
 and row ``r`` attends to indices ``0..start[r]`` (the last ``window`` of them
 in a sliding-window layer). The mask is made by transformers' own mask
 function for the model's attention implementation, one per layer type, and
-handed to the decoder already built, so no shared position enters it.
+handed to the decoder already built, so no shared position enters it; a row's left
+padding (the mask argument's zeros) is masked too, so ``generate``'s padded rows decode
+through this step as through the shared one (a CPU build then holds no other decode
+program, ``rows.py``).
 
 Families whose forward cannot take such a mask (ALiBi built from a 2-D mask:
 Bloom, Falcon) fail :func:`slots_work`'s eager check at build; their
@@ -32,10 +35,13 @@ def slot_cache_and_mask(
     config: Any,
     cache: tuple[torch.Tensor, ...],
     start: torch.Tensor,
+    padding: torch.Tensor,
     max_length: int,
     layer_class: Any,
 ) -> tuple[list[Any], Any]:
-    """The cache layers writing each row at its own ``start[row]``, and the decoder's mask.
+    """The cache layers writing each row at its own ``start[row]``, and the decoder's mask
+    (``padding``, ``(batch, max_length)``, 0 where an entry is a left pad of the row's
+    prompt: ``generate``'s rows; the server's are all 1).
 
     ``layer_class`` is :func:`slot_layer_class`'s, passed in by the traced step
     (read off its class, which the file's guards leave to the build: a global
@@ -45,7 +51,7 @@ def slot_cache_and_mask(
     layers = [
         _slot_layer(layer_class, keys, values, start, max_length) for keys, values in _pairs(cache)
     ]
-    return layers, _slot_mask(config, start, max_length, cache[0].dtype)
+    return layers, _slot_mask(config, start, padding, max_length, cache[0].dtype)
 
 
 def _pairs(cache: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -69,9 +75,11 @@ def slot_layer_class() -> Any:
             start: torch.Tensor
 
             def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *a, **k):
-                rows = torch.arange(key_states.shape[0], device=key_states.device)
-                self.keys[rows, :, self.start] = key_states[:, :, 0]
-                self.values[rows, :, self.start] = value_states[:, :, 0]
+                # a scatter along the length, not an index_put over (rows, start), whose
+                # broadcast of its two indices branches on a batch of 1 (rows.py)
+                for cache, new in ((self.keys, key_states), (self.values, value_states)):
+                    at = self.start[:, None, None, None].expand(-1, new.shape[1], 1, new.shape[3])
+                    cache.scatter_(2, at, new)
                 return self.keys, self.values
 
         _SLOT_LAYER = SlotLayer
@@ -108,7 +116,9 @@ def layer_windows(config: Any) -> dict[str, int | None]:
     return {k: (window if k == "sliding_attention" else None) for k in kinds}
 
 
-def _slot_mask(config: Any, start: torch.Tensor, max_length: int, dtype: torch.dtype) -> Any:
+def _slot_mask(
+    config: Any, start: torch.Tensor, padding: torch.Tensor, max_length: int, dtype: torch.dtype
+) -> Any:
     """One mask (a single layer type) or a dict by layer type, in the format of the
     model's attention implementation (transformers' own mask interface)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
@@ -128,7 +138,7 @@ def _slot_mask(config: Any, start: torch.Tensor, max_length: int, dtype: torch.d
             q_offset=0,
             kv_offset=0,
             mask_function=visible,
-            attention_mask=None,
+            attention_mask=padding.bool(),
             allow_is_causal_skip=False,
             dtype=dtype,
             config=config,

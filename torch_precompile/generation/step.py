@@ -47,7 +47,12 @@ class _Step(torch.nn.Module):
 
         if start.dim() == 1:  # slots: each row its own offset (generation/slots.py)
             layers, attention_mask = slot_cache_and_mask(
-                self.model.config, cache, start, self.max_length, type(self).slot_layer
+                self.model.config,
+                cache,
+                start,
+                attention_mask,
+                self.max_length,
+                type(self).slot_layer,
             )
         else:
             layers = _shared_layers(cache, start, self.max_length)

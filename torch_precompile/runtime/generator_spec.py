@@ -47,6 +47,10 @@ class GeneratorSpec:
     # A slot decode step (``start`` of shape ``(batch,)``, each row its own offset)
     # is bundled: ``serve`` batches requests continuously. Files before it: False.
     slots: bool = False
+    # generate's decode steps (and a one-token prompt) run the slot step, its padding
+    # masked, and the file holds no decode step of its own (generation/rows.py). Files
+    # before it: False.
+    decode_by_slots: bool = False
     # The tokenizer's chat template (jinja) and the special tokens it names.
     chat_template: str | None = None
     chat_tokens: tuple[tuple[str, str], ...] = ()
@@ -66,6 +70,12 @@ class GeneratorSpec:
     quantized_bytes: int = 0
     float_bytes: int = 0
 
+    def start_of(self, start: Any, rows: int, length: int) -> Any:
+        """The step's ``start`` for ``rows`` rows of ``length`` new tokens written from
+        cache index ``start`` (a 0-d tensor): once a row for a one-token step where the
+        file decodes by its slot step (``decode_by_slots``), else ``start`` itself."""
+        return start.repeat(rows) if self.decode_by_slots and length == 1 else start
+
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "kind": "decoder-generator", "version": 1}
 
@@ -84,6 +94,7 @@ class GeneratorSpec:
                 pad_token_id=None if data["pad_token_id"] is None else int(data["pad_token_id"]),
                 model_type=str(data.get("model_type", "")),
                 slots=bool(data.get("slots", False)),
+                decode_by_slots=bool(data.get("decode_by_slots", False)),
                 chat_template=_optional_str(data.get("chat_template")),
                 chat_tokens=tuple((str(k), str(v)) for k, v in data.get("chat_tokens", ())),
                 sampling=sampling_settings(dict(data.get("sampling", ()))),

@@ -22,7 +22,7 @@ from torch_precompile.generation.decode_matmul import (
     ADDMM,
     BMM,
     MM,
-    int8_one_row,
+    int8_decode_rows,
     int8_options,
     one_row_addmm,
     one_row_mm,
@@ -106,7 +106,7 @@ def test_one_row_reductions_on_a_gpu_under_coordinate_descent_tuning_only(
     options: dict | None, device: str, used: bool
 ) -> None:
     decode = step_decompositions(options, torch.device(device), prefill=False)
-    cpu_int8 = {INT8_MM: int8_one_row} if device == "cpu" else {}  # an int8 file's decode
+    cpu_int8 = {INT8_MM: int8_decode_rows} if device == "cpu" else {}  # an int8 file's decode
     assert decode == ({ADDMM: one_row_addmm, MM: one_row_mm} if used else cpu_int8)
     prefill = step_decompositions(options, torch.device(device), prefill=True)
     on_gpu = device != "cpu"
@@ -225,15 +225,30 @@ def test_in_a_trace_the_rotary_product_leaves_no_matmul() -> None:
         assert torch.equal(traced(positions), freqs(positions)), batch
 
 
-def test_int8_one_row_equals_atens_int8_mm_and_more_rows_keep_the_operator() -> None:
+def test_int8_decode_rows_equals_atens_int8_mm_and_a_static_batch_keeps_the_operator() -> None:
     """The CPU decode step's int8 matmul: ``sum(x * q) * scale``, ATen's result to
-    float32 rounding; two rows are left to the operator."""
+    float32 rounding, for one row and for a batch traced dynamic (the 1..N rows of a
+    CPU generator's step); a static batch of two is left to the operator."""
     torch.manual_seed(0)
     x, q = torch.randn(1, 96), torch.randint(-127, 128, (40, 96), dtype=torch.int8)
     scales = torch.rand(40)
     want = torch.ops.aten._weight_int8pack_mm(x, q, scales)
-    torch.testing.assert_close(int8_one_row(x, q, scales), want, atol=1e-5, rtol=1e-5)
-    assert int8_one_row(torch.randn(2, 96), q, scales) is NotImplemented
+    torch.testing.assert_close(int8_decode_rows(x, q, scales), want, atol=1e-5, rtol=1e-5)
+    assert int8_decode_rows(torch.randn(2, 96), q, scales) is NotImplemented
+
+    def mm(rows: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, q, scales)
+
+    table = {INT8_MM: int8_decode_rows}
+    traced = make_fx(mm, decomposition_table=table, tracing_mode="symbolic")(
+        torch.randn(3, 96), q, scales
+    )
+    assert INT8_MM not in {n.target for n in traced.graph.nodes}
+    for batch in (1, 3, 5):
+        rows = torch.randn(batch, 96)
+        want = mm(rows, q, scales)
+        # outputs of a few hundred: float32's rounding of another order of the sum
+        torch.testing.assert_close(traced(rows, q, scales), want, atol=1e-3, rtol=1e-5)
 
 
 def test_a_cuda_int8_build_tunes_by_coordinate_descent_unless_told_otherwise() -> None:

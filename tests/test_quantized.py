@@ -38,7 +38,7 @@ from tests.fixtures.quantized_checks import (  # noqa: E402
     served,
     walk,
 )
-from tests.fixtures.trained_lm import SHAPE, train, training_text  # noqa: E402
+from tests.fixtures.trained_lm import SHAPE, VOCAB, train, training_text  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
 from torch_precompile._errors import ArtifactCorruptedError, QuantizationError  # noqa: E402
 from torch_precompile.generation import compile_generator  # noqa: E402
@@ -139,13 +139,16 @@ def _inspect(path: Path) -> tuple[dict[str, Any], str]:
 def test_inspect_shows_the_weights_format_and_bytes(built: dict[str, Any]) -> None:
     """14 linears (7 a layer); int8: a byte a weight and a float32 scale a row; int4:
     half a byte a weight, a bfloat16 scale and zero per 64 inputs (a float32 model on
-    the CPU: quantize.py)."""
+    the CPU: quantize.py); the head and token embedding int8 either way."""
     layer = [(128, 128), (64, 128), (64, 128), (128, 128), (256, 128), (256, 128), (128, 256)]
     weights = sum(n * k for n, k in layer) * 2
     rows = sum(n for n, _ in layer) * 2
     groups = sum(n * k // 64 for n, k in layer) * 2
     fp32, _ = _inspect(built["fp32"])
     assert fp32 == {"format": "float32"}
+    # The head and the token embedding (untied here), int8 in both formats: a byte a
+    # weight and a float32 scale a row, each.
+    head = {"head_bytes": 2 * (VOCAB * 128 + 4 * VOCAB), "head_float_bytes": 2 * 4 * VOCAB * 128}
     int8, text8 = _inspect(built["int8"])
     assert int8 == {
         "format": "int8",
@@ -153,8 +156,10 @@ def test_inspect_shows_the_weights_format_and_bytes(built: dict[str, Any]) -> No
         "quantized_layers": 14,
         "bytes": weights + 4 * rows,
         "float_bytes": 4 * weights,
+        **head,
     }
     assert "linear weights: int8 per output channel, 14 layers" in text8
+    assert f"head and token embedding int8 per row, {head['head_bytes']:,} bytes" in text8
     int4, text4 = _inspect(built["int4"])
     assert int4 == {
         "format": "int4",
@@ -162,13 +167,15 @@ def test_inspect_shows_the_weights_format_and_bytes(built: dict[str, Any]) -> No
         "quantized_layers": 14,
         "bytes": weights // 2 + 4 * groups,
         "float_bytes": 4 * weights,
+        **head,
     }
     assert "linear weights: int4 groups of 64 inputs" in text4
     # The weights section: smaller than fp32's by what inspect says (names and offsets aside).
     sizes = {name: _weights_section(built[name]) for name in ("fp32", *FORMATS)}
-    for record in (int8, int4):
-        saved = sizes["fp32"] - sizes[record["format"]]
-        assert abs(saved - (record["float_bytes"] - record["bytes"])) < 16384, (saved, record)
+    for r in (int8, int4):
+        saved = sizes["fp32"] - sizes[r["format"]]
+        said = r["float_bytes"] - r["bytes"] + r["head_float_bytes"] - r["head_bytes"]
+        assert abs(saved - said) < 16384, (saved, r)
 
 
 def _weights_section(path: Path) -> int:

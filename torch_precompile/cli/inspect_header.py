@@ -103,6 +103,8 @@ def _weights_record(spec: Any) -> dict[str, Any]:
         "quantized_layers": spec.quantized_layers,
         "bytes": spec.quantized_bytes,  # with their scales (and int4's zeros)
         "float_bytes": spec.float_bytes,  # the same weights in the model's dtype
+        "head_bytes": spec.head_bytes,  # the int8 head and token embedding (0: not)
+        "head_float_bytes": spec.head_float_bytes,
     }
 
 
@@ -128,11 +130,17 @@ def _weights_line(w: dict[str, Any]) -> str:
     if "bytes" not in w:
         return f"{w.get('format', '?')} (not quantized)"
     per = "per output channel" if not w["group"] else f"groups of {w['group']} inputs"
-    return (
+    line = (
         f"{w['format']} {per}, {w['quantized_layers']} layers, {w['bytes']:,} bytes with "
         f"scales ({w['float_bytes']:,} in the model's dtype, "
         f"{w['bytes'] / max(w['float_bytes'], 1):.2f}x)"
     )
+    if w.get("head_bytes"):
+        line += (
+            f"; head and token embedding int8 per row, {w['head_bytes']:,} bytes "
+            f"({w['head_float_bytes']:,} in the model's dtype)"
+        )
+    return line
 
 
 def inspect_command(path: str, *, as_json: bool, verify: bool = False) -> int:

@@ -135,7 +135,7 @@ def compile_generator(
 
     ``weights="int8"`` (per output channel) or ``"int4"`` (groups of 64 inputs)
     quantizes the decoder's ``nn.Linear`` weights at build with torchao
-    (``quantize.py``; embeddings and the head stay as they are): the file holds
+    (``quantize.py``; on the CPU the head and token embedding int8 too): the file holds
     plain int8 / packed int4 tensors and its step calls torch's own weight-only
     matmuls, so serving needs torch alone. A layer the format cannot hold is a
     :class:`~torch_precompile.QuantizationError` naming it. On CUDA an int8 build

@@ -29,11 +29,12 @@ The build uses both where Inductor would decompose ``mm``: on a GPU, with
 coordinate descent tuning, at a static one-row batch (:func:`step_decompositions`).
 
 On the CPU a decode step's int8 weight-only matmul (``aten._weight_int8pack_mm``)
-over one row becomes the reduction ``sum(x * q) * scale`` (:func:`int8_one_row`),
-a C++ kernel of Inductor's that reads the int8 weight once, converting it in
-registers. ATen's CPU kernel for it converts float32 activations slowly: over
-the 210 linears of the SmolLM2-135M shape, one thread, it took 179 ms a token,
-the reduction 25 ms and the float32 file's ``linear`` 80 ms (docs/measurements.md).
+over its rows (one, or a batch of 1..N) becomes the reduction ``sum(x * q) * scale``
+(:func:`int8_decode_rows`), a C++ kernel of Inductor's that reads the int8 weight a row
+at a time, converting it in registers. ATen's CPU kernel for it converts float32
+activations slowly: over the 210 linears of the SmolLM2-135M shape, one thread, it
+took 179 ms a token, the reduction 25 ms and the float32 file's ``linear`` 80 ms
+(docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -108,12 +109,13 @@ def one_row_mm(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
     return (row.unsqueeze(2) * mat2.unsqueeze(0)).sum(dim=1)
 
 
-def int8_one_row(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> Any:
+def int8_decode_rows(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> Any:
     """``_weight_int8pack_mm(x, weight, scales)`` (``x @ (weight * scales[:, None]).T``)
-    as a reduction when ``x`` is one row (a static size): ``x * q`` summed in ``x``'s
-    dtype, then scaled, as ATen's kernel does; the operator kept otherwise."""
+    as a reduction when ``x`` is a decode step's rows: one (a static size) or a batch
+    captured dynamic (1..max_batch, ``rows.py``): ``x * q`` summed in ``x``'s dtype, then
+    scaled, as ATen's kernel does; the operator kept for a static batch of several."""
     rows = x.shape[0]
-    if type(rows) is not int or rows != 1:
+    if type(rows) is int and rows != 1:
         return NotImplemented
     row = computed_once(x)
     return (row.unsqueeze(1) * weight.unsqueeze(0).to(x.dtype)).sum(dim=2) * scales.to(x.dtype)
@@ -140,9 +142,9 @@ def step_decompositions(
     :func:`one_row_mm`; a ``prefill`` step's ``mm`` and ``bmm`` take the
     :func:`outer_product` first (:func:`prefill_mm`, :func:`prefill_bmm`). A decode step
     keeps the table its measured speed was built with (docs/measurements.md). A CPU
-    decode step's int8 matmul over one row is :func:`int8_one_row`."""
+    decode step's int8 matmul is :func:`int8_decode_rows`."""
     if device.type == "cpu":
-        return {} if prefill else {INT8_MM: int8_one_row}
+        return {} if prefill else {INT8_MM: int8_decode_rows}
     if device.type == "mps":
         return {}
     tuned = bool((options or {}).get("coordinate_descent_tuning"))

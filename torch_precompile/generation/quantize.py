@@ -15,8 +15,16 @@ CPU hold bfloat16 scales and zeros and run on bfloat16 activations (ATen's
 kernel is ten times slower on float32 ones); its int8 layers stay float32, a
 decode step's one-row matmul a reduction of Inductor's (``decode_matmul.py``).
 ``torchao.quantize_`` itself is not used: it swaps weights for torchao tensor
-subclasses, which the file would then need torchao to load. Embeddings and the
-head stay in the model's dtype (as torchao's and gpt-fast's recipes leave them).
+subclasses, which the file would then need torchao to load.
+
+On the CPU the head (``get_output_embeddings``, an ``nn.Linear``) is int8 in both
+formats, as gpt-fast's int8 handler takes every linear and llama.cpp's q4 files keep
+the output at higher precision than the layers: at a small model's vocabulary it is
+most of a token's bytes (the SmolLM2-135M shape's tied 49152 x 576 matrix, 113 MB in
+float32, against 14 MB a layer). The token embedding (an ``nn.Embedding``) is int8
+too, each row its own scale; where the model ties it to the head, both read the same
+int8 tensor and scales, so the file holds it once. On a GPU both stay in the model's
+dtype: an int8 head there has not been measured.
 """
 
 from __future__ import annotations
@@ -30,7 +38,14 @@ from .._compat.quantized_mm import int4_pack, int4_weight_mm, int8_weight_mm
 from .._errors import QuantizationError
 from .views import copy_on_paths
 
-__all__ = ["INT4_GROUP", "WEIGHT_FORMATS", "Int4Linear", "Int8Linear", "quantized_view"]
+__all__ = [
+    "INT4_GROUP",
+    "WEIGHT_FORMATS",
+    "Int4Linear",
+    "Int8Embedding",
+    "Int8Linear",
+    "quantized_view",
+]
 
 # Inputs sharing one int4 scale and zero. 64: torchao's table measures int4 at group 64
 # (Llama-3.1-8B); 128 would refuse common widths (SmolLM2's 576 = 9 * 64), 32 doubles
@@ -54,6 +69,19 @@ class Int8Linear(torch.nn.Module):
         out = int8_weight_mm(flat, self.qweight, self.scales)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
+
+
+class Int8Embedding(torch.nn.Module):
+    """``nn.Embedding`` over int8 rows and one scale a row (the head's own tensors where
+    the model ties the two)."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.qweight[ids].to(self.scales.dtype) * self.scales[ids].unsqueeze(-1)
 
 
 class Int4Linear(torch.nn.Module):
@@ -89,6 +117,8 @@ class Quantized:
     layers: int
     bytes: int  # the quantized weights with their scales and zeros
     float_bytes: int  # the same weights in the model's dtype
+    head_bytes: int = 0  # the int8 head and token embedding with their scales (0: none)
+    head_float_bytes: int = 0  # the same in the model's dtype (a tied pair once)
 
     def spec_fields(self) -> dict[str, Any]:
         """The generator record's fields that say so (``GeneratorSpec.weights...``)."""
@@ -98,6 +128,8 @@ class Quantized:
             "quantized_layers": self.layers,
             "quantized_bytes": self.bytes,
             "float_bytes": self.float_bytes,
+            "head_bytes": self.head_bytes,
+            "head_float_bytes": self.head_float_bytes,
         }
 
 
@@ -233,9 +265,10 @@ def _stand_in(weights: str, linear: torch.nn.Linear) -> tuple[torch.nn.Module, i
 
 def quantized_view(model: torch.nn.Module, weights: str) -> tuple[torch.nn.Module, Quantized]:
     """A view of ``model`` whose decoder's ``nn.Linear`` layers hold ``weights`` ("int8":
-    per output channel; "int4": groups of :data:`INT4_GROUP`), and what it holds.
+    per output channel; "int4": groups of :data:`INT4_GROUP`), on the CPU its head and
+    token embedding int8 (see the module docstring), and what it holds.
 
-    Only the modules on the way to a linear are copied (``views.own_copy``); the
+    Only the modules on the way to a quantized one are copied (``views.own_copy``); the
     model keeps its own layers and weights. A shape or dtype the format's kernels
     cannot take is a :class:`QuantizationError` naming the layer.
     """
@@ -243,12 +276,56 @@ def quantized_view(model: torch.nn.Module, weights: str) -> tuple[torch.nn.Modul
     _check(model, weights, linears)
     view, copied = copy_on_paths(model)
 
+    def put(path: str, module: torch.nn.Module) -> None:
+        parent_path, _, name = path.rpartition(".")
+        copied(parent_path)._modules[name] = module
+
     total = floats = 0
     for path, linear in linears:
-        parent_path, _, name = path.rpartition(".")
         module, size = _stand_in(weights, linear)
-        copied(parent_path)._modules[name] = module
+        put(path, module)
         total += size
         floats += linear.weight.nbytes
+    head, embedding = _head_and_embedding(model) if linears[0][1].weight.is_cpu else (None, None)
+    head_total = head_floats = 0
+    if head is not None:
+        with torch.no_grad():
+            q, scales = int8_weights(head[1].weight)
+        put(head[0], Int8Linear(q, scales, head[1].bias))
+        head_total, head_floats = q.nbytes + scales.nbytes, head[1].weight.nbytes
+        if embedding is not None and embedding[1].weight is head[1].weight:
+            put(embedding[0], Int8Embedding(q, scales))  # tied: the head's own tensors
+            embedding = None
+    if embedding is not None:
+        with torch.no_grad():
+            q, scales = int8_weights(embedding[1].weight)
+        put(embedding[0], Int8Embedding(q, scales))
+        head_total += q.nbytes + scales.nbytes
+        head_floats += embedding[1].weight.nbytes
     group = INT4_GROUP if weights == "int4" else 0
-    return view, Quantized(weights, group, len(linears), total, floats)
+    return view, Quantized(weights, group, len(linears), total, floats, head_total, head_floats)
+
+
+def _head_and_embedding(
+    model: torch.nn.Module,
+) -> tuple[tuple[str, torch.nn.Linear] | None, tuple[str, torch.nn.Embedding] | None]:
+    """The head and the token embedding with their paths, where each is the plain module
+    (a subclass, Gemma3's scaled embedding say, keeps its dtype) with a plain weight
+    of a float dtype; ``None`` for one that is not."""
+
+    def find(module: Any, kind: type) -> Any:
+        weight = getattr(module, "weight", None)
+        if type(module) is not kind or type(weight) is not torch.nn.Parameter:
+            return None
+        if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return None
+        if getattr(module, "_forward_hooks", None) or getattr(module, "_forward_pre_hooks", None):
+            return None
+        path = next((n for n, m in model.named_modules() if m is module and n), None)
+        return None if path is None else (path, module)
+
+    head = find(model.get_output_embeddings(), torch.nn.Linear)  # type: ignore[operator]
+    embedding = find(model.get_input_embeddings(), torch.nn.Embedding)  # type: ignore[operator]
+    if embedding is not None and (embedding[1].max_norm is not None or embedding[1].sparse):
+        embedding = None  # a renormalising or sparse lookup: as the model has it
+    return head, embedding

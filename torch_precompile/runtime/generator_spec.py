@@ -69,6 +69,10 @@ class GeneratorSpec:
     quantized_layers: int = 0
     quantized_bytes: int = 0
     float_bytes: int = 0
+    # The head and token embedding held int8 (a tied pair once): their bytes with
+    # scales, and in the model's dtype; 0 where they are the model's (files before it).
+    head_bytes: int = 0
+    head_float_bytes: int = 0
 
     def start_of(self, start: Any, rows: int, length: int) -> Any:
         """The step's ``start`` for ``rows`` rows of ``length`` new tokens written from
@@ -104,6 +108,8 @@ class GeneratorSpec:
                 quantized_layers=int(data.get("quantized_layers", 0)),
                 quantized_bytes=int(data.get("quantized_bytes", 0)),
                 float_bytes=int(data.get("float_bytes", 0)),
+                head_bytes=int(data.get("head_bytes", 0)),
+                head_float_bytes=int(data.get("head_float_bytes", 0)),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ArtifactCorruptedError(

@@ -220,7 +220,9 @@ def compile_generator(
     # One program for many sizes where the capture allows (rows.py); a file of one row
     # needs no program for more (a batch past max_batch is refused); where the model
     # takes the slot step, off a GPU, it is generate's decode step too.
-    programs = plan(max_batch, batch, prompt, device.type, world, slots=not refused)
+    programs = plan(
+        max_batch, batch, prompt, device.type, world, slots=not refused, one_row=weights is not None
+    )
     if world > 1:
         # Tensor parallel: DTensor's sharding rules guard a prompt's rows on whether
         # they split evenly over the mesh (``Ne(Mod(batch, 2), 0)``), so the prefill

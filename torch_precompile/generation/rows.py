@@ -49,10 +49,20 @@ def decodes_by_slots(slots: bool, device_type: str, world: int) -> bool:
 
 
 def plan(
-    max_batch: int, batch: int, prompt: int, device_type: str, world: int, slots: bool
+    max_batch: int,
+    batch: int,
+    prompt: int,
+    device_type: str,
+    world: int,
+    slots: bool,
+    one_row: bool = False,
 ) -> list[tuple[Program, list[Program]]]:
     """The programs, each with those to compile as well when it leaves one row out;
-    ``slots``: the model takes the slot step (``slots_work``)."""
+    ``slots``: the model takes the slot step (``slots_work``). ``one_row`` (quantized
+    weights): a CPU build's slot step of 1..N rows is preceded by one of a static row,
+    which a call of one row takes (the first program whose guards hold): the quantized
+    kernels of a batch captured dynamic decoded the SmolLM2-135M shape's 4 layers at
+    206 tokens/s in int8, 384 at a static row (docs/measurements.md)."""
     by_slots = decodes_by_slots(slots, device_type, world)
     unmarked = [
         Program(program_name(b, s, max_batch, b == batch), b, s)
@@ -74,7 +84,10 @@ def plan(
     rows = f"batch 1..{max_batch}"
     prefill = (Program(f"prefill, {rows}", batch, prompt, True), [unmarked[-1 if by_slots else 2]])
     if by_slots:
-        return [prefill, (Program(f"slot decode step, {rows}", batch, 1, True, True), [one])]
+        many_rows = Program(f"slot decode step, {rows}", batch, 1, True, True)
+        if one_row:
+            return [prefill, (one, []), (many_rows, [])]
+        return [prefill, (many_rows, [one])]
     decode = (Program(f"decode, {rows}", batch, 1, True), [unmarked[3]])
     return [prefill, decode]  # no slot step (a model that takes one decodes by it)
 

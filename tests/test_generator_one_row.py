@@ -11,6 +11,7 @@ and the server, in a process where transformers cannot be imported, answers as
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,25 @@ def test_two_programs_and_a_second_row_refused(one_row: dict[str, Any]) -> None:
         loaded.generate(torch.ones((2, 3), dtype=torch.long), max_new_tokens=2)
 
 
+def test_a_record_before_decode_by_slots_reads_as_a_decode_step_of_its_own(
+    one_row: dict[str, Any],
+) -> None:
+    """A file's record without ``decode_by_slots`` (written before the slot step decoded
+    ``generate``'s rows) gives every step the 0-d ``start`` its decode step takes; this
+    file's record gives a one-token step one ``start`` a row, a prompt the 0-d one."""
+    from torch_precompile.runtime.generator_spec import GeneratorSpec
+
+    spec = one_row["loaded"].spec
+    record = spec.to_json()
+    del record["decode_by_slots"]
+    old = GeneratorSpec.from_json(record, "old.pt")
+    assert not old.decode_by_slots and old == dataclasses.replace(spec, decode_by_slots=False)
+    start = torch.tensor(5)
+    assert old.start_of(start, 3, 1) is start
+    assert torch.equal(spec.start_of(start, 3, 1), torch.tensor([5, 5, 5]))
+    assert spec.start_of(start, 3, 7) is start
+
+
 @pytest.mark.parametrize(("length", "new"), [(1, 6), (7, 12), (MAX_LENGTH - 4, 4)])
 def test_greedy_and_logits_equal_transformers(
     one_row: dict[str, Any], length: int, new: int
@@ -90,3 +110,24 @@ def test_served_where_transformers_cannot_be_imported(one_row: dict[str, Any]) -
     finally:
         log = server.stop()
     assert "IMPORTED []" in log, log[-2000:]
+
+
+def test_the_build_plan_decodes_by_the_slot_step_off_a_gpu_only() -> None:
+    """The programs a build compiles (generation/rows.py), in order: on the CPU a prefill
+    and a slot step of 1..N rows (a quantized file's one-row slot step before it, which a
+    call of one row takes first); on a GPU and for a model without the slot step, a
+    decode step of its own."""
+    from torch_precompile.generation.rows import plan
+
+    def names(*args: Any, **kwargs: Any) -> list[str]:
+        return [p.name for p, _ in plan(*args, **kwargs)]
+
+    cpu = ["prefill, batch 1..4", "slot decode step, batch 1..4"]
+    assert names(4, 5, 7, "cpu", 1, True) == cpu
+    assert names(4, 5, 7, "cpu", 1, True, one_row=True) == [
+        cpu[0], "slot decode step, batch 1", cpu[1]
+    ]  # fmt: skip
+    assert names(1, 5, 7, "cpu", 1, True) == ["prefill, batch 1", "slot decode step, batch 1"]
+    assert names(4, 5, 7, "cpu", 1, False) == ["prefill, batch 1..4", "decode, batch 1..4"]
+    gpu = names(4, 5, 7, "cuda", 1, True)
+    assert "decode, batch 1" in gpu and "slot decode step, batch 2..4" in gpu

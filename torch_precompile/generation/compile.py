@@ -285,7 +285,7 @@ def compile_generator(
         pad_token_id=pad,
         model_type=str(getattr(config, "model_type", "")),
         slots=not refused,
-        decode_by_slots=decodes_by_slots(not refused, device.type, world),
+        decode_by_slots=decodes_by_slots(not refused, device.type),
         sampling=sampling_fields(model),
         lengths=length_fields(model),
         **chat_fields(tokenizer),

@@ -40,12 +40,12 @@ class Program:
     slot: bool = False
 
 
-def decodes_by_slots(slots: bool, device_type: str, world: int) -> bool:
+def decodes_by_slots(slots: bool, device_type: str) -> bool:
     """Whether ``generate``'s decode steps run the slot step, so that the build compiles
-    no decode step of its own: where the slot step is built, on one rank, off a GPU. On
+    no decode step of its own: where the slot step is built (one rank), off a GPU. On
     an H200 the slot step of one row decoded the Qwen2.5-0.5B shape at 734 tokens/s,
     the decode step at 1,147-1,176 (docs/measurements.md, 2026-12-03)."""
-    return slots and world == 1 and device_type != "cuda"
+    return slots and device_type != "cuda"
 
 
 def plan(
@@ -63,7 +63,7 @@ def plan(
     which a call of one row takes (the first program whose guards hold): the quantized
     kernels of a batch captured dynamic decoded the SmolLM2-135M shape's 4 layers at
     206 tokens/s in int8, 384 at a static row (docs/measurements.md)."""
-    by_slots = decodes_by_slots(slots, device_type, world)
+    by_slots = decodes_by_slots(slots, device_type)
     unmarked = [
         Program(program_name(b, s, max_batch, b == batch), b, s)
         for b in ((1,) if max_batch == 1 else (batch, 1))

@@ -986,3 +986,55 @@ def test_the_imports_of_torch_compiled_bytes_are_read_past_its_magic(start: byte
     if start:
         with pytest.raises(ValueError):
             pickle_imports(data)
+
+
+# ------------------------------------------------------------------ compressed sections
+
+
+def test_a_compressed_section_reads_back_whole_and_is_stored_smaller(tmp_path: Path) -> None:
+    path = tmp_path / "model.tpc"
+    code = b"def step(x):\n    return x * 2 + 1\n" * 4000
+    sections = {"lean": code, "weights": random.Random(1).randbytes(1 << 16)}
+    write_artifact(path, META, sections, compressed=["lean"])
+    entry = read_info(path).sections[0]
+    assert entry["encoding"] == "zlib" and entry["size"] == len(code)
+    assert entry["length"] < len(code) // 20  # stored compressed
+    assert read_artifact(path)[1] == sections
+    with open_artifact(path) as reader:  # the load's reader: header only, then the section
+        assert reader.read("lean") == code
+        assert reader.read("weights") == sections["weights"]
+
+
+def test_a_flipped_byte_in_a_compressed_section_is_corruption(tmp_path: Path) -> None:
+    path = tmp_path / "model.tpc"
+    write_artifact(path, META, {"lean": b"x = 1\n" * 5000}, compressed=["lean"])
+    entry = read_info(path).sections[0]
+    data = bytearray(path.read_bytes())
+    start = read_info(path).data_start + entry["offset"]
+    data[start + entry["length"] // 2] ^= 0x10
+    path.write_bytes(data)
+    with open_artifact(path) as reader, pytest.raises(ArtifactCorruptedError, match="'lean'"):
+        reader.read("lean")
+
+
+def test_a_section_of_an_unknown_encoding_is_corruption(tmp_path: Path) -> None:
+    data = b"abc"
+    entry = _entry("lean", 0, data) | {"encoding": "brotli", "size": 3}
+    path = tmp_path / "odd.tpc"
+    path.write_bytes(_build(_header([entry]), data))
+    with open_artifact(path) as reader, pytest.raises(ArtifactCorruptedError, match="brotli"):
+        reader.read("lean")
+
+
+def test_a_version_3_file_is_read_from_its_header_alone(tmp_path: Path, monkeypatch) -> None:
+    data = b"weights"
+    path = tmp_path / "v3.tpc"
+    path.write_bytes(_build(_header([_entry("weights", 0, data)]), data, version=3))
+    seen = []
+    monkeypatch.setattr(file_read, "_read_open", lambda *a, **k: seen.append(a))
+    from torch_precompile.file import reader as file_reader
+
+    monkeypatch.setattr(file_reader, "_read_open", lambda *a, **k: seen.append(a))
+    with open_artifact(path) as reader:
+        assert reader.info.format_version == 3 and reader.read("weights") == data
+    assert seen == []  # not checked whole first: its header's digest vouches for it

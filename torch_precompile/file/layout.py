@@ -27,6 +27,7 @@ import os
 import re
 import stat
 import struct
+import zlib
 from typing import Any
 
 from .._errors import ArtifactCorruptedError
@@ -35,9 +36,14 @@ from .collector import no_cyclic_gc
 __all__ = ["FORMAT_VERSION", "MAGIC", "ArtifactInfo", "looks_like_artifact"]
 
 MAGIC = b"TPCOMPL\x00"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # What this reader still reads: version 1 files load as they did.
 OLDEST_VERSION = 1
+# From this version on the header alone vouches for every section (its digest).
+HEADER_ONLY_FROM = 3
+# A section stored compressed says so in its table entry ("encoding", and "size" its
+# bytes once decoded), from version 4: the compiled and lean pickles, mostly source text.
+ZLIB = "zlib"
 
 # magic, version, flags, header length, total file length.
 FIXED = struct.Struct("<8sIIQQ")
@@ -72,6 +78,22 @@ class ArtifactInfo:
     def section(self, name: str) -> dict[str, Any] | None:
         """The table entry of section ``name``, or None."""
         return next((s for s in self.sections if s["name"] == name), None)
+
+
+def decoded(path: str, entry: dict[str, Any], stored: bytes | memoryview) -> bytes:
+    """A section's bytes from what the file stores (checked against its SHA-256 before)."""
+    encoding = entry.get("encoding")
+    if encoding is None:
+        return bytes(stored)
+    if encoding != ZLIB:
+        raise corrupted(path, f"section {entry['name']!r} has an unknown encoding {encoding!r}")
+    try:
+        data = zlib.decompress(stored)
+    except zlib.error as e:
+        raise corrupted(path, f"section {entry['name']!r} does not decompress ({e})") from None
+    if len(data) != entry.get("size"):
+        raise corrupted(path, f"section {entry['name']!r} decompresses to the wrong size")
+    return data
 
 
 def looks_like_artifact(data_prefix: bytes) -> bool:

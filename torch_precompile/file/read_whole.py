@@ -30,6 +30,7 @@ from .layout import (
     ArtifactInfo,
     as_key,
     corrupted,
+    decoded,
     fixed_size,
     looks_like_artifact,
     open_regular,
@@ -85,7 +86,8 @@ def read_artifact(
     sections = {}
     for entry in info.sections:
         start = info.data_start + entry["offset"]
-        sections[entry["name"]] = _checked(name, entry, data[start : start + entry["length"]])
+        stored = _checked(name, entry, data[start : start + entry["length"]])
+        sections[entry["name"]] = decoded(name, entry, stored)
     return info.meta, sections
 
 

@@ -26,9 +26,11 @@ from .layout import (
     FIXED,
     FLAG_SIGNED,
     FORMAT_VERSION,
+    HEADER_ONLY_FROM,
     KNOWN_FLAGS,
     ArtifactInfo,
     corrupted,
+    decoded,
     fixed_size,
     open_regular,
     trailer_size,
@@ -161,8 +163,9 @@ class ArtifactReader:
         return [name for name, verdict in checking.items() if not verdict()]
 
     def read(self, name: str) -> bytes:
-        """The bytes of section ``name`` (a copy of :meth:`view`); ``KeyError`` if there is none."""
-        return bytes(self.view(name))
+        """The bytes of section ``name`` (a copy of :meth:`view`, decompressed where the
+        file stores it so); ``KeyError`` if there is none."""
+        return decoded(self.path, self._entry(name), self.view(name))
 
     def forget(self, name: str) -> None:
         """Drop the view of ``name`` once used (the weights, copied out at load):
@@ -245,7 +248,7 @@ def open_artifact(
         size = os.fstat(f.fileno()).st_size
         fixed = _read_fixed(f, name, size, key)
         version = fixed[1]
-        if version == FORMAT_VERSION:
+        if HEADER_ONLY_FROM <= version <= FORMAT_VERSION:
             info = _read_header_only(f, name, size, fixed, key)
         else:  # older or unknown: no header digest to trust, check the whole file
             info, _ = _read_open(f, name, size, fixed, verify_key=key, keep=False)

@@ -15,10 +15,11 @@ import os
 import re
 import secrets
 import time
+import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .layout import DIGEST_SIZE, FIXED, FLAG_SIGNED, FORMAT_VERSION, MAGIC, as_key
+from .layout import DIGEST_SIZE, FIXED, FLAG_SIGNED, FORMAT_VERSION, MAGIC, ZLIB, as_key
 from .treehash import digest_entry
 
 __all__ = ["write_artifact"]
@@ -32,13 +33,16 @@ def write_artifact(
     sections: Mapping[str, bytes],
     *,
     sign_key: bytes | str | None = None,
+    compressed: Iterable[str] = (),
 ) -> int:
     """Atomically write ``meta`` and ``sections`` to ``path``; return the bytes written.
 
     ``meta`` must be JSON-serialisable (no NaN). Section values must be bytes-like.
     A ``str`` sign_key is encoded as UTF-8. Concurrent writers to one path are
     serialised through the lock file ``path + ".lock"``, which stays next to the
-    target. An error or a kill at any point leaves the previous file as it was.
+    target. An error or a kill at any point leaves the previous file as it was. The
+    sections named in ``compressed`` are stored zlib-compressed (their SHA-256 is of the
+    bytes stored).
     """
     path = os.path.abspath(os.fspath(path))
     # Everything that can fail on bad arguments fails here, before the disk is touched.
@@ -46,8 +50,14 @@ def write_artifact(
     views = _section_views(sections)
     table = []
     offset = 0
-    for name, view in views:
-        table.append({"name": name, "offset": offset, "length": view.nbytes, **digest_entry(view)})
+    squeeze = set(compressed)
+    for i, (name, view) in enumerate(views):
+        extra: dict[str, Any] = {}
+        if name in squeeze:
+            extra = {"encoding": ZLIB, "size": view.nbytes}
+            views[i] = (name, view := memoryview(zlib.compress(view, 6)))
+        entry = {"name": name, "offset": offset, "length": view.nbytes, **extra}
+        table.append(entry | digest_entry(view))
         offset += view.nbytes
     try:
         header = json.dumps(

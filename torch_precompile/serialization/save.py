@@ -51,7 +51,10 @@ def save(
     parts = file_parts(artifact, bytecode, guards)
     if parts.tensors is not None and parts.layout is None:
         _warn_if_standin_falls_short(path, parts.artifact, parts.skeleton, parts.tensors)
-    write_artifact(path, parts.header.to_json(), parts.sections, sign_key=sign_key)
+    squeezed = [name for name in parts.sections if names.stored_compressed(name)]
+    write_artifact(
+        path, parts.header.to_json(), parts.sections, sign_key=sign_key, compressed=squeezed
+    )
     if parts.layout is not None:
         save_shard(path, parts.artifact.module)  # the calling rank's shard file
     parts.artifact.saved_as(os.path.abspath(path), parts.header.created, parts.header.sizes)

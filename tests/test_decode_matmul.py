@@ -24,6 +24,7 @@ from torch_precompile.generation.decode_matmul import (
     MM,
     int8_decode_rows,
     int8_options,
+    int8_prefill_rows,
     one_row_addmm,
     one_row_mm,
     outer_product,
@@ -110,7 +111,8 @@ def test_one_row_reductions_on_a_gpu_under_coordinate_descent_tuning_only(
     assert decode == ({ADDMM: one_row_addmm, MM: one_row_mm} if used else cpu_int8)
     prefill = step_decompositions(options, torch.device(device), prefill=True)
     on_gpu = device != "cpu"
-    assert set(prefill) == ({ADDMM} if used else set()) | ({MM, BMM} if on_gpu else set())
+    cpu_prefill = set() if on_gpu else {INT8_MM}  # an int8 file's prefill: converted, then mm
+    assert set(prefill) == ({ADDMM} if used else set()) | ({MM, BMM} if on_gpu else cpu_prefill)
     if on_gpu:  # mm: the one-row reduction only when tuned, as Inductor's own otherwise
         _, x, w = _operands(torch.float32)
         assert (prefill[MM](x, w) is NotImplemented) is not used
@@ -251,6 +253,17 @@ def test_int8_decode_rows_equals_atens_int8_mm_and_a_static_batch_keeps_the_oper
         torch.testing.assert_close(traced(rows, q, scales), want, atol=1e-3, rtol=1e-5)
 
 
+def test_int8_prefill_rows_equals_atens_int8_mm() -> None:
+    """The CPU prefill's int8 matmul: the weight converted, ``mm``, then scaled; ATen's
+    result to float32 rounding of another order of the sum."""
+    torch.manual_seed(1)
+    q, scales = torch.randint(-127, 128, (40, 96), dtype=torch.int8), torch.rand(40)
+    for rows in (1, 7):
+        x = torch.randn(rows, 96)
+        want = torch.ops.aten._weight_int8pack_mm(x, q, scales)
+        torch.testing.assert_close(int8_prefill_rows(x, q, scales), want, atol=1e-3, rtol=1e-5)
+
+
 def test_a_cuda_int8_build_tunes_by_coordinate_descent_unless_told_otherwise() -> None:
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert int8_options(None, "int8", cuda) == {"coordinate_descent_tuning": True}
@@ -262,3 +275,53 @@ def test_a_cuda_int8_build_tunes_by_coordinate_descent_unless_told_otherwise() -
     }
     for weights, device in (("int8", cpu), ("int4", cuda), (None, cuda)):
         assert int8_options(None, weights, device) is None
+
+
+class _Bytes(torch.nn.Module):
+    """An int8 weight's one-row product with its scales, and a uint8 row's integer
+    division by itself (a lane past the eight loaded must not divide by zero)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.register_buffer("q", torch.randint(-127, 128, (64, 96), dtype=torch.int8, generator=g))
+        self.register_buffer("scales", torch.rand(64, generator=g))
+
+    def forward(self, x: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        product = (x[:, None, :] * self.q[None].float()).sum(-1) * self.scales
+        wide = u.to(torch.int32)
+        return product, (wide // (wide | 1)).sum(-1)
+
+
+def test_a_cpu_builds_byte_loads_are_eight_byte_loads_on_avx2_and_compute_as_eager() -> None:
+    """On a 256-bit vector ISA (AVX2) the stages' C++ kernels load eight int8 / uint8
+    values by one 8-byte load (``_compat.inductor_fixes.full_width_byte_loads``), not
+    ATen's buffer-filling partial load; on AVX-512 ATen's masked load is kept. Either way
+    the compiled step computes what eager does."""
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.utils import run_and_get_code
+
+    module = _Bytes().eval()
+    x = torch.randn(1, 96)
+    u = torch.randint(
+        0, 256, (2, 96), dtype=torch.uint8, generator=torch.Generator().manual_seed(4)
+    )
+    with torch.no_grad():
+        gm, _, guards = Precompile.dynamo(module, (x, u))
+        joint = Precompile.aot_autograd(gm, guards)
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
+            compiled, _ = Precompile.inductor(joint.joint_graph, joint.guards)
+            return Precompile.precompile(compiled)(x, u)
+
+        (product, quotient), code = run_and_get_code(build)
+    source = "\n".join(code)
+    want_product, want_quotient = module(x, u)
+    torch.testing.assert_close(product, want_product, atol=1e-4, rtol=1e-5)
+    assert torch.equal(quotient, want_quotient)
+    isa = cpu_vec_isa.pick_vec_isa()
+    partial = "Vectorized<int8_t>::loadu(" in source or "Vectorized<uint8_t>::loadu(" in source
+    if isa and isa.bit_width() == 256:
+        assert "_mm_loadl_epi64" in source and not partial
+    else:
+        assert "_mm_loadl_epi64" not in source

@@ -229,6 +229,8 @@ COMPILERS: tuple[PrivateName, ...] = (
     _n(f"{_IND}.inductor_prims:force_stride_order"),
     _n(f"{_IND}.virtualized:V.set_fake_mode"),
     _n(f"{_IND}.codegen.cpp:CppKernel", "check_bounds", "rename_indexing", "sexpr"),  # 2.11
+    _n(f"{_IND}.codegen.cpp:CppVecKernel", "_get_vec_load_line", "_get_vec_type"),  # AVX2 bytes
+    _n(f"{_IND}.codegen.cpp:cexpr_index"),
     _n(f"{_IND}.codegen.common:Kernel", "loads", "compute", "cse"),
     _n(f"{_IND}.codegen.common:CSE", "try_get"),
     _n(f"{_IND}.ir:argsort_sym"),  # inductor_fixes.py patches both places

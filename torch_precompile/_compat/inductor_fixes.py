@@ -1,5 +1,6 @@
 """Inductor's behaviours adjusted while this package compiles: layout heuristics that
-add no guards, op packets resolved to overloads, torch 2.11's C++ bounds check."""
+add no guards, op packets resolved to overloads, torch 2.11's C++ bounds check, and
+AVX2 byte loads at full speed."""
 
 from __future__ import annotations
 
@@ -124,3 +125,38 @@ def bounds_checks_after_their_index() -> Iterator[None]:
         yield
     finally:
         CppKernel.check_bounds = original  # type: ignore[method-assign]
+
+
+# Eight bytes into an AVX2 vector of 32, the other lanes 1 (as ATen's partial load
+# fills them, so that a lane never divides by zero): one 8-byte load and two blends.
+_EIGHT_BYTES = (
+    "{vec}(_mm256_inserti128_si256(_mm256_set1_epi8(1), _mm_blend_epi16("
+    "_mm_loadl_epi64(reinterpret_cast<const __m128i*>({ptr})), _mm_set1_epi8(1), 0xF0), 0))"
+)
+
+
+@contextlib.contextmanager
+def full_width_byte_loads() -> Iterator[None]:
+    """Inductor's AVX2 C++ kernels load eight int8 or uint8 values at a time (one for each
+    float32 lane) with ``Vectorized<int8_t>::loadu(ptr, 8)``, which ATen's AVX2 vector
+    class serves by filling a 32-byte buffer and copying into it
+    (``ATen/cpu/vec/vec256/vec256_int.h``): an int8 weight's one-row reduction read 0.6 GB/s
+    on a 2-core EPYC, 14 GB/s with the load below (docs/measurements.md, 2026-12-04). Here
+    such a load is one 8-byte load, the other lanes 1 as ATen's. AVX-512's class masks
+    the load; it is left as it is."""
+    from torch._inductor.codegen import cpp
+
+    original = cpp.CppVecKernel._get_vec_load_line
+
+    def load_line(self: Any, var: str, index: Any, dtype: torch.dtype, load_mask: Any = None):
+        eight_bytes = dtype in (torch.int8, torch.uint8) and getattr(self, "num_elems", 0) == 8
+        if not eight_bytes or load_mask is not None or self.vec_isa.bit_width() != 256:
+            return original(self, var, index, dtype, load_mask)
+        ptr = f"{var} + {cpp.cexpr_index(index)}" if index != 0 else var
+        return _EIGHT_BYTES.format(vec=self._get_vec_type(dtype), ptr=ptr)
+
+    cpp.CppVecKernel._get_vec_load_line = load_line  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cpp.CppVecKernel._get_vec_load_line = original  # type: ignore[method-assign]

@@ -13,6 +13,7 @@ from .capture import Capture, size_oblivious_context
 from .graph_copy import copy_graph_module, joint_for_one_compile
 from .inductor_fixes import (
     bounds_checks_after_their_index,
+    full_width_byte_loads,
     resolve_overload_packets,
     stride_order_without_guards,
 )
@@ -265,6 +266,7 @@ def compile_joint(
         stack.enter_context(size_oblivious_context(capture.size_oblivious))
         stack.enter_context(stride_order_without_guards(capture.size_oblivious))
         stack.enter_context(bounds_checks_after_their_index())
+        stack.enter_context(full_width_byte_loads())
         stack.enter_context(inductor_config.patch(patches))
         # Read under the patch: it boxes config.triton.cudagraphs (mode="reduce-overhead").
         extra = _compiler_config_extra(cfx, inductor_config, dynamo_gm)

@@ -34,7 +34,8 @@ over its rows (one, or a batch of 1..N) becomes the reduction ``sum(x * q) * sca
 at a time, converting it in registers. ATen's CPU kernel for it converts float32
 activations slowly: over the 210 linears of the SmolLM2-135M shape, one thread, it
 took 179 ms a token, the reduction 25 ms and the float32 file's ``linear`` 80 ms
-(docs/measurements.md).
+(docs/measurements.md). A prefill's converts the weight and multiplies by ``mm``
+(:func:`int8_prefill_rows`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,14 @@ def int8_decode_rows(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     return (row.unsqueeze(1) * weight.unsqueeze(0).to(x.dtype)).sum(dim=2) * scales.to(x.dtype)
 
 
+def int8_prefill_rows(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> Any:
+    """``_weight_int8pack_mm(x, weight, scales)`` over a prefill's rows: the weight
+    converted to ``x``'s dtype (one small buffer a linear), multiplied by ``mm``, then
+    scaled. ATen's CPU kernel on float32 activations took 7.8 ms for one row of a 1536 x
+    576 weight on a 2-core EPYC, float32 ``mm`` 0.12 ms (docs/measurements.md, 2026-12-04)."""
+    return torch.mm(x, weight.to(x.dtype).t()) * scales.to(x.dtype)
+
+
 def _one_row(mat1: torch.Tensor, mat2: torch.Tensor) -> bool:
     """Whether ``mat1`` is one row, a static size, of ``mat2``'s dtype."""
     rows = mat1.shape[0]
@@ -142,9 +151,10 @@ def step_decompositions(
     :func:`one_row_mm`; a ``prefill`` step's ``mm`` and ``bmm`` take the
     :func:`outer_product` first (:func:`prefill_mm`, :func:`prefill_bmm`). A decode step
     keeps the table its measured speed was built with (docs/measurements.md). A CPU
-    decode step's int8 matmul is :func:`int8_decode_rows`."""
+    decode step's int8 matmul is :func:`int8_decode_rows`, a prefill's
+    :func:`int8_prefill_rows`."""
     if device.type == "cpu":
-        return {} if prefill else {INT8_MM: int8_decode_rows}
+        return {INT8_MM: int8_prefill_rows if prefill else int8_decode_rows}
     if device.type == "mps":
         return {}
     tuned = bool((options or {}).get("coordinate_descent_tuning"))

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # the machine's description
 import quantized  # the same shape, build and run children
 
 ROOT = quantized.ROOT
@@ -145,7 +146,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     files = _prepare(args, shape, work)
     bin_dir = f"{args.llama_build}/bin"
-    results: dict = {"shape": shape, "load_avg_before": os.getloadavg(), "runs": {}}
+    results: dict = {"machine": harness.machine(), "shape": shape, "runs": {}}
+    results["load_avg_before"] = os.getloadavg()
     bw = _run([sys.executable, "-c", _BANDWIDTH])
     results |= json.loads(bw.stdout)
     cases = [(n, b) for n in OURS for b in args.batch_sizes] + [(n, 1) for n in THEIRS]

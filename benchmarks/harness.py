@@ -120,10 +120,27 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
+        **cpu_model(),
     }
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(0)
     return out
+
+
+def cpu_model() -> dict[str, Any]:
+    """The CPU's model name and its vector extensions (Linux): figures of one 2-core
+    machine kind differ 2x to 9x between an AVX-512 Xeon and an AVX2 EPYC."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line and "\t" in line)
+    flags = set(fields.get("flags\t\t", "").split())
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+    return {
+        "cpu_model": fields.get("model name\t", "").strip(),
+        "cpu_vector": [f for f in wanted if f in flags],
+    }
 
 
 def write_result(path: str | os.PathLike[str], result: Mapping[str, Any]) -> None:

@@ -32,6 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # the machine's description
+
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = dict(
     hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -108,7 +111,8 @@ def main() -> None:
     shape = {**SHAPE, "num_hidden_layers": args.layers}
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    results: dict = {"shape": shape, "load_avg_before": os.getloadavg(), "files": {}}
+    results: dict = {"machine": harness.machine(), "shape": shape, "files": {}}
+    results["load_avg_before"] = os.getloadavg()
     for name in FORMATS:
         path = work / f"{name}-{args.layers}.pt"
         record: dict = {}

@@ -24,11 +24,18 @@
    thread submitting, as in the server), timed after one untimed request: of the
    gap between one client and ``direct``, what the engine's loop costs.
 
+``--llama-server GGUF`` measures llama.cpp's ``llama-server`` instead (steps 3 and 4,
+the same clients and requests): ``-np`` the file's slots (``--max-batch``), ``-c`` slots
+times ``--max-length``, ``--threads`` threads; its streamed tokens are counted from each
+request's ``usage`` (``stream_options.include_usage``).
+
 Usage (repository root)::
 
     PYTHONPATH=. python benchmarks/serve.py --device cpu --shape tiny
     PYTHONPATH=. python benchmarks/serve.py --device cuda --shape qwen0.5b --dtype bfloat16 \
         --max-length 512 --new-tokens 128
+    PYTHONPATH=. python benchmarks/serve.py --file F --max-batch 8 --max-length 128 \
+        --llama-server f32.gguf --llama-bin /tmp/llamacpp/build/bin --new-tokens 32
 """
 
 from __future__ import annotations
@@ -115,9 +122,22 @@ def floor(device: str) -> float:
 
 
 def start(path: Path, port: int, log: Path) -> tuple[subprocess.Popen[bytes], float]:
-    env = child_env()
     command = [sys.executable, "-c", _SERVER, "serve", str(path), "--port", str(port)]
-    command += ["--model-name", "model"]
+    return started([*command, "--model-name", "model"], port, log, child_env())
+
+
+def start_llama(args: argparse.Namespace, port: int, log: Path) -> tuple[Any, float]:
+    """llama.cpp's server on ``--llama-server``'s file, slots and context as ours."""
+    command = [f"{args.llama_bin}/llama-server", "-m", args.llama_server, "--port", str(port)]
+    command += ["-np", str(args.max_batch), "-c", str(args.max_batch * args.max_length)]
+    command += ["-t", str(args.threads), "--alias", "model"]
+    return started(command, port, log, None)
+
+
+def started(
+    command: list[str], port: int, log: Path, env: dict[str, str] | None
+) -> tuple[subprocess.Popen[bytes], float]:
+    """The server spawned, and the seconds from the spawn to ``/health`` answering 200."""
     t = time.perf_counter()
     with log.open("w") as err:
         proc = subprocess.Popen(command, env=env, stderr=err, stdout=err)
@@ -222,13 +242,18 @@ def stream(port: int, prompt: list[int], new: int) -> tuple[float, int]:
     """One streaming completion: (seconds to the first token, tokens received)."""
     body = {"model": "model", "prompt": prompt, "max_tokens": new, "temperature": 0}
     body |= {"stream": True, "ignore_eos": True, "return_token_ids": True}
+    body |= {"stream_options": {"include_usage": True}}
     t = time.perf_counter()
-    first, tokens = None, 0
+    first, tokens, usage = None, 0, None
     for data in events(port, body):
-        got = len(data["choices"][0].get("token_ids", []))
+        usage = data.get("usage") or usage
+        choices = data.get("choices") or [{}]
+        got = len(choices[0].get("token_ids", [])) or bool(choices[0].get("text"))
         if got and first is None:
             first = time.perf_counter() - t
-        tokens += got
+        tokens += len(choices[0].get("token_ids", []))
+    if usage is not None:  # llama-server sends no token ids: its count
+        tokens = usage["completion_tokens"]
     return first or float("nan"), tokens
 
 
@@ -311,8 +336,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="requests per client in a row")
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--build-only", action="store_true", help="build the file and stop")
+    parser.add_argument("--llama-server", default=None, help="a GGUF file: llama-server's run")
+    parser.add_argument("--llama-bin", default="/tmp/llamacpp/build/bin")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server's threads")
     args = parser.parse_args()
-    path = built_file(args)
+    path = None if args.llama_server else built_file(args)
     if args.build_only:
         return
     with socket.socket() as s:
@@ -322,7 +350,13 @@ def main() -> None:
     result |= {"max_batch": args.max_batch, "max_length": args.max_length}
     result |= {"new_tokens": args.new_tokens, "rounds": args.rounds}
     result["floor_s"] = round(floor(args.device), 3)
-    proc, ready = start(path, port, args.work / "server.log")
+    args.work.mkdir(parents=True, exist_ok=True)
+    if path is None:
+        result["server"] = f"llama-server {args.llama_server}"
+        proc, ready = start_llama(args, port, args.work / "llama-server.log")
+    else:
+        result["server"] = f"torch-precompile serve {path}"
+        proc, ready = start(path, port, args.work / "server.log")
     result["start_to_health_s"] = round(ready, 3)
     print(json.dumps(result), file=sys.stderr, flush=True)
     try:
@@ -334,8 +368,9 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
-    result["direct"] = direct(path, args.new_tokens)
-    result["engine"] = engine(path, args.new_tokens)
+    if path is not None:
+        result["direct"] = direct(path, args.new_tokens)
+        result["engine"] = engine(path, args.new_tokens)
     print(json.dumps(result, indent=1))
     if args.out:
         write_result(args.out, result)

@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
 from tests.fixtures.hf_models import assert_same_output  # noqa: E402, F401 (for the tests)
 from tests.fixtures.models import build_transformer  # noqa: E402
 from tests.fixtures.store import Store, store_root  # noqa: E402
-from tests.fixtures.tiers import mark_quick, order_by_weight  # noqa: E402
+from tests.fixtures.tiers import mark_tiers, order_by_weight  # noqa: E402
 from torch_precompile import Precompile  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    mark_quick(items, pytest.mark.quick)
+    mark_tiers(items, pytest.mark.quick, pytest.mark.families)
     order_by_weight(items)
 
 

@@ -248,7 +248,9 @@ def stream(port: int, prompt: list[int], new: int) -> tuple[float, int]:
     for data in events(port, body):
         usage = data.get("usage") or usage
         choices = data.get("choices") or [{}]
-        got = len(choices[0].get("token_ids", [])) or bool(choices[0].get("text"))
+        # llama-server's chunks carry no token ids, and a token's text may be empty (a
+        # character's first bytes): a chunk with a choice is a token either way
+        got = len(choices[0].get("token_ids", [])) or bool(data.get("choices"))
         if got and first is None:
             first = time.perf_counter() - t
         tokens += len(choices[0].get("token_ids", []))

@@ -146,7 +146,10 @@ def full_width_byte_loads() -> Iterator[None]:
     the load; it is left as it is."""
     from torch._inductor.codegen import cpp
 
-    original = cpp.CppVecKernel._get_vec_load_line
+    original = getattr(cpp.CppVecKernel, "_get_vec_load_line", None)
+    if original is None or not hasattr(cpp, "cexpr_index"):  # another layout: as it is
+        yield
+        return
 
     def load_line(self: Any, var: str, index: Any, dtype: torch.dtype, load_mask: Any = None):
         eight_bytes = dtype in (torch.int8, torch.uint8) and getattr(self, "num_elems", 0) == 8

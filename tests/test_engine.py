@@ -169,3 +169,38 @@ def test_n_choices_prefill_once_and_each_continue_as_generate(built: dict[str, A
         tokens[event.index] += event.token_ids
     assert prefills == [0]
     assert tokens == [free[0, 5:].tolist()] * 3
+
+
+def test_one_run_alone_steps_one_row_as_generate_does(built: dict[str, Any]) -> None:
+    """A CPU file decodes ``generate``'s tokens by its slot step of one row: a run alone
+    in the server's engine steps that one row (not two), and its tokens and logprobs
+    are ``generate``'s to the bit; two runs at once step two rows, their logprobs close."""
+    gen = Precompile.load(built["path"])
+    assert gen.spec.decode_by_slots and gen.spec.max_batch > 1
+    ids = torch.tensor([PROMPT])
+    out = gen.generate(
+        ids, max_new_tokens=8, eos_token_id=None, return_dict_in_generate=True, output_logits=True
+    )
+    free = out.sequences[0, 5:].tolist()
+    want = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.logits, free)]
+    request = Request(
+        prompt=tuple(PROMPT), max_tokens=8, temperature=0, ignore_eos=True, logprobs=0
+    )
+    for runs, rows in (([request], {1}), ([request, request], {2})):
+        engine = Scheduler(gen, max_queue=4)
+        engine.warm()
+        batches: list[int] = []
+
+        def spy(batch: int, decode: Any = engine.runner.decode, seen: Any = batches) -> Any:
+            seen.append(batch)
+            return decode(batch)
+
+        engine.runner.decode = spy  # type: ignore[method-assign]
+        events = _run(engine, runs)
+        assert [[t for e in run for t in e.token_ids] for run in events] == [free] * len(runs)
+        got = [lp.logprob for e in events[0] for lp in e.logprobs]
+        # One row is generate's program itself: the same logprobs to the bit; two rows
+        # are another matmul shape.
+        tol = 0.0 if rows == {1} else 1e-4
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=tol)
+        assert set(batches) == rows, batches

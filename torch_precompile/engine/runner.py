@@ -1,18 +1,19 @@
 """The runner: a generator file's step over the slots of one static cache.
 
 Each of the cache's ``max_batch`` rows is a *slot*. A run joining a free slot is
-prefilled alone (batch 1, the step's prefill variant on views of that slot's
-rows) from cache index 0, so in a slot the cache index is the position; then
-every step decodes all slots at once with the slot step (``start`` a
-``(batch,)`` tensor, each row its own offset). A step runs on the first rows
-only: as many as the highest busy slot needs, rounded up to a power of two
-(:func:`step_batches`). Free slots among them decode too (token 0 at the index
-just past the entries the slot keeps, attending to those, so no NaN and no kept
-entry overwritten): a few shapes, each recorded once, and a row's result never
-depends on its neighbours. A slot's kept entries are what a later prompt that
-begins with the same tokens reuses: :meth:`SlotRunner.prefill` at ``start`` fills
-only the rest (the file's prefill program at an offset, as ``generate``'s decode
-steps run it), and a long prompt is prefilled so, a chunk at a time.
+prefilled alone (batch 1, the step's prefill variant on views of that slot's rows) from
+cache index 0, so in a slot the cache index is the position; then every step decodes all
+slots at once with the slot step (``start`` a ``(batch,)`` tensor, each row its own
+offset). A step runs on the first rows only: as many as the highest busy slot needs,
+rounded up to a power of two (:func:`step_batches`; one row alone where the file decodes
+``generate``'s tokens by its slot step, so one client steps as ``generate`` does). Free
+slots among them decode too (token 0 at the index just past the entries the slot keeps,
+attending to those, so no NaN and no kept entry overwritten): a few shapes, each
+recorded once, and a row's result never depends on its neighbours. A slot's kept entries
+are what a later prompt that begins with the same tokens reuses:
+:meth:`SlotRunner.prefill` at ``start`` fills only the rest (the file's prefill program
+at an offset, as ``generate``'s decode steps run it), and a long prompt is prefilled so,
+a chunk at a time.
 
 The runner's cache is its own, not the ``Generator``'s: ``Generator.generate``
 in the same process touches other tensors.
@@ -68,13 +69,13 @@ class Runner(Protocol):
     def batch_for(self, top: int) -> int: ...
 
 
-def step_batches(slots: int) -> list[int]:
-    """The batches a decode step runs at: powers of two from 2, then ``slots``. The slot
-    step is compiled for 2 rows or more (one row is the prefill's shape), unless the
-    file has one slot."""
-    if slots == 1:
-        return [1]
-    return [b for b in (2**i for i in range(1, slots.bit_length())) if b < slots] + [slots]
+def step_batches(slots: int, one_row: bool) -> list[int]:
+    """The batches a decode step runs at: powers of two below ``slots``, then ``slots``;
+    from 1 where the slot step takes one row (``one_row``: a file that decodes
+    ``generate``'s tokens by it, or has one slot), else from 2 (a GPU build's slot
+    step serves 2..N rows; its one row is the decode step's shape)."""
+    first = 0 if one_row or slots == 1 else 1
+    return [b for b in (2**i for i in range(first, slots.bit_length())) if b < slots] + [slots]
 
 
 class SlotRunner:
@@ -103,7 +104,7 @@ class SlotRunner:
         self.ids = torch.zeros((slots, 1), dtype=torch.long, device=self.device)
         self.index = torch.zeros((slots,), dtype=torch.long, device=self.device)
         self.member = torch.zeros((slots,), dtype=torch.long, device=self.device)
-        self.batches = step_batches(slots)
+        self.batches = step_batches(slots, spec.decode_by_slots)
         # Per batch, the decode step as one loop over views of the first rows (the
         # guards are checked at its first call: the runner owns the model and cache).
         self._steps: dict[int, Callable[..., Any]] = {

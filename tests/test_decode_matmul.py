@@ -22,11 +22,13 @@ from torch_precompile.generation.decode_matmul import (
     ADDMM,
     BMM,
     MM,
+    float32_only,
     int8_decode_rows,
     int8_options,
     int8_prefill_rows,
     one_row_addmm,
     one_row_mm,
+    one_row_step,
     outer_product,
     step_decompositions,
 )
@@ -98,7 +100,7 @@ def test_two_rows_or_mixed_dtypes_are_left_to_addmm() -> None:
     ("options", "device", "used"),
     [
         (CDT, "cuda", True),
-        (CDT, "cpu", False),  # Inductor keeps CPU matmuls as they are
+        (CDT, "cpu", False),  # the CPU's own table, tuned or not
         ({"coordinate_descent_tuning": False}, "cuda", False),
         (None, "cuda", False),  # untuned, a reduction is slower than cuBLAS
     ],
@@ -107,8 +109,15 @@ def test_one_row_reductions_on_a_gpu_under_coordinate_descent_tuning_only(
     options: dict | None, device: str, used: bool
 ) -> None:
     decode = step_decompositions(options, torch.device(device), prefill=False)
-    cpu_int8 = {INT8_MM: int8_decode_rows} if device == "cpu" else {}  # an int8 file's decode
-    assert decode == ({ADDMM: one_row_addmm, MM: one_row_mm} if used else cpu_int8)
+    cpu = {  # an int8 file's decode, and a float32 row's matmuls
+        INT8_MM: int8_decode_rows,
+        MM: float32_only(MM, one_row_mm),
+        ADDMM: float32_only(ADDMM, one_row_addmm),
+    }
+    if device == "cpu":
+        assert decode == cpu
+    else:
+        assert decode == ({ADDMM: one_row_addmm, MM: one_row_mm} if used else {})
     prefill = step_decompositions(options, torch.device(device), prefill=True)
     on_gpu = device != "cpu"
     cpu_prefill = set() if on_gpu else {INT8_MM}  # an int8 file's prefill: converted, then mm
@@ -118,6 +127,38 @@ def test_one_row_reductions_on_a_gpu_under_coordinate_descent_tuning_only(
         assert (prefill[MM](x, w) is NotImplemented) is not used
         product = prefill[MM](torch.randn(3, 1), torch.randn(1, 4))
         assert product is not NotImplemented
+
+
+def test_a_cpu_decode_step_reduces_a_float32_row_only() -> None:
+    """Through the CPU decode table as AOTAutograd applies it: a float32 row's ``mm`` and
+    ``addmm`` become reductions, equal to ATen's; more rows, and a bfloat16 row, keep
+    the operator."""
+    table = step_decompositions(None, torch.device("cpu"), prefill=False)
+    for bias in (True, False):
+        linear = torch.nn.Linear(896, 128, bias=bias)
+        op = ADDMM if bias else MM
+        for rows, dtype, kept in (
+            (1, torch.float32, False),
+            (3, torch.float32, True),
+            (1, torch.bfloat16, True),
+        ):
+            layer = linear.to(dtype)
+            x = torch.randn(rows, 896).to(dtype)
+            with torch.no_grad():
+                traced = make_fx(layer, decomposition_table=table)(x)
+                targets = {n.target for n in traced.graph.nodes if n.op == "call_function"}
+                assert (op in targets) is kept, (bias, rows, dtype, targets)
+                want, got = layer(x), traced(x)
+            tol = 1e-5 if dtype == torch.float32 else 1e-2
+            assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * 10)
+
+
+def test_the_one_row_step_for_quantized_files_and_large_float32_models() -> None:
+    big = 64 * 2**20
+    assert one_row_step("int8", "float32", 1) and one_row_step("int4", "bfloat16", 1)
+    assert one_row_step(None, "float32", big)
+    assert not one_row_step(None, "float32", big - 1)
+    assert not one_row_step(None, "bfloat16", 10 * big)
 
 
 def _marker() -> object:

@@ -114,9 +114,9 @@ def test_served_where_transformers_cannot_be_imported(one_row: dict[str, Any]) -
 
 def test_the_build_plan_decodes_by_the_slot_step_off_a_gpu_only() -> None:
     """The programs a build compiles (generation/rows.py), in order: on the CPU a prefill
-    and a slot step of 1..N rows (a quantized file's one-row slot step before it, which a
-    call of one row takes first); on a GPU and for a model without the slot step, a
-    decode step of its own."""
+    and a slot step of 1..N rows (a quantized or large float32 file's one-row slot step
+    before it, which a call of one row takes first); on a GPU and for a model without
+    the slot step, a decode step of its own."""
     from torch_precompile.generation.rows import plan
 
     def names(*args: Any, **kwargs: Any) -> list[str]:

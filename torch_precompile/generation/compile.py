@@ -31,7 +31,7 @@ from ..runtime.generator_spec import GeneratorSpec
 from ..stages.size_one import takes_one
 from .build_progress import BuildProgress, thread_free_options
 from .decode_attention import grouped_decode_attention, groups_on
-from .decode_matmul import int8_options, step_decompositions
+from .decode_matmul import int8_options, one_row_step, step_decompositions
 from .model_settings import chat_fields, length_fields, sampling_fields
 from .quantize import quantized_view
 from .rows import Program, decodes_by_slots, mark, plan
@@ -220,9 +220,9 @@ def compile_generator(
     # One program for many sizes where the capture allows (rows.py); a file of one row
     # needs no program for more (a batch past max_batch is refused); where the model
     # takes the slot step, off a GPU, it is generate's decode step too.
-    programs = plan(
-        max_batch, batch, prompt, device.type, world, slots=not refused, one_row=weights is not None
-    )
+    held = sum(t.numel() * t.element_size() for t in (*step.parameters(), *step.buffers()))
+    one_row = one_row_step(weights, dtype, held)
+    programs = plan(max_batch, batch, prompt, device.type, world, not refused, one_row)
     if world > 1:
         # Tensor parallel: DTensor's sharding rules guard a prompt's rows on whether
         # they split evenly over the mesh (``Ne(Mod(batch, 2), 0)``), so the prefill

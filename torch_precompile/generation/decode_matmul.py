@@ -26,7 +26,15 @@ things here change how:
   us a layer for 8.7 MB of weight on an H200.
 
 The build uses both where Inductor would decompose ``mm``: on a GPU, with
-coordinate descent tuning, at a static one-row batch (:func:`step_decompositions`).
+coordinate descent tuning, at a static one-row batch (:func:`step_decompositions`);
+on the CPU in float32 at a static one-row batch always. There ATen's ``mm`` of one
+row (MKL's) read the weights at 12-15 GB/s on a 2-core EPYC whose DRAM streams 26;
+Inductor's C++ reduction, inside a compiled step, read them at 21-28 GB/s: 30
+layers of the SmolLM2-135M shape's linears took 15-20 ms a row against 38-42 ms
+(docs/measurements.md, 2026-12-04). Over a batch captured dynamic the reduction
+reads the weight once a row (76 ms at 8 rows against ``mm``'s 52), so the slot
+step of 1..N rows keeps ``mm`` and a static one-row step is compiled beside it
+(``rows.py``).
 
 On the CPU a decode step's int8 weight-only matmul (``aten._weight_int8pack_mm``)
 over its rows (one, or a batch of 1..N) becomes the reduction ``sum(x * q) * scale``
@@ -130,6 +138,21 @@ def int8_prefill_rows(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tenso
     return torch.mm(x, weight.to(x.dtype).t()) * scales.to(x.dtype)
 
 
+@functools.cache
+def float32_only(op: Any, reduction: Callable[..., Any]) -> Callable[..., Any]:
+    """``reduction`` where ``op``'s row operand is float32, Inductor's own decomposition
+    of ``op`` otherwise (measured in float32 only). Cached: one function an ``op``, so
+    that two tables built alike are equal."""
+
+    def decomposed(*args: Any, **kwargs: Any) -> Any:
+        row = args[1] if op is ADDMM else args[0]
+        if row.dtype != torch.float32:
+            return _inductors(op, *args, **kwargs)
+        return reduction(*args, **kwargs)
+
+    return decomposed
+
+
 def _one_row(mat1: torch.Tensor, mat2: torch.Tensor) -> bool:
     """Whether ``mat1`` is one row, a static size, of ``mat2``'s dtype."""
     rows = mat1.shape[0]
@@ -152,9 +175,16 @@ def step_decompositions(
     :func:`outer_product` first (:func:`prefill_mm`, :func:`prefill_bmm`). A decode step
     keeps the table its measured speed was built with (docs/measurements.md). A CPU
     decode step's int8 matmul is :func:`int8_decode_rows`, a prefill's
-    :func:`int8_prefill_rows`."""
+    :func:`int8_prefill_rows`; its float32 one-row ``mm`` and ``addmm`` the reductions
+    (:func:`float32_only`)."""
     if device.type == "cpu":
-        return {INT8_MM: int8_prefill_rows if prefill else int8_decode_rows}
+        if prefill:
+            return {INT8_MM: int8_prefill_rows}
+        return {
+            INT8_MM: int8_decode_rows,
+            MM: float32_only(MM, one_row_mm),
+            ADDMM: float32_only(ADDMM, one_row_addmm),
+        }
     if device.type == "mps":
         return {}
     tuned = bool((options or {}).get("coordinate_descent_tuning"))
@@ -163,6 +193,21 @@ def step_decompositions(
         table[MM] = functools.partial(prefill_mm, tuned=tuned)
         table[BMM] = prefill_bmm
     return table
+
+
+FLOAT32_ONE_ROW_BYTES = 64 * 2**20
+
+
+def one_row_step(weights: str | None, dtype: str, parameter_bytes: int) -> bool:
+    """Whether a CPU build compiles a slot step of one static row beside that of 1..N
+    rows (``rows.py``): for quantized ``weights`` always; in float32 where the model's
+    parameters hold at least :data:`FLOAT32_ONE_ROW_BYTES`, past a CPU's caches, where
+    the one-row reductions read DRAM at twice ``mm``'s speed. A smaller model's step
+    is bound by its calls more than by its reads, and the program is one more compile
+    (10-30 s on a 2-core CPU)."""
+    if weights is not None:
+        return True
+    return dtype == "float32" and parameter_bytes >= FLOAT32_ONE_ROW_BYTES
 
 
 def int8_options(

@@ -59,10 +59,12 @@ def plan(
 ) -> list[tuple[Program, list[Program]]]:
     """The programs, each with those to compile as well when it leaves one row out;
     ``slots``: the model takes the slot step (``slots_work``). ``one_row`` (quantized
-    weights): a CPU build's slot step of 1..N rows is preceded by one of a static row,
-    which a call of one row takes (the first program whose guards hold): the quantized
-    kernels of a batch captured dynamic decoded the SmolLM2-135M shape's 4 layers at
-    206 tokens/s in int8, 384 at a static row (docs/measurements.md)."""
+    weights, or a large float32 model: ``one_row_step``): a CPU build's slot step of
+    1..N rows is preceded by one of a static row, which a call of one row takes (the
+    first program whose guards hold): the quantized kernels of a batch captured
+    dynamic decoded the SmolLM2-135M shape's 4 layers at 206 tokens/s in int8, 384 at
+    a static row; a float32 row's matmuls are reductions at a static row only
+    (``decode_matmul.py``, docs/measurements.md)."""
     by_slots = decodes_by_slots(slots, device_type)
     unmarked = [
         Program(program_name(b, s, max_batch, b == batch), b, s)

@@ -79,7 +79,7 @@ SHAPES = {
 _SERVER = """
 import sys
 sys.modules["transformers"] = None
-from torch_precompile.cli.main import main
+from torch_precompile_cli import main  # as the torch-precompile script starts
 sys.exit(main(sys.argv[1:]))
 """
 

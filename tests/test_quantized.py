@@ -276,7 +276,7 @@ _SERVER = """
 import sys
 for name in ("torchao", "transformers"):
     sys.modules[name] = None
-from torch_precompile.cli.main import main
+from torch_precompile_cli import main
 code = main(sys.argv[1:])
 imported = [
     m for m in ("torchao", "transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")

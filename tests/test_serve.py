@@ -43,6 +43,7 @@ from torch_precompile.generation.compile import _cache_layout, _Step  # noqa: E4
 from torch_precompile.generation.slots import slots_work  # noqa: E402
 from torch_precompile.runtime.generator import Generator  # noqa: E402
 from torch_precompile.runtime.generator_spec import GeneratorSpec  # noqa: E402
+from torch_precompile_cli.lean_torch import DEFERRED  # noqa: E402
 
 SLOTS, MAX_LENGTH, VOCAB = 16, 96, 320
 TEMPLATE = (
@@ -50,17 +51,22 @@ TEMPLATE = (
     "{% if add_generation_prompt %}<bos>assistant:{% endif %}"
 )
 
-# The server's process: transformers not importable; on exit, what it imported.
+# The server's process, started as the torch-precompile script starts it; transformers
+# not importable; on exit, what it imported and which of torch's submodules it deferred
+# never ran.
 _SERVER = """
 import sys
 sys.modules["transformers"] = None
-from torch_precompile.cli.main import main
+from torch_precompile_cli import main
+from torch_precompile_cli.lean_torch import DEFERRED, _Deferred
 code = main(sys.argv[1:])
 imported = [
     m for m in ("transformers", "torch._dynamo", "torch._inductor.compile_fx", "sympy")
     if sys.modules.get(m) is not None
 ]
 print("IMPORTED", imported, file=sys.stderr, flush=True)
+deferred = [m for m in DEFERRED if isinstance(sys.modules.get(m), _Deferred)]
+print("DEFERRED", deferred, file=sys.stderr, flush=True)
 sys.exit(code)
 """
 
@@ -832,6 +838,9 @@ def test_the_server_imported_neither_transformers_nor_the_compiler(server: Serve
     assert server.request("GET", "/health")[0] == 200
     err = server.stop()
     assert "IMPORTED []" in err, err
+    # The four submodules import torch runs for a compiler stayed unrun through every
+    # request this module's tests sent (tests/test_lean_torch.py: what running them does).
+    assert f"DEFERRED {list(DEFERRED)}" in err, err
 
 
 def test_a_file_without_the_slot_step_is_refused_and_older_records_read(

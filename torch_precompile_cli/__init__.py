@@ -5,16 +5,20 @@ seconds on a loaded machine. The command line's parser needs none of it, so a
 call that only asks for help (``--help``, ``serve -h``, no arguments) builds the
 parser from the package's modules with the package's own ``__init__`` not run,
 prints, and exits; every other call runs ``torch_precompile.cli.main`` as usual.
+``serve`` and ``generate`` import torch without the parts a serving process never
+runs (``lean_torch.py``; ``TORCH_PRECOMPILE_LEAN_IMPORT=0``: torch whole).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import types
 from collections.abc import Sequence
 
 _HELP = ("-h", "--help")
+LEAN_IMPORT = "TORCH_PRECOMPILE_LEAN_IMPORT"  # 0: serve and generate import torch whole
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,6 +26,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if (not args or any(a in _HELP for a in args)) and "torch_precompile" not in sys.modules:
         return _help(args)
+    if args[:1] in (["serve"], ["generate"]) and os.environ.get(LEAN_IMPORT, "1") != "0":
+        from .lean_torch import import_torch
+
+        import_torch()
     from torch_precompile.cli.main import main as run
 
     return run(args)

@@ -11,7 +11,9 @@ tokenizer is not what is measured), then quantized with ``llama-quantize``.
 Each round runs every file once, each in a fresh process, in turn:
 
 - ours (:mod:`benchmarks.quantized`'s child): ``first_token_s`` from the spawn to a
-  one-token ``generate`` of a 16-token prompt; ``decode_tok_s`` at batch 1 and 8;
+  one-token ``generate`` of a 16-token prompt; ``decode_tok_s`` at batch 1 and 8; at
+  batch 1 also ``first_token_cli_s``, the wall time of ``torch-precompile generate``
+  generating one token of a 16-token prompt (its import, load, prompt and exit);
 - llama.cpp: ``first_token_s``, the wall time of ``llama-completion`` generating one
   token of a 16-token prompt (its load, prompt and exit); ``decode_tok_s``,
   ``llama-bench -p 0 -n N -t 2``'s text-generation figure.
@@ -113,7 +115,15 @@ def _prepare(args: argparse.Namespace, shape: dict, work: Path) -> dict[str, Pat
 def _ours(path: Path, batch: int, new: int) -> dict:
     ran = quantized._child(quantized._RUN, repr(time.time()), str(path), str(batch), str(new))
     assert ran["imported"] == [], ran["imported"]
-    return {"first_token_s": ran["first_token_s"], "decode_tok_s": ran["decode_tok_s"]}
+    got = {"first_token_s": ran["first_token_s"], "decode_tok_s": ran["decode_tok_s"]}
+    if batch == 1:  # as llama-completion's: the command's wall time for one token
+        script = Path(sys.executable).with_name("torch-precompile")
+        ids = ",".join(str(i) for i in range(3, 19))  # 16 tokens
+        start = time.time()
+        _run([str(script), "generate", str(path), "--ids", ids, "--max-new-tokens", "1",
+              "--greedy"], stdin=subprocess.DEVNULL)  # fmt: skip
+        got["first_token_cli_s"] = time.time() - start
+    return got
 
 
 def _theirs(path: Path, bin_dir: str, new: int) -> dict:
@@ -172,18 +182,21 @@ def _table(results: dict) -> str:
     lines = [
         f"DRAM read {results['dram_read_gb_s']:.1f} GB/s; load average "
         f"{results['load_avg_before'][0]:.1f} before, {results['load_avg_after'][0]:.1f} after",
-        "| file | MB | first token s | decode tok/s b1 (DRAM bound share) | decode tok/s b8 |",
+        "| file | MB | first token s (command's) | decode tok/s b1 (DRAM bound share) "
+        "| decode tok/s b8 |",
         "|---|---|---|---|---|",
     ]
     for name in (*OURS, *THEIRS):
         mb = results["file_mb"][name]
         row = results["runs"][f"{name} b1"]
         first = statistics.median(r["first_token_s"] for r in row)
+        cli = [r["first_token_cli_s"] for r in row if "first_token_cli_s" in r]
+        firsts = f"{first:.2f} ({statistics.median(cli):.2f})" if cli else f"{first:.2f}"
         tps = statistics.median(r["decode_tok_s"] for r in row)
         b8 = results["runs"].get(f"{name} b8")
         b8s = f"{statistics.median(r['decode_tok_s'] for r in b8):.1f}" if b8 else "-"
         share = tps * mb * 2**20 / bound
-        lines.append(f"| {name} | {mb:.0f} | {first:.2f} | {tps:.1f} ({share:.0%}) | {b8s} |")
+        lines.append(f"| {name} | {mb:.0f} | {firsts} | {tps:.1f} ({share:.0%}) | {b8s} |")
     return "\n".join(lines)
 
 

@@ -22,6 +22,8 @@ from torch_precompile.generation.decode_matmul import (
     ADDMM,
     BMM,
     MM,
+    cpu_rows_addmm,
+    cpu_rows_mm,
     float32_only,
     int8_decode_rows,
     int8_options,
@@ -32,6 +34,7 @@ from torch_precompile.generation.decode_matmul import (
     outer_product,
     step_decompositions,
 )
+from torch_precompile.lean.linear_rows import LINEAR_ROWS
 
 CDT = {"coordinate_descent_tuning": True}
 
@@ -109,10 +112,10 @@ def test_one_row_reductions_on_a_gpu_under_coordinate_descent_tuning_only(
     options: dict | None, device: str, used: bool
 ) -> None:
     decode = step_decompositions(options, torch.device(device), prefill=False)
-    cpu = {  # an int8 file's decode, and a float32 row's matmuls
+    cpu = {  # an int8 file's decode, and float32 rows' matmuls
         INT8_MM: int8_decode_rows,
-        MM: float32_only(MM, one_row_mm),
-        ADDMM: float32_only(ADDMM, one_row_addmm),
+        MM: float32_only(MM, cpu_rows_mm),
+        ADDMM: float32_only(ADDMM, cpu_rows_addmm),
     }
     if device == "cpu":
         assert decode == cpu
@@ -129,18 +132,18 @@ def test_one_row_reductions_on_a_gpu_under_coordinate_descent_tuning_only(
         assert product is not NotImplemented
 
 
-def test_a_cpu_decode_step_reduces_a_float32_row_only() -> None:
+def test_a_cpu_decode_step_reduces_a_float32_row_and_gives_more_rows_to_onednn() -> None:
     """Through the CPU decode table as AOTAutograd applies it: a float32 row's ``mm`` and
-    ``addmm`` become reductions, equal to ATen's; more rows, and a bfloat16 row, keep
-    the operator."""
+    ``addmm`` become reductions, more float32 rows oneDNN's linear (``linear_rows``),
+    each equal to ATen's; a bfloat16 row keeps the operator."""
     table = step_decompositions(None, torch.device("cpu"), prefill=False)
     for bias in (True, False):
         linear = torch.nn.Linear(896, 128, bias=bias)
         op = ADDMM if bias else MM
-        for rows, dtype, kept in (
-            (1, torch.float32, False),
-            (3, torch.float32, True),
-            (1, torch.bfloat16, True),
+        for rows, dtype, kept, onednn in (
+            (1, torch.float32, False, False),
+            (3, torch.float32, False, True),
+            (1, torch.bfloat16, True, False),
         ):
             layer = linear.to(dtype)
             x = torch.randn(rows, 896).to(dtype)
@@ -148,9 +151,24 @@ def test_a_cpu_decode_step_reduces_a_float32_row_only() -> None:
                 traced = make_fx(layer, decomposition_table=table)(x)
                 targets = {n.target for n in traced.graph.nodes if n.op == "call_function"}
                 assert (op in targets) is kept, (bias, rows, dtype, targets)
+                assert (LINEAR_ROWS in targets) is onednn, (bias, rows, dtype, targets)
                 want, got = layer(x), traced(x)
             tol = 1e-5 if dtype == torch.float32 else 1e-2
             assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * 10)
+
+
+def test_onednn_rows_take_a_weights_transpose_only_and_equal_mm() -> None:
+    """``linear_rows`` for ``x @ w.T`` (a linear layer's operands); a right-hand side
+    that is not a contiguous weight's transpose, or a scaled ``addmm``, is left to
+    Inductor's own decomposition (``NotImplemented`` here: the operator is kept)."""
+    _, x, wt = _operands(torch.float32, rows=5, seed=6)
+    bias = torch.randn(128)
+    assert torch.allclose(cpu_rows_mm(x, wt), x @ wt, rtol=1e-5, atol=1e-4)
+    assert torch.allclose(cpu_rows_addmm(bias, x, wt), torch.addmm(bias, x, wt), atol=1e-4)
+    plain = wt.contiguous()  # x @ plain: plain.T is not contiguous
+    assert cpu_rows_mm(x, plain) is NotImplemented
+    assert cpu_rows_addmm(bias, x, wt, beta=0.5) is NotImplemented
+    assert cpu_rows_addmm(bias[None].expand(5, 128), x, wt) is NotImplemented
 
 
 def test_the_one_row_step_for_quantized_files_and_large_float32_models() -> None:

@@ -32,9 +32,11 @@ row (MKL's) read the weights at 12-15 GB/s on a 2-core EPYC whose DRAM streams 2
 Inductor's C++ reduction, inside a compiled step, read them at 21-28 GB/s: 30
 layers of the SmolLM2-135M shape's linears took 15-20 ms a row against 38-42 ms
 (docs/measurements.md, 2026-12-04). Over a batch captured dynamic the reduction
-reads the weight once a row (76 ms at 8 rows against ``mm``'s 52), so the slot
-step of 1..N rows keeps ``mm`` and a static one-row step is compiled beside it
-(``rows.py``).
+reads the weight once a row (76 ms at 8 rows against ``mm``'s 52), so a static
+one-row step is compiled beside the slot step of 1..N rows (``rows.py``), whose
+float32 matmuls are oneDNN's linear over the plain weight (``lean/linear_rows.py``,
+:func:`onednn_rows`): on a 2-core AMD EPYC with AVX-512 the 30 layers' linears took
+18-26 ms at 2 to 16 rows where ``mm`` took 34-41 (docs/measurements.md, 2026-12-06).
 
 On the CPU a decode step's int8 weight-only matmul (``aten._weight_int8pack_mm``)
 over its rows (one, or a batch of 1..N) becomes the reduction ``sum(x * q) * scale``
@@ -56,6 +58,7 @@ import torch
 
 from .._compat.joint import computed_once, default_decompositions
 from .._compat.quantized_mm import INT8_MM
+from ..lean import linear_rows
 
 MM = torch.ops.aten.mm.default
 BMM = torch.ops.aten.bmm.default
@@ -116,6 +119,51 @@ def one_row_mm(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
         return _inductors(MM, mat1, mat2)
     row = computed_once(mat1)
     return (row.unsqueeze(2) * mat2.unsqueeze(0)).sum(dim=1)
+
+
+def cpu_rows_mm(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
+    """A CPU decode step's float32 ``mat1 @ mat2``: :func:`one_row_mm` at a static row,
+    else oneDNN's linear (:func:`onednn_rows`) where ``mat2`` is a weight's transpose."""
+    if _one_row(mat1, mat2):
+        return one_row_mm(mat1, mat2)
+    return onednn_rows(mat1, mat2, None, lambda: _inductors(MM, mat1, mat2))
+
+
+def cpu_rows_addmm(
+    bias: torch.Tensor,
+    mat1: torch.Tensor,
+    mat2: torch.Tensor,
+    *,
+    beta: float = 1,
+    alpha: float = 1,
+) -> Any:
+    """A CPU decode step's float32 ``torch.addmm(bias, mat1, mat2)``: :func:`one_row_addmm`
+    at a static row, else oneDNN's linear with the bias (:func:`onednn_rows`)."""
+    if _one_row(mat1, mat2):
+        return one_row_addmm(bias, mat1, mat2, beta=beta, alpha=alpha)
+
+    def inductors() -> Any:
+        return _inductors(ADDMM, bias, mat1, mat2, beta=beta, alpha=alpha)
+
+    if beta != 1 or alpha != 1 or bias.dim() != 1 or bias.dtype != mat1.dtype:
+        return inductors()
+    return onednn_rows(mat1, mat2, bias, inductors)
+
+
+def onednn_rows(
+    mat1: torch.Tensor, mat2: torch.Tensor, bias: torch.Tensor | None, otherwise: Callable[[], Any]
+) -> Any:
+    """``mat1 @ mat2 (+ bias)`` as ``linear_rows`` (oneDNN's linear over the plain
+    weight ``mat2.T``) where ``mat2`` is the transpose of a contiguous float32 weight
+    (a linear layer's) and oneDNN is there; ``otherwise()`` where not."""
+    weight = mat2.t()
+    takes = (
+        linear_rows.available()
+        and mat1.dim() == mat2.dim() == 2
+        and mat1.dtype == mat2.dtype == torch.float32
+        and weight.is_contiguous()
+    )
+    return linear_rows.LINEAR_ROWS(mat1, weight, bias) if takes else otherwise()
 
 
 def int8_decode_rows(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> Any:
@@ -182,8 +230,8 @@ def step_decompositions(
             return {INT8_MM: int8_prefill_rows}
         return {
             INT8_MM: int8_decode_rows,
-            MM: float32_only(MM, one_row_mm),
-            ADDMM: float32_only(ADDMM, one_row_addmm),
+            MM: float32_only(MM, cpu_rows_mm),
+            ADDMM: float32_only(ADDMM, cpu_rows_addmm),
         }
     if device.type == "mps":
         return {}

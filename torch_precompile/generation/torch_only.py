@@ -31,7 +31,7 @@ import torch
 
 from .. import _compat
 from .._errors import CaptureError
-from ..serialization.load_imports import TORCH_NAMESPACES, library_references
+from ..serialization.load_imports import PROVIDED_NAMESPACES, library_references
 from ..serialization.save import file_parts, unmet_by_standin
 
 log = logging.getLogger("torch_precompile")
@@ -75,14 +75,15 @@ def _op_name(target: Any) -> str | None:
 
 def foreign_ops(graph_module: torch.fx.GraphModule) -> list[str]:
     """The operators ``graph_module`` calls (directly, or wrapped by a higher-order
-    operator such as ``auto_functionalized``) from namespaces torch does not provide."""
+    operator such as ``auto_functionalized``) from namespaces neither torch nor this
+    package provides."""
     found: list[str] = []
     for node in graph_module.graph.nodes:
         if node.op != "call_function":
             continue
         for target in (node.target, *node.args):
             name = _op_name(target)
-            foreign = name is not None and name.split("::")[0] not in TORCH_NAMESPACES
+            foreign = name is not None and name.split("::")[0] not in PROVIDED_NAMESPACES
             if foreign and name not in found:
                 found.append(name)
     return found

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import linear_rows  # noqa: F401  (the operator a CPU file's wrapper may call)
 from .kernels import KernelLoader, kernel_dir
 from .pycode import code_for
 from .triton_kernels import KernelAndTritonLoader

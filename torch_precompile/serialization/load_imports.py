@@ -43,6 +43,9 @@ TORCH_NAMESPACES = frozenset(
         "onednn", "profiler", "sparse", "_native", "streams", "higher_order",
     }
 )  # fmt: skip
+# ... and those this package registers where it is imported (lean/linear_rows.py): a
+# file calling them runs wherever it can be loaded at all.
+PROVIDED_NAMESPACES = TORCH_NAMESPACES | {"torch_precompile"}
 
 _OP_CALL = re.compile(rb"torch\.ops\.([A-Za-z_]\w*)\.([A-Za-z_]\w*)")
 _MAX_PLACES = 6  # places kept per module in the header
@@ -87,7 +90,7 @@ def file_imports(
                     add(load, ref.module, f"{base} {where or 'spec'}: {ref.name}")
             for namespace, op in sorted(set(_OP_CALL.findall(bytes(data)))):
                 ns = namespace.decode()
-                if ns not in TORCH_NAMESPACES:
+                if ns not in PROVIDED_NAMESPACES:
                     add(load, ns, f"{base}: the kernels call the operator {ns}::{op.decode()}")
         elif base in (names.SELF, names.DISTRIBUTED_HOOKS):
             for ref in pickle_imports(data):

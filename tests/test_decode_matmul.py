@@ -123,7 +123,8 @@ def test_one_row_reductions_on_a_gpu_under_coordinate_descent_tuning_only(
         assert decode == ({ADDMM: one_row_addmm, MM: one_row_mm} if used else {})
     prefill = step_decompositions(options, torch.device(device), prefill=True)
     on_gpu = device != "cpu"
-    cpu_prefill = set() if on_gpu else {INT8_MM}  # an int8 file's prefill: converted, then mm
+    # a CPU prefill's: an int8 file's converted, then oneDNN's linear, as float32's
+    cpu_prefill = set() if on_gpu else {INT8_MM, MM, ADDMM}
     assert set(prefill) == ({ADDMM} if used else set()) | ({MM, BMM} if on_gpu else cpu_prefill)
     if on_gpu:  # mm: the one-row reduction only when tuned, as Inductor's own otherwise
         _, x, w = _operands(torch.float32)
@@ -155,6 +156,32 @@ def test_a_cpu_decode_step_reduces_a_float32_row_and_gives_more_rows_to_onednn()
                 want, got = layer(x), traced(x)
             tol = 1e-5 if dtype == torch.float32 else 1e-2
             assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * 10)
+
+
+def test_a_cpu_prefill_gives_its_linears_to_onednn_and_keeps_the_rotary_product() -> None:
+    """Through the CPU prefill table: a float32 linear's rows (with and without a bias)
+    are ``linear_rows``, equal to ATen's; an int8 file's matmul too, after converting
+    the weight; the rotary embedding's product over an inner dimension of one stays a
+    broadcast multiply."""
+    table = step_decompositions(None, torch.device("cpu"), prefill=True)
+    for bias in (True, False):
+        layer = torch.nn.Linear(896, 128, bias=bias)
+        x = torch.randn(7, 896)
+        with torch.no_grad():
+            traced = make_fx(layer, decomposition_table=table)(x)
+            assert LINEAR_ROWS in {n.target for n in traced.graph.nodes}, bias
+            assert torch.allclose(traced(x), layer(x), rtol=1e-5, atol=1e-4)
+    inv_freq, positions = torch.randn(32, 1), torch.arange(9.0)[None]
+    traced = make_fx(torch.mm, decomposition_table=table)(inv_freq, positions)
+    assert LINEAR_ROWS not in {n.target for n in traced.graph.nodes}
+    assert torch.equal(traced(inv_freq, positions), inv_freq @ positions)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randint(-128, 128, (64, 896), dtype=torch.int8, generator=g)
+    scales, x = torch.rand(64, generator=g) + 0.5, torch.randn(5, 896, generator=g)
+    want = torch.ops.aten._weight_int8pack_mm(x, q, scales)
+    traced = make_fx(table[INT8_MM])(x, q, scales)
+    assert LINEAR_ROWS in {n.target for n in traced.graph.nodes}
+    assert torch.allclose(traced(x, q, scales), want, rtol=1e-5, atol=1e-3)
 
 
 def test_onednn_rows_take_a_weights_transpose_only_and_equal_mm() -> None:

@@ -35,8 +35,9 @@ layers of the SmolLM2-135M shape's linears took 15-20 ms a row against 38-42 ms
 reads the weight once a row (76 ms at 8 rows against ``mm``'s 52), so a static
 one-row step is compiled beside the slot step of 1..N rows (``rows.py``), whose
 float32 matmuls are oneDNN's linear over the plain weight (``lean/linear_rows.py``,
-:func:`onednn_rows`): on a 2-core AMD EPYC with AVX-512 the 30 layers' linears took
-18-26 ms at 2 to 16 rows where ``mm`` took 34-41 (docs/measurements.md, 2026-12-06).
+:func:`onednn_rows`), as are a CPU prefill's: on a 2-core AMD EPYC with AVX-512 the 30
+layers' linears took 18-26 ms at 2 to 16 rows where ``mm`` (MKL's) took 34-42, and
+about half ``mm``'s time up to 512 rows (docs/measurements.md, 2026-12-06).
 
 On the CPU a decode step's int8 weight-only matmul (``aten._weight_int8pack_mm``)
 over its rows (one, or a batch of 1..N) becomes the reduction ``sum(x * q) * scale``
@@ -123,10 +124,8 @@ def one_row_mm(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
 
 def cpu_rows_mm(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
     """A CPU decode step's float32 ``mat1 @ mat2``: :func:`one_row_mm` at a static row,
-    else oneDNN's linear (:func:`onednn_rows`) where ``mat2`` is a weight's transpose."""
-    if _one_row(mat1, mat2):
-        return one_row_mm(mat1, mat2)
-    return onednn_rows(mat1, mat2, None, lambda: _inductors(MM, mat1, mat2))
+    else oneDNN's linear (:func:`cpu_mm`)."""
+    return one_row_mm(mat1, mat2) if _one_row(mat1, mat2) else cpu_mm(mat1, mat2)
 
 
 def cpu_rows_addmm(
@@ -138,9 +137,32 @@ def cpu_rows_addmm(
     alpha: float = 1,
 ) -> Any:
     """A CPU decode step's float32 ``torch.addmm(bias, mat1, mat2)``: :func:`one_row_addmm`
-    at a static row, else oneDNN's linear with the bias (:func:`onednn_rows`)."""
+    at a static row, else oneDNN's linear with the bias (:func:`cpu_addmm`)."""
     if _one_row(mat1, mat2):
         return one_row_addmm(bias, mat1, mat2, beta=beta, alpha=alpha)
+    return cpu_addmm(bias, mat1, mat2, beta=beta, alpha=alpha)
+
+
+def cpu_mm(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
+    """A CPU step's float32 ``mat1 @ mat2`` (a prefill's, a decode step's of several
+    rows) as oneDNN's linear where ``mat2`` is a weight's transpose (:func:`onednn_rows`);
+    over an inner dimension of one (the rotary embedding's) the broadcast product."""
+    product = outer_product(mat1, mat2)
+    if product is not NotImplemented:
+        return product
+    return onednn_rows(mat1, mat2, None, lambda: _inductors(MM, mat1, mat2))
+
+
+def cpu_addmm(
+    bias: torch.Tensor,
+    mat1: torch.Tensor,
+    mat2: torch.Tensor,
+    *,
+    beta: float = 1,
+    alpha: float = 1,
+) -> Any:
+    """A CPU step's float32 ``torch.addmm(bias, mat1, mat2)`` as oneDNN's linear with the
+    bias (:func:`onednn_rows`), where unscaled and the bias one per output."""
 
     def inductors() -> Any:
         return _inductors(ADDMM, bias, mat1, mat2, beta=beta, alpha=alpha)
@@ -182,8 +204,11 @@ def int8_prefill_rows(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tenso
     """``_weight_int8pack_mm(x, weight, scales)`` over a prefill's rows: the weight
     converted to ``x``'s dtype (one small buffer a linear), multiplied by ``mm``, then
     scaled. ATen's CPU kernel on float32 activations took 7.8 ms for one row of a 1536 x
-    576 weight on a 2-core EPYC, float32 ``mm`` 0.12 ms (docs/measurements.md, 2026-12-04)."""
-    return torch.mm(x, weight.to(x.dtype).t()) * scales.to(x.dtype)
+    576 weight on a 2-core EPYC, float32 ``mm`` 0.12 ms (docs/measurements.md, 2026-12-04).
+    The product is oneDNN's linear where it takes it (:func:`onednn_rows`)."""
+    converted = weight.to(x.dtype).t()
+    product = onednn_rows(x, converted, None, lambda: torch.mm(x, converted))
+    return product * scales.to(x.dtype)
 
 
 @functools.cache
@@ -223,11 +248,15 @@ def step_decompositions(
     :func:`outer_product` first (:func:`prefill_mm`, :func:`prefill_bmm`). A decode step
     keeps the table its measured speed was built with (docs/measurements.md). A CPU
     decode step's int8 matmul is :func:`int8_decode_rows`, a prefill's
-    :func:`int8_prefill_rows`; its float32 one-row ``mm`` and ``addmm`` the reductions
-    (:func:`float32_only`)."""
+    :func:`int8_prefill_rows`; its float32 one-row ``mm`` and ``addmm`` the reductions,
+    of more rows (and a prefill's) oneDNN's linear (:func:`float32_only`)."""
     if device.type == "cpu":
         if prefill:
-            return {INT8_MM: int8_prefill_rows}
+            return {
+                INT8_MM: int8_prefill_rows,
+                MM: float32_only(MM, cpu_mm),
+                ADDMM: float32_only(ADDMM, cpu_addmm),
+            }
         return {
             INT8_MM: int8_decode_rows,
             MM: float32_only(MM, cpu_rows_mm),

@@ -19,8 +19,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.quick
-
 
 def _run(source: str) -> dict:
     proc = subprocess.run(

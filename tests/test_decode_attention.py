@@ -158,9 +158,9 @@ def test_bfloat16_as_transformers_eager_attention() -> None:
     assert torch.equal(got.argmax(-1), exact.argmax(-1))
 
 
-def test_gpus_only_by_default() -> None:
-    assert not groups_on(torch.device("cpu"))
-    assert groups_on(torch.device("cuda"))
+def test_on_gpus_and_cpus_by_default_not_on_mps() -> None:
+    assert groups_on(torch.device("cpu")) and groups_on(torch.device("cuda"))
+    assert not groups_on(torch.device("mps"))
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
-from collections.abc import Sequence
 from typing import Any
 
 # Submodules whose bodies wait for their first use.
@@ -45,12 +44,12 @@ REQUIRED = ("torch._prims.rng_prims",)
 _LOADER = "_lean_torch_loader"
 
 
-def import_torch(names: Sequence[str] = DEFERRED) -> bool:
-    """Import torch with ``names``' bodies deferred; False (and nothing done) where
-    torch is already imported."""
+def import_torch() -> bool:
+    """Import torch with :data:`DEFERRED`'s bodies deferred; False (and nothing done)
+    where torch is already imported."""
     if "torch" in sys.modules:
         return False
-    sys.meta_path.insert(0, _Finder(frozenset(names)))
+    sys.meta_path.insert(0, _Finder())
     importlib.import_module("torch")
     for name in REQUIRED:
         if importlib.util.find_spec(name) is not None:  # where this torch has it
@@ -94,11 +93,11 @@ def _run(module: types.ModuleType) -> None:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Hands out deferred modules for ``names``; runs their bodies where a submodule of
-    one or a module of :data:`NEEDED_BY` is imported."""
+    """Hands out deferred modules for :data:`DEFERRED`; runs their bodies where a
+    submodule of one or a module of :data:`NEEDED_BY` is imported."""
 
-    def __init__(self, names: frozenset[str]) -> None:
-        self.names = names
+    def __init__(self) -> None:
+        self.names = frozenset(DEFERRED)
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         parent = sys.modules.get(fullname.rpartition(".")[0])

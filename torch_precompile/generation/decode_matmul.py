@@ -129,18 +129,12 @@ def cpu_rows_mm(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
 
 
 def cpu_rows_addmm(
-    bias: torch.Tensor,
-    mat1: torch.Tensor,
-    mat2: torch.Tensor,
-    *,
-    beta: float = 1,
-    alpha: float = 1,
+    bias: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, **scale: float
 ) -> Any:
-    """A CPU decode step's float32 ``torch.addmm(bias, mat1, mat2)``: :func:`one_row_addmm`
-    at a static row, else oneDNN's linear with the bias (:func:`cpu_addmm`)."""
-    if _one_row(mat1, mat2):
-        return one_row_addmm(bias, mat1, mat2, beta=beta, alpha=alpha)
-    return cpu_addmm(bias, mat1, mat2, beta=beta, alpha=alpha)
+    """A CPU decode step's float32 ``torch.addmm(bias, mat1, mat2, beta=, alpha=)``:
+    :func:`one_row_addmm` at a static row, else oneDNN's linear (:func:`cpu_addmm`)."""
+    reduce = one_row_addmm if _one_row(mat1, mat2) else cpu_addmm
+    return reduce(bias, mat1, mat2, **scale)
 
 
 def cpu_mm(mat1: torch.Tensor, mat2: torch.Tensor) -> Any:
